@@ -1,0 +1,48 @@
+"""prefzoo: a zoo of offline preference-optimization losses behind one interface, with a shared trainer.
+
+Importing prefzoo needs only torch and pluggy; the trainer, data and evaluation
+modules import transformers, accelerate and friends lazily.
+"""
+
+from prefzoo.hookspecs import hookimpl, hookspec
+from prefzoo.losses.combine import CombinedLoss, combine
+from prefzoo.registry import (
+    RegistryError,
+    UnknownLossError,
+    get_loss,
+    get_registry,
+    list_losses,
+    loss_spec,
+    reset_registry,
+)
+from prefzoo.spec import Loss, LossOutputError, LossParamError, LossParams, LossSpec, param, param_infos
+from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch, PreferenceBatchError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CombinedLoss",
+    "Loss",
+    "LossContext",
+    "LossOutput",
+    "LossOutputError",
+    "LossParamError",
+    "LossParams",
+    "LossSpec",
+    "Need",
+    "PreferenceBatch",
+    "PreferenceBatchError",
+    "RegistryError",
+    "UnknownLossError",
+    "__version__",
+    "combine",
+    "get_loss",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "list_losses",
+    "loss_spec",
+    "param",
+    "param_infos",
+    "reset_registry",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from prefzoo.cli.main import main
+
+sys.exit(main())

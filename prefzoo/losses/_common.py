@@ -1,0 +1,86 @@
+"""Shared pieces of the built-in losses: per-token averages, DPO log-ratios, in-batch min-max normalization."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from prefzoo.types import PreferenceBatch, PreferenceBatchError
+
+__all__ = ["average_logps", "log1mexp", "logratios", "minmax_normalize", "require", "sorted_pair_loss"]
+
+
+def require(batch: PreferenceBatch, *names: str) -> tuple[Tensor, ...]:
+    """The named batch fields, or a clear error naming the first missing one."""
+    out = []
+    for n in names:
+        t = getattr(batch, n)
+        if t is None:
+            raise PreferenceBatchError(f"PreferenceBatch.{n} is None but this loss needs it")
+        out.append(t)
+    return tuple(out)
+
+
+def average_logps(logps: Tensor, lengths: Tensor) -> Tensor:
+    """Per-token average log-prob: log π(y|x) / |y|."""
+    return logps / lengths.to(logps.dtype)  # (B,)
+
+
+def logratios(batch: PreferenceBatch, average: bool = False) -> tuple[Tensor, Tensor]:
+    """log π(y|x) − log π_ref(y|x) for chosen and rejected; per-token averages when ``average``."""
+    pw, pl, rw, rl = require(batch, "policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
+    rw, rl = rw.detach(), rl.detach()
+    if average:
+        lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+        return average_logps(pw - rw, lw), average_logps(pl - rl, ll)
+    return pw - rw, pl - rl
+
+
+def minmax_normalize(chosen: Tensor, rejected: Tensor, gather, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """In-batch min-max normalization of the MMPO listing: (R + ε − min) / (max + ε − min).
+
+    min and max are taken over the rewards of both responses of the whole
+    gathered batch.  Inputs are constants (they come from the reference), so
+    only detached values are gathered.  Returns (chosen, rejected, min, max).
+    With ε = 0 and all rewards equal, the normalized rewards are 0 rather than 0/0.
+    """
+    all_rs = torch.cat((chosen, rejected), dim=0).detach()  # (2B,)
+    gathered = gather(all_rs)  # (2·B_total,)
+    lo, hi = gathered.min(), gathered.max()
+    denom = hi + eps - lo
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    norm_w = torch.where(denom > 0, (chosen + eps - lo) / safe, torch.zeros_like(chosen))
+    norm_l = torch.where(denom > 0, (rejected + eps - lo) / safe, torch.zeros_like(rejected))
+    return norm_w, norm_l, lo, hi
+
+
+def log1mexp(x: Tensor) -> Tensor:
+    """log(1 − exp(x)) for x < 0, stable on both sides of −log 2 (Mächler 2012)."""
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def sorted_pair_loss(a: Tensor, b: Tensor, gather, f) -> Tensor:
+    """Per-example share of Σ_k f(sort(A)_k − sort(B)_k) over the gathered batch.
+
+    AOT pairs the k-th smallest of one quantity with the k-th smallest of the
+    other over the whole (gathered) batch.  Example j owns half of the slot its
+    ``a`` value sorts into and half of the slot its ``b`` value sorts into; tied
+    values share their slots equally, so the result does not depend on how a
+    sort breaks ties nor on how the batch is split across processes.  The value
+    sums to the slot sum, and the gradient is exactly that of the slot sum.
+    """
+    a_all, _ = torch.sort(gather(a.detach()))  # (N,)
+    b_all, _ = torch.sort(gather(b.detach()))  # (N,)
+    n = a_all.shape[0]
+    k = torch.arange(n, device=a.device)
+
+    def share(v: Tensor, v_all: Tensor) -> Tensor:  # (B, N) weights of the slots v occupies
+        lo = torch.searchsorted(v_all, v.detach(), right=False)
+        hi = torch.searchsorted(v_all, v.detach(), right=True)
+        w = ((k[None, :] >= lo[:, None]) & (k[None, :] < hi[:, None])).to(v.dtype)
+        return w / w.sum(dim=1, keepdim=True)
+
+    term_a = (share(a, a_all) * f(a[:, None] - b_all[None, :])).sum(dim=1)  # a_j against its partners
+    term_b = (share(b, b_all) * f(a_all[None, :] - b[:, None])).sum(dim=1)  # b_j against its partners
+    both = term_a + term_b
+    return both - 0.5 * both.detach()

@@ -1,0 +1,309 @@
+"""The DPO family with the semantics of TRL 1.16's DPOTrainer, plus cDPO, R-DPO and f-DPO.
+
+Every loss here is a function of the log-ratios
+    ρ_w = log π_θ(y_w|x) − log π_ref(y_w|x),   ρ_l = log π_θ(y_l|x) − log π_ref(y_l|x)
+and its scores are the implicit rewards β·ρ (Rafailov et al. 2023).  The
+reward-difference losses accept f-DPO's divergence (Wang et al. 2023,
+arXiv:2309.16240), which replaces ρ by f'(π/π_ref) before taking Δ = f'_w − f'_l.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from prefzoo.hookspecs import hookimpl
+from prefzoo.losses._common import average_logps, logratios, require, sorted_pair_loss
+from prefzoo.spec import LossParams, LossSpec, param
+from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
+
+F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
+_EXP_CLAMP = 80.0  # exp(80) ≈ 5.5e34 stays finite in float32 and bfloat16 (TRL clamps at the same value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPOParams(LossParams):
+    beta: float = param(0.1, "β: inverse temperature of the implicit reward β·log(π/π_ref)", gt=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FDPOParams(DPOParams):
+    f_divergence: str = param("reverse_kl", "f-DPO divergence (reverse_kl is plain DPO)", choices=F_DIVERGENCES)
+    alpha_divergence_coef: float = param(0.5, "α of the alpha_divergence f'(t) = (t^(α−1) − 1)/(α − 1)", gt=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CDPOParams(FDPOParams):
+    label_smoothing: float = param(0.1, "ε: probability that a preference label is flipped", ge=0.0, lt=0.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EXOParams(FDPOParams):
+    label_smoothing: float = param(1e-3, "ε of the target distribution [1 − ε, ε] (EXO paper: 1e-3)", gt=0.0, lt=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AOTParams(DPOParams):
+    label_smoothing: float = param(0.0, "ε: label smoothing of the sorted logistic loss", ge=0.0, lt=0.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoPOPParams(FDPOParams):
+    tau: float = param(0.05, "τ: temperature of the logistic/exponential mixing (DiscoPOP paper: 0.05)", gt=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RDPOParams(FDPOParams):
+    alpha: float = param(0.01, "α: weight of the length difference |y_w| − |y_l| inside the sigmoid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTParams(LossParams):
+    pass
+
+
+def f_scores(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> tuple[Tensor, Tensor]:
+    """f'(π/π_ref) of f-DPO applied to the log-ratios; identity for reverse KL."""
+    kind = p.f_divergence
+    if kind == "forward_kl":  # f'(t) = 1 − 1/t
+        return 1 - torch.exp((-rho_w).clamp(max=_EXP_CLAMP)), 1 - torch.exp((-rho_l).clamp(max=_EXP_CLAMP))
+    if kind == "js_divergence":  # f'(t) = log 2 + log σ(log t)
+        return math.log(2) + F.logsigmoid(rho_w), math.log(2) + F.logsigmoid(rho_l)
+    if kind == "alpha_divergence" and abs(p.alpha_divergence_coef - 1.0) >= 1e-6:  # f'(t) = (t^(α−1) − 1)/(α − 1)
+        a = p.alpha_divergence_coef - 1.0
+        return (
+            torch.expm1((a * rho_w).clamp(max=_EXP_CLAMP)) / a,
+            torch.expm1((a * rho_l).clamp(max=_EXP_CLAMP)) / a,
+        )
+    return rho_w, rho_l  # reverse KL (and the α → 1 limit)
+
+
+def _out(losses: Tensor, rho_w: Tensor, rho_l: Tensor, beta: float, **metrics: Tensor) -> LossOutput:
+    return LossOutput(losses, (beta * rho_w).detach(), (beta * rho_l).detach(), dict(metrics))
+
+
+def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:
+    rho_w, rho_l = logratios(batch)  # (B,)
+    f_w, f_l = f_scores(rho_w, rho_l, p)
+    return f_w - f_l, rho_w, rho_l  # Δ = f'_w − f'_l
+
+
+def dpo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
+    """DPO (Rafailov et al. 2023, arXiv:2305.18290, Eq. 7).  L = −log σ(β·Δ)."""
+    d, rw, rl = _delta(batch, p)
+    return _out(-F.logsigmoid(p.beta * d), rw, rl, p.beta)
+
+
+def cdpo_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> LossOutput:
+    """Conservative DPO (Mitchell 2023).  L = −(1 − ε)·log σ(βΔ) − ε·log σ(−βΔ)."""
+    d, rw, rl = _delta(batch, p)
+    e = p.label_smoothing
+    return _out(-(1 - e) * F.logsigmoid(p.beta * d) - e * F.logsigmoid(-p.beta * d), rw, rl, p.beta)
+
+
+def hinge_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
+    """SLiC hinge (Zhao et al. 2023, arXiv:2305.10425).  L = max(0, 1 − βΔ)."""
+    d, rw, rl = _delta(batch, p)
+    return _out(torch.relu(1 - p.beta * d), rw, rl, p.beta)
+
+
+def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
+    """IPO (Azar et al. 2023, arXiv:2310.12036, Eq. 17) on per-token averages.  L = (Δ̄ − 1/(2β))²."""
+    rho_w, rho_l = logratios(batch)
+    f_w, f_l = f_scores(rho_w, rho_l, p)
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    d = average_logps(f_w, lw) - average_logps(f_l, ll)  # Δ̄: per-token averaged scores, as TRL
+    return _out((d - 1 / (2 * p.beta)) ** 2, rho_w, rho_l, p.beta)
+
+
+def robust_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> LossOutput:
+    """Robust DPO (Chowdhury et al. 2024, arXiv:2403.00409).  L = (−(1−ε)log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)."""
+    d, rw, rl = _delta(batch, p)
+    e = p.label_smoothing
+    losses = (-(1 - e) * F.logsigmoid(p.beta * d) + e * F.logsigmoid(-p.beta * d)) / (1 - 2 * e)
+    return _out(losses, rw, rl, p.beta)
+
+
+def exo_pair_loss(batch: PreferenceBatch, p: EXOParams, ctx: LossContext) -> LossOutput:
+    """EXO-pref (Ji et al. 2024, arXiv:2402.00856, Eq. 16).  L = KL([σ(βΔ), σ(−βΔ)] ‖ [1 − ε, ε])."""
+    d, rw, rl = _delta(batch, p)
+    e = p.label_smoothing
+    z = p.beta * d
+    losses = torch.sigmoid(z) * (F.logsigmoid(z) - math.log1p(-e)) + torch.sigmoid(-z) * (
+        F.logsigmoid(-z) - math.log(e)
+    )
+    return _out(losses, rw, rl, p.beta)
+
+
+def nca_pair_loss(batch: PreferenceBatch, p: DPOParams, ctx: LossContext) -> LossOutput:
+    """NCA (Chen et al. 2024, arXiv:2402.05369).  L = −log σ(βρ_w) − ½log σ(−βρ_w) − ½log σ(−βρ_l)."""
+    rw, rl = logratios(batch)
+    a, b = p.beta * rw, p.beta * rl
+    return _out(-F.logsigmoid(a) - 0.5 * F.logsigmoid(-a) - 0.5 * F.logsigmoid(-b), rw, rl, p.beta)
+
+
+def bco_pair_loss(batch: PreferenceBatch, p: DPOParams, ctx: LossContext) -> LossOutput:
+    """BCO, paired (Jung et al. 2024, arXiv:2404.04656) as TRL 1.16.  L = −log σ(βρ_w) − log σ(−βρ_l)."""
+    rw, rl = logratios(batch)
+    return _out(-F.logsigmoid(p.beta * rw) - F.logsigmoid(-p.beta * rl), rw, rl, p.beta)
+
+
+def sppo_hard_loss(batch: PreferenceBatch, p: DPOParams, ctx: LossContext) -> LossOutput:
+    """SPPO, hard labels (Wu et al. 2024, arXiv:2405.00675).  L = (ρ_w − 1/(2β))² + (ρ_l + 1/(2β))²."""
+    rw, rl = logratios(batch)
+    return _out((rw - 0.5 / p.beta) ** 2 + (rl + 0.5 / p.beta) ** 2, rw, rl, p.beta)
+
+
+def _smoothed_logistic(beta: float, e: float) -> Callable[[Tensor], Tensor]:
+    return lambda d: -(1 - e) * F.logsigmoid(beta * d) - e * F.logsigmoid(-beta * d)
+
+
+def aot_loss(batch: PreferenceBatch, p: AOTParams, ctx: LossContext) -> LossOutput:
+    """AOT, paired (Melnyk et al. 2024, arXiv:2406.05882): sorted (log π_w − log π_l) against sorted reference margins.
+
+    Sorting spans the gathered batch (all processes), so the result does not depend on sharding.
+    """
+    pw, pl, qw, ql = require(batch, "policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
+    margin, ref_margin = pw - pl, (qw - ql).detach()  # (B,)
+    losses = sorted_pair_loss(margin, ref_margin, ctx.gather, _smoothed_logistic(p.beta, p.label_smoothing))
+    rw, rl = logratios(batch)
+    return _out(losses, rw, rl, p.beta)
+
+
+def aot_unpaired_loss(batch: PreferenceBatch, p: AOTParams, ctx: LossContext) -> LossOutput:
+    """AOT, unpaired (Melnyk et al. 2024): sorted ρ_w against sorted ρ_l over the gathered batch."""
+    rw, rl = logratios(batch)
+    losses = sorted_pair_loss(rw, rl, ctx.gather, _smoothed_logistic(p.beta, p.label_smoothing))
+    return _out(losses, rw, rl, p.beta)
+
+
+def apo_zero_loss(batch: PreferenceBatch, p: DPOParams, ctx: LossContext) -> LossOutput:
+    """APO-zero (D'Oosterlinck et al. 2024, arXiv:2408.06266, Eq. 7).  L = 1 − σ(βρ_w) + σ(βρ_l)."""
+    rw, rl = logratios(batch)
+    return _out(1 - torch.sigmoid(p.beta * rw) + torch.sigmoid(p.beta * rl), rw, rl, p.beta)
+
+
+def apo_down_loss(batch: PreferenceBatch, p: DPOParams, ctx: LossContext) -> LossOutput:
+    """APO-down (D'Oosterlinck et al. 2024, Eq. 8).  L = σ(βρ_w) + 1 − σ(β(ρ_w − ρ_l))."""
+    rw, rl = logratios(batch)
+    return _out(torch.sigmoid(p.beta * rw) + 1 - torch.sigmoid(p.beta * (rw - rl)), rw, rl, p.beta)
+
+
+def discopop_loss(batch: PreferenceBatch, p: DiscoPOPParams, ctx: LossContext) -> LossOutput:
+    """DiscoPOP (Chan Lu et al. 2024, arXiv:2406.08414, Eq. 5): log-ratio modulated logistic/exponential blend.
+
+    z = βΔ, m = σ(z/τ):  L = −log σ(z)·(1 − m) + exp(−z)·m
+    """
+    d, rw, rl = _delta(batch, p)
+    z = p.beta * d
+    m = torch.sigmoid(z / p.tau)
+    # exp(−z)·m is finite for all z: for z ≪ 0, m ≈ exp(z/τ) decays faster than exp(−z) grows when τ < 1.
+    # Computing it as exp(−z + log m) keeps it finite in floating point too.
+    expo = torch.exp((-z + F.logsigmoid(z / p.tau)).clamp(max=_EXP_CLAMP))
+    return _out(-F.logsigmoid(z) * (1 - m) + expo, rw, rl, p.beta)
+
+
+def sigmoid_norm_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
+    """DPO on per-token averaged scores (TRL 'sigmoid_norm').  L = −log σ(β(f'_w/|y_w| − f'_l/|y_l|))."""
+    rho_w, rho_l = logratios(batch)
+    f_w, f_l = f_scores(rho_w, rho_l, p)
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    d = average_logps(f_w, lw) - average_logps(f_l, ll)
+    return _out(-F.logsigmoid(p.beta * d), rho_w, rho_l, p.beta)
+
+
+def rdpo_loss(batch: PreferenceBatch, p: RDPOParams, ctx: LossContext) -> LossOutput:
+    """R-DPO (Park et al. 2024, arXiv:2403.19159, Eq. 9).  L = −log σ(βΔ + α(|y_w| − |y_l|))."""
+    d, rw, rl = _delta(batch, p)
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    return _out(-F.logsigmoid(p.beta * d + p.alpha * (lw - ll).to(d.dtype)), rw, rl, p.beta)
+
+
+def sft_loss(batch: PreferenceBatch, p: SFTParams, ctx: LossContext) -> LossOutput:
+    """Supervised NLL of the chosen response, per token.  L = −log π_θ(y_w|x) / |y_w|."""
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    avg_w = average_logps(batch.policy_chosen_logps, lw)
+    avg_l = average_logps(batch.policy_rejected_logps, ll)
+    return LossOutput(-avg_w, avg_w.detach(), avg_l.detach(), {})
+
+
+_REF = frozenset({Need.REFERENCE})
+_REF_LEN = frozenset({Need.REFERENCE, Need.LENGTHS})
+_SCORES = "β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)"
+
+
+def _spec(name: str, fn, params_cls, formula: str, paper: str, **kw) -> LossSpec:
+    kw.setdefault("needs", _REF)
+    kw.setdefault("shift_invariant", True)
+    kw.setdefault("scores", _SCORES)
+    return LossSpec(name=name, fn=fn, params_cls=params_cls, family="dpo", formula=formula, paper=paper, **kw)
+
+
+@hookimpl
+def prefzoo_register_losses() -> list[LossSpec]:
+    return [
+        _spec("dpo", dpo_loss, FDPOParams, "−log σ(βΔ), Δ = f'_w − f'_l (= ρ_w − ρ_l for reverse KL)",
+              "Rafailov et al. 2023, arXiv:2305.18290",
+              description="Direct Preference Optimization, TRL loss_type='sigmoid'."),
+        _spec("cdpo", cdpo_loss, CDPOParams, "−(1 − ε)·log σ(βΔ) − ε·log σ(−βΔ)",
+              "Mitchell 2023, 'A note on DPO with noisy preferences' (cDPO)", monotone=False,
+              description="Conservative DPO: DPO with label smoothing ε (labels flipped with probability ε)."),
+        _spec("hinge", hinge_loss, FDPOParams, "max(0, 1 − βΔ)", "Zhao et al. 2023, arXiv:2305.10425 (SLiC)",
+              description="SLiC's hinge loss on the reward margin, TRL loss_type='hinge'."),
+        _spec("ipo", ipo_loss, FDPOParams, "(Δ/|y| − 1/(2β))², log-ratios averaged per token",
+              "Azar et al. 2023, arXiv:2310.12036", needs=_REF_LEN, monotone=False,
+              description="Identity Preference Optimization, squared loss on per-token averaged log-ratios (as TRL)."),
+        _spec("robust", robust_loss, CDPOParams, "(−(1 − ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε)",
+              "Chowdhury et al. 2024, arXiv:2403.00409",
+              description="Robust DPO: an unbiased loss under preference labels flipped with probability ε."),
+        _spec("exo-pair", exo_pair_loss, EXOParams, "σ(βΔ)(log σ(βΔ) − log(1 − ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)",
+              "Ji et al. 2024, arXiv:2402.00856 (EXO)", monotone=False,
+              description="Efficient Exact Optimization: reverse KL between the pair's model distribution and [1 − ε, ε]."),
+        _spec("nca-pair", nca_pair_loss, DPOParams, "−log σ(βρ_w) − ½·log σ(−βρ_w) − ½·log σ(−βρ_l)",
+              "Chen et al. 2024, arXiv:2402.05369 (NCA)", monotone=False,
+              description="Noise Contrastive Alignment, paired form: absolute rather than relative likelihoods."),
+        _spec("bco-pair", bco_pair_loss, DPOParams, "−log σ(βρ_w) − log σ(−βρ_l)",
+              "Jung et al. 2024, arXiv:2404.04656 (BCO)",
+              description="Binary Classifier Optimization, paired form as in TRL 1.16 (no running reward shift)."),
+        _spec("sppo-hard", sppo_hard_loss, DPOParams, "(ρ_w − 1/(2β))² + (ρ_l + 1/(2β))²",
+              "Wu et al. 2024, arXiv:2405.00675 (SPPO)", monotone=False,
+              description="Self-Play Preference Optimization with hard win probabilities (1 for y_w, 0 for y_l)."),
+        _spec("aot", aot_loss, AOTParams, "−log σ(β·(sort(log π_w − log π_l) − sort(log π_ref,w − log π_ref,l)))",
+              "Melnyk et al. 2024, arXiv:2406.05882 (AOT)", batch_coupled=True,
+              monotone=lambda p: p.label_smoothing == 0.0,
+              description="Alignment via Optimal Transport, paired: first-order stochastic dominance of the policy's "
+              "margins over the reference's, by sorting over the whole gathered batch (all processes).",
+              notes="Per-example losses split each sorted slot's loss between the two examples that fill it; "
+              "their mean equals TRL's, and sharding across processes does not change them."),
+        _spec("aot-unpaired", aot_unpaired_loss, AOTParams, "−log σ(β·(sort(ρ_w) − sort(ρ_l)))",
+              "Melnyk et al. 2024, arXiv:2406.05882 (AOT)", batch_coupled=True,
+              monotone=lambda p: p.label_smoothing == 0.0,
+              description="Alignment via Optimal Transport, unpaired: sorted chosen log-ratios against sorted "
+              "rejected log-ratios over the whole gathered batch (all processes).",
+              notes="Sorting spans the gathered batch, unlike TRL which sorts the local batch."),
+        _spec("apo-zero", apo_zero_loss, DPOParams, "1 − σ(βρ_w) + σ(βρ_l)",
+              "D'Oosterlinck et al. 2024, arXiv:2408.06266 (APO)",
+              description="Anchored Preference Optimization, zero: raise the chosen and lower the rejected likelihood."),
+        _spec("apo-down", apo_down_loss, DPOParams, "σ(βρ_w) + 1 − σ(β(ρ_w − ρ_l))",
+              "D'Oosterlinck et al. 2024, arXiv:2408.06266 (APO)", monotone=False,
+              description="Anchored Preference Optimization, down: lower both likelihoods, the rejected one more."),
+        _spec("discopop", discopop_loss, DiscoPOPParams, "−log σ(βΔ)·(1 − σ(βΔ/τ)) + exp(−βΔ)·σ(βΔ/τ)",
+              "Chan Lu et al. 2024, arXiv:2406.08414 (DiscoPOP)", monotone=False,
+              description="Discovered Preference Optimization: log-ratio modulated blend of logistic and exponential."),
+        _spec("sigmoid-norm", sigmoid_norm_loss, FDPOParams, "−log σ(β(f'_w/|y_w| − f'_l/|y_l|))",
+              "TRL 1.16 loss_type='sigmoid_norm'", needs=_REF_LEN,
+              description="DPO on log-ratios averaged per completion token."),
+        _spec("rdpo", rdpo_loss, RDPOParams, "−log σ(βΔ + α(|y_w| − |y_l|))",
+              "Park et al. 2024, arXiv:2403.19159 (R-DPO)", needs=_REF_LEN,
+              description="Length-regularized DPO: the length difference shifts the margin."),
+        LossSpec(name="sft", fn=sft_loss, params_cls=SFTParams, family="dpo", formula="−log π_θ(y_w|x) / |y_w|",
+                 paper="TRL 1.16 loss_type='sft' (the SFT term of MPO, arXiv:2411.10442)",
+                 scores="log π_θ(y|x)/|y| (per-token average log-prob)", needs=frozenset({Need.LENGTHS}),
+                 description="Supervised fine-tuning on the chosen response, per-token NLL; reference-free.",
+                 notes="TRL averages NLL over all chosen tokens of the batch; prefzoo keeps it per example."),
+    ]

@@ -1,0 +1,54 @@
+"""ORPO: odds-ratio preference optimization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from prefzoo.hookspecs import hookimpl
+from prefzoo.losses._common import average_logps, log1mexp, require
+from prefzoo.spec import LossParams, LossSpec, param
+from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
+
+# An average log-prob of exactly 0 (every token certain) has infinite odds; cap it just below.
+_MAX_AVG_LOGP = -1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class ORPOParams(LossParams):
+    beta: float = param(0.1, "λ (TRL beta): weight of the odds-ratio term", gt=0.0)
+
+
+def orpo_loss(batch: PreferenceBatch, p: ORPOParams, ctx: LossContext) -> LossOutput:
+    """ORPO (Hong et al. 2024, arXiv:2403.07691, Eq. 6-7), per example.
+
+    With a = log π(y|x)/|y| (average log-prob) and log odds(y) = a − log(1 − e^a):
+    L = −a_w − β · log σ(log odds(y_w) − log odds(y_l))
+    """
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    a_w = average_logps(batch.policy_chosen_logps, lw).clamp(max=_MAX_AVG_LOGP)  # (B,)
+    a_l = average_logps(batch.policy_rejected_logps, ll).clamp(max=_MAX_AVG_LOGP)  # (B,)
+    log_odds = (a_w - a_l) - (log1mexp(a_w) - log1mexp(a_l))  # (B,)
+    ratio = F.logsigmoid(log_odds)
+    losses = -a_w - p.beta * ratio
+    metrics = {"orpo/log_odds_ratio": log_odds.detach().mean(), "orpo/nll": (-a_w).detach().mean()}
+    return LossOutput(losses, (p.beta * a_w).detach(), (p.beta * a_l).detach(), metrics)
+
+
+@hookimpl
+def prefzoo_register_losses() -> list[LossSpec]:
+    return [
+        LossSpec(
+            name="orpo",
+            fn=orpo_loss,
+            params_cls=ORPOParams,
+            family="orpo",
+            formula="−log π(y_w|x)/|y_w| − β·log σ(log odds(y_w) − log odds(y_l))",
+            paper="Hong et al. 2024, arXiv:2403.07691 (ORPO)",
+            scores="β·log π_θ(y|x)/|y| (average log-prob)",
+            needs=frozenset({Need.LENGTHS}),
+            description="Monolithic preference optimization: NLL plus a log odds-ratio penalty, reference-free.",
+            notes="Average log-probs are capped at −1e-6 so that odds stay finite when every token is certain.",
+        ),
+    ]

@@ -1,0 +1,316 @@
+"""The loss interface: a params dataclass, a spec describing a loss, and the callable Loss.
+
+A loss is a pure function ``fn(batch, params, ctx) -> LossOutput``.  Its params
+are a frozen, keyword-only dataclass deriving from :class:`LossParams` whose
+fields are declared with :func:`param`, so that their range and meaning are data:
+validation, the CLI, the docs catalogue and the Hypothesis strategies all read
+them from one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prefzoo.types import NEED_FIELDS, LossContext, LossOutput, Need, PreferenceBatch, PreferenceBatchError
+
+__all__ = [
+    "Loss",
+    "LossParamError",
+    "LossParams",
+    "LossSpec",
+    "LossOutputError",
+    "ParamInfo",
+    "param",
+    "param_infos",
+]
+
+
+class LossParamError(ValueError):
+    """An unknown, malformed or out-of-range loss hyperparameter."""
+
+
+class LossOutputError(RuntimeError):
+    """A loss function returned something that breaks the LossOutput contract."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """What is known about one hyperparameter: read by validation, CLI, docs and strategies."""
+
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def range_text(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        lo = f"> {self.gt}" if self.gt is not None else f">= {self.ge}" if self.ge is not None else ""
+        hi = f"< {self.lt}" if self.lt is not None else f"<= {self.le}" if self.le is not None else ""
+        return " and ".join(x for x in (lo, hi) if x) or "any finite value"
+
+    def check(self, value: Any) -> str | None:
+        """None when ``value`` is valid, else the reason."""
+        if self.choices is not None:
+            return None if value in self.choices else f"must be {self.range_text()}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number, got {type(value).__name__} {value!r}"
+        if not math.isfinite(value):
+            return "must be finite"
+        ok = (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
+        return None if ok else f"must be {self.range_text()}"
+
+
+def param(
+    default: Any,
+    doc: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    choices: Iterable[Any] | None = None,
+) -> Any:
+    """Declare a loss hyperparameter with its default, meaning and valid range."""
+    meta = {
+        "prefzoo": {
+            "doc": doc,
+            "gt": gt,
+            "ge": ge,
+            "lt": lt,
+            "le": le,
+            "choices": tuple(choices) if choices is not None else None,
+        }
+    }
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossParams:
+    """Base of every loss's params class: validates each declared field on construction."""
+
+    def __post_init__(self) -> None:
+        for info in param_infos(type(self)):
+            value = getattr(self, info.name)
+            if value is None and info.default is None:
+                continue  # an optional parameter left unset
+            if info.type is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, info.name, float(value))
+                value = float(value)
+            why = info.check(value)
+            if why is not None:
+                raise LossParamError(
+                    f"{type(self).__name__}: parameter {info.name!r} = {value!r} {why} ({info.doc})"
+                )
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field validation; raise LossParamError naming the fields."""
+
+    def fail(self, message: str) -> typing.NoReturn:
+        raise LossParamError(f"{type(self).__name__}: {message}")
+
+
+def param_infos(cls: type) -> list[ParamInfo]:
+    """The declared hyperparameters of a params class, in declaration order."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("prefzoo", {})
+        typ = hints.get(f.name, Any)
+        out.append(
+            ParamInfo(
+                name=f.name,
+                type=typ,
+                default=f.default,
+                doc=meta.get("doc", ""),
+                gt=meta.get("gt"),
+                ge=meta.get("ge"),
+                lt=meta.get("lt"),
+                le=meta.get("le"),
+                choices=meta.get("choices") or _literal_choices(typ),
+            )
+        )
+    return out
+
+
+def _literal_choices(typ: Any) -> tuple[Any, ...] | None:
+    if typing.get_origin(typ) is typing.Literal:
+        return typing.get_args(typ)
+    return None
+
+
+LossFn = Callable[[PreferenceBatch, Any, LossContext], LossOutput]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Everything the registry, trainer, docs and property suite know about one loss."""
+
+    name: str  # the value of --loss; lower-case words joined by '-'
+    fn: LossFn  # pure function (batch, params, ctx) -> LossOutput
+    params_cls: type[LossParams]  # frozen kw-only dataclass with param() fields
+    family: str  # e.g. "mmpo", "dpo", "simpo"
+    formula: str  # the per-example loss, in the paper's symbols
+    paper: str  # citation with arXiv id or URL
+    scores: str  # what chosen_rewards / rejected_rewards are
+    needs: frozenset[Need] = frozenset()  # inputs the trainer must compute
+    batch_coupled: bool = False  # an example's loss depends on other examples (through ctx.gather)
+    monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
+    shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
+    description: str = ""  # one paragraph for `prefzoo losses NAME`
+    notes: str = ""  # caveats shown in docs (e.g. gradient identities)
+    plugin: str = "?"  # filled in by the registry: which plugin registered it
+
+    def __post_init__(self) -> None:
+        if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
+            raise TypeError(f"loss {self.name!r}: params_cls must be a LossParams dataclass, got {self.params_cls!r}")
+        if not callable(self.fn):
+            raise TypeError(f"loss {self.name!r}: fn is not callable")
+        for n in self.needs:
+            if not isinstance(n, Need):
+                raise TypeError(f"loss {self.name!r}: needs must hold prefzoo.Need values, got {n!r}")
+
+    def is_monotone(self, params: Any) -> bool:
+        """Whether the loss declares ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 for these params."""
+        return bool(self.monotone(params)) if callable(self.monotone) else bool(self.monotone)
+
+    @property
+    def needs_reference(self) -> bool:
+        return Need.REFERENCE in self.needs
+
+    def params(self, **kwargs: Any) -> LossParams:
+        """Construct and validate the params; unknown keys name the valid ones."""
+        cls = self.params_cls
+        valid = {i.name for i in param_infos(cls)}
+        unknown = sorted(set(kwargs) - valid)
+        if unknown:
+            raise LossParamError(
+                f"loss {self.name!r} has no parameter {', '.join(repr(u) for u in unknown)}; "
+                f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
+            )
+        try:
+            return cls(**kwargs)
+        except LossParamError as e:
+            raise LossParamError(f"loss {self.name!r}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise LossParamError(f"loss {self.name!r}: invalid parameters {kwargs!r}: {e}") from e
+
+    def parse_param(self, key: str, text: str) -> Any:
+        """Convert a CLI string ``text`` to the type of parameter ``key``."""
+        infos = {i.name: i for i in param_infos(self.params_cls)}
+        if key not in infos:
+            raise LossParamError(
+                f"loss {self.name!r} has no parameter {key!r}; valid parameters: {', '.join(sorted(infos)) or '(none)'}"
+            )
+        return coerce(infos[key], text, where=f"loss {self.name!r}: parameter {key!r}")
+
+
+def coerce(info: ParamInfo, text: Any, where: str) -> Any:
+    if not isinstance(text, str):
+        return text
+    typ = info.type
+    if info.choices is not None and all(isinstance(c, str) for c in info.choices):
+        return text
+    try:
+        if typ is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if typ is int:
+            return int(text)
+        if typ is float:
+            return float(text)
+    except ValueError:
+        raise LossParamError(f"{where}: cannot read {text!r} as {getattr(typ, '__name__', typ)}") from None
+    return text
+
+
+class Loss:
+    """A loss bound to validated params: ``out = loss(batch)`` or ``loss(batch, gather=fn)``."""
+
+    def __init__(self, spec: LossSpec, params: LossParams) -> None:
+        self.spec = spec
+        self.params = params
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def needs(self) -> frozenset[Need]:
+        return self.spec.needs
+
+    @property
+    def batch_coupled(self) -> bool:
+        return self.spec.batch_coupled
+
+    def __repr__(self) -> str:
+        return f"Loss({self.spec.name!r}, {self.params!r})"
+
+    def check_inputs(self, batch: PreferenceBatch) -> None:
+        if not isinstance(batch, PreferenceBatch):
+            raise PreferenceBatchError(
+                f"loss {self.name!r} takes a prefzoo.PreferenceBatch, got {type(batch).__name__}"
+            )
+        for need in self.needs:
+            missing = [f for f in NEED_FIELDS[need] if getattr(batch, f) is None]
+            if missing:
+                raise PreferenceBatchError(
+                    f"loss {self.name!r} needs {need.value}: PreferenceBatch.{missing[0]} is None "
+                    f"(required fields: {', '.join(NEED_FIELDS[need])})"
+                )
+
+    def __call__(self, batch: PreferenceBatch, gather: Callable[[Tensor], Tensor] | None = None) -> LossOutput:
+        self.check_inputs(batch)
+        batch = upcast(batch)
+        ctx = LossContext(gather=gather) if gather is not None else LossContext()
+        out = self.spec.fn(batch, self.params, ctx)
+        check_output(self.name, self.spec.plugin, out, batch.batch_size)
+        return out
+
+
+def upcast(batch: PreferenceBatch) -> PreferenceBatch:
+    """Half-precision inputs are computed in float32 (autograd flows back through the cast)."""
+    changes = {}
+    for f in dataclasses.fields(batch):
+        t = getattr(batch, f.name)
+        if isinstance(t, Tensor) and t.dtype in (torch.bfloat16, torch.float16):
+            changes[f.name] = t.float()
+    return batch.replace(**changes) if changes else batch
+
+
+def check_output(name: str, plugin: str, out: Any, b: int) -> None:
+    """Enforce the LossOutput contract so a broken plugin is named, not a crash later."""
+    who = f"loss {name!r} (plugin {plugin!r})"
+    if not isinstance(out, LossOutput):
+        raise LossOutputError(f"{who} returned {type(out).__name__}, expected prefzoo.LossOutput")
+    for field_name in ("losses", "chosen_rewards", "rejected_rewards"):
+        t = getattr(out, field_name)
+        if not isinstance(t, Tensor) or tuple(t.shape) != (b,):
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise LossOutputError(f"{who} returned {field_name} of shape {shape}; expected ({b},), one per pair")
+    if not isinstance(out.metrics, Mapping):
+        raise LossOutputError(f"{who} returned metrics of type {type(out.metrics).__name__}; expected a dict")

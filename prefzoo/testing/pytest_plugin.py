@@ -1,0 +1,35 @@
+"""pytest plugin (entry point ``pytest11``): registers prefzoo's Hypothesis profiles.
+
+Profiles: ``dev`` (fast default), ``ci`` (Hypothesis' built-in ci profile,
+derandomized, more examples) and ``thorough`` (>= 1000 examples per property).
+Select one with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is an optional extra; without it there is nothing to register
+    settings = None  # type: ignore[assignment]
+
+
+def register_profiles() -> None:
+    if settings is None:
+        return
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("dev", max_examples=30, **common)
+    settings.register_profile("ci", parent=settings.get_profile("ci"), max_examples=100, print_blob=True, **common)
+    settings.register_profile("thorough", max_examples=1000, print_blob=True, **common)
+
+
+register_profiles()
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001 - pytest's hook signature
+    if settings is None:
+        return
+    profile = os.environ.get("HYPOTHESIS_PROFILE")
+    if profile and not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile(profile)
