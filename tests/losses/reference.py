@@ -1,0 +1,222 @@
+"""Naive float64 transcriptions of each loss's paper/TRL formula, written independently of prefzoo.losses.
+
+They use exp/log directly (no stabilisation), so they are only valid on moderate inputs:
+the tests feed log-probs in [-40, 0].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+T = torch.Tensor
+
+
+def sig(x: T) -> T:
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def logsig(x: T) -> T:
+    # the softplus primitive rather than log(sig(x)): f-divergence margins reach ±1e12 in these tests
+    return -torch.nn.functional.softplus(-x)
+
+
+def fdiv(rho: T, kind: str, a: float) -> T:
+    if kind == "forward_kl":
+        return 1 - torch.exp(-rho)
+    if kind == "js_divergence":
+        return math.log(2) + logsig(rho)
+    if kind == "alpha_divergence":
+        return (torch.exp((a - 1) * rho) - 1) / (a - 1)
+    return rho
+
+
+def mmpo_scores(x, p, normalize=True, average=False):
+    pw, pl, rw, rl = x["pw"], x["pl"], x["rw"], x["rl"]
+    if average:
+        pw, pl, rw, rl = pw / x["lw"], pl / x["ll"], rw / x["lw"], rl / x["ll"]
+    Rw = p.get("reward_epsilon", 0.6) + p.get("beta", 0.1) * rw
+    Rl = p.get("rejected_reward", 0.1) + p.get("beta", 0.1) * rl
+    if normalize:
+        eps = p.get("norm_eps", 1e-6)
+        allr = torch.cat([Rw, Rl])
+        lo, hi = allr.min(), allr.max()
+        Rw, Rl = (Rw + eps - lo) / (hi + eps - lo), (Rl + eps - lo) / (hi + eps - lo)
+    return pw + Rw, pl + Rl
+
+
+def mml(sw, sl, aux=True):
+    out = -torch.log(torch.exp(sw) + torch.exp(sl))
+    return out - logsig(sw - sl) if aux else out
+
+
+def ref_mmpo(x, p):
+    return mml(*mmpo_scores(x, p))
+
+
+def ref_mmpo_no_aux(x, p):
+    return mml(*mmpo_scores(x, p), aux=False)
+
+
+def ref_mmpo_no_norm(x, p):
+    return mml(*mmpo_scores(x, p, normalize=False))
+
+
+def ref_mmpo_length_norm(x, p):
+    return mml(*mmpo_scores(x, p, average=True))
+
+
+def _delta(x, p):
+    k, a = p.get("f_divergence", "reverse_kl"), p.get("alpha_divergence_coef", 0.5)
+    return fdiv(x["pw"] - x["rw"], k, a) - fdiv(x["pl"] - x["rl"], k, a)
+
+
+def ref_dpo(x, p):
+    return -logsig(p.get("beta", 0.1) * _delta(x, p))
+
+
+def ref_cdpo(x, p):
+    b, e = p.get("beta", 0.1), p.get("label_smoothing", 0.1)
+    d = _delta(x, p)
+    return -(1 - e) * logsig(b * d) - e * logsig(-b * d)
+
+
+def ref_hinge(x, p):
+    return torch.clamp(1 - p.get("beta", 0.1) * _delta(x, p), min=0)
+
+
+def ref_ipo(x, p):
+    k, a = p.get("f_divergence", "reverse_kl"), p.get("alpha_divergence_coef", 0.5)
+    d = fdiv(x["pw"] - x["rw"], k, a) / x["lw"] - fdiv(x["pl"] - x["rl"], k, a) / x["ll"]
+    return (d - 1 / (2 * p.get("beta", 0.1))) ** 2
+
+
+def ref_robust(x, p):
+    b, e = p.get("beta", 0.1), p.get("label_smoothing", 0.1)
+    d = _delta(x, p)
+    return (-(1 - e) * logsig(b * d) + e * logsig(-b * d)) / (1 - 2 * e)
+
+
+def ref_exo_pair(x, p):
+    b, e = p.get("beta", 0.1), p.get("label_smoothing", 1e-3)
+    z = b * _delta(x, p)
+    return sig(z) * (logsig(z) - math.log(1 - e)) + sig(-z) * (logsig(-z) - math.log(e))
+
+
+def ref_nca_pair(x, p):
+    b = p.get("beta", 0.1)
+    a, c = b * (x["pw"] - x["rw"]), b * (x["pl"] - x["rl"])
+    return -logsig(a) - 0.5 * logsig(-a) - 0.5 * logsig(-c)
+
+
+def ref_bco_pair(x, p):
+    b = p.get("beta", 0.1)
+    return -logsig(b * (x["pw"] - x["rw"])) - logsig(-b * (x["pl"] - x["rl"]))
+
+
+def ref_sppo_hard(x, p):
+    b = p.get("beta", 0.1)
+    return (x["pw"] - x["rw"] - 0.5 / b) ** 2 + (x["pl"] - x["rl"] + 0.5 / b) ** 2
+
+
+def _aot_mean(a, c, p):
+    b, e = p.get("beta", 0.1), p.get("label_smoothing", 0.0)
+    d = torch.sort(a).values - torch.sort(c).values  # TRL: losses per sorted slot
+    return (-(1 - e) * logsig(b * d) - e * logsig(-b * d)).mean()
+
+
+def ref_aot(x, p):  # returns the batch MEAN (TRL's per-slot losses have no per-example meaning)
+    return _aot_mean(x["pw"] - x["pl"], x["rw"] - x["rl"], p)
+
+
+def ref_aot_unpaired(x, p):
+    return _aot_mean(x["pw"] - x["rw"], x["pl"] - x["rl"], p)
+
+
+def ref_apo_zero(x, p):
+    b = p.get("beta", 0.1)
+    return 1 - sig(b * (x["pw"] - x["rw"])) + sig(b * (x["pl"] - x["rl"]))
+
+
+def ref_apo_down(x, p):
+    b = p.get("beta", 0.1)
+    cw, cl = x["pw"] - x["rw"], x["pl"] - x["rl"]
+    return sig(b * cw) + 1 - sig(b * (cw - cl))
+
+
+def ref_discopop(x, p):
+    b, tau = p.get("beta", 0.1), p.get("tau", 0.05)
+    z = b * _delta(x, p)
+    m = sig(z / tau)
+    return -logsig(z) * (1 - m) + torch.exp(-z) * m
+
+
+def ref_sigmoid_norm(x, p):
+    k, a = p.get("f_divergence", "reverse_kl"), p.get("alpha_divergence_coef", 0.5)
+    d = fdiv(x["pw"] - x["rw"], k, a) / x["lw"] - fdiv(x["pl"] - x["rl"], k, a) / x["ll"]
+    return -logsig(p.get("beta", 0.1) * d)
+
+
+def ref_rdpo(x, p):
+    return -logsig(p.get("beta", 0.1) * _delta(x, p) + p.get("alpha", 0.01) * (x["lw"] - x["ll"]))
+
+
+def ref_sft(x, p):
+    return -x["pw"] / x["lw"]
+
+
+def ref_simpo(x, p):
+    b, g = p.get("beta", 2.0), p.get("gamma_beta_ratio", 0.5)
+    return -logsig(b * (x["pw"] / x["lw"] - x["pl"] / x["ll"] - g))
+
+
+def ref_cpo(x, p):
+    b, a = p.get("beta", 0.1), p.get("alpha", 1.0)
+    return -logsig(b * (x["pw"] - x["pl"])) - a * x["pw"] / x["lw"]
+
+
+def ref_orpo(x, p):
+    aw, al = x["pw"] / x["lw"], x["pl"] / x["ll"]
+    log_odds = (aw - torch.log(1 - torch.exp(aw))) - (al - torch.log(1 - torch.exp(al)))
+    return -aw - p.get("beta", 0.1) * logsig(log_odds)
+
+
+def ref_mpo(x, p):
+    b = p.get("beta", 0.1)
+    q = {"beta": b}
+    return (
+        p.get("dpo_weight", 0.8) * ref_dpo(x, q)
+        + p.get("bco_weight", 0.2) * ref_bco_pair(x, q)
+        + p.get("sft_weight", 1.0) * ref_sft(x, q)
+    )
+
+
+REFERENCES = {
+    "mmpo": ref_mmpo,
+    "mmpo-no-aux": ref_mmpo_no_aux,
+    "mmpo-no-norm": ref_mmpo_no_norm,
+    "mmpo-length-norm": ref_mmpo_length_norm,
+    "dpo": ref_dpo,
+    "cdpo": ref_cdpo,
+    "hinge": ref_hinge,
+    "ipo": ref_ipo,
+    "robust": ref_robust,
+    "exo-pair": ref_exo_pair,
+    "nca-pair": ref_nca_pair,
+    "bco-pair": ref_bco_pair,
+    "sppo-hard": ref_sppo_hard,
+    "aot": ref_aot,
+    "aot-unpaired": ref_aot_unpaired,
+    "apo-zero": ref_apo_zero,
+    "apo-down": ref_apo_down,
+    "discopop": ref_discopop,
+    "sigmoid-norm": ref_sigmoid_norm,
+    "rdpo": ref_rdpo,
+    "sft": ref_sft,
+    "simpo": ref_simpo,
+    "cpo": ref_cpo,
+    "orpo": ref_orpo,
+    "mpo": ref_mpo,
+}
+MEAN_ONLY = {"aot", "aot-unpaired"}  # per-slot losses: compare the batch mean and its gradient

@@ -1,0 +1,140 @@
+"""The public loss API: errors name the field and the fix; dtypes; extreme log-probs; combinations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo import LossParamError, PreferenceBatch, PreferenceBatchError, UnknownLossError
+
+
+def full_batch(B=4, dtype=torch.float32, scale=1.0, T=5):
+    g = torch.Generator().manual_seed(1)
+    v = lambda: (-torch.rand(B, generator=g) * scale).to(dtype).requires_grad_()  # noqa: E731
+    return PreferenceBatch(
+        policy_chosen_logps=v(), policy_rejected_logps=v(),
+        ref_chosen_logps=v().detach(), ref_rejected_logps=v().detach(),
+        chosen_lengths=torch.randint(1, 4096, (B,), generator=g), rejected_lengths=torch.randint(1, 4096, (B,), generator=g),
+        policy_chosen_token_logps=-torch.rand(B, T, generator=g).to(dtype),
+        policy_rejected_token_logps=-torch.rand(B, T, generator=g).to(dtype),
+        chosen_token_entropies=torch.rand(B, T, generator=g).to(dtype),
+        rejected_token_entropies=torch.rand(B, T, generator=g).to(dtype),
+        chosen_mask=torch.ones(B, T, dtype=torch.bool), rejected_mask=torch.ones(B, T, dtype=torch.bool),
+    )
+
+
+def test_unknown_loss_suggests_close_names():
+    with pytest.raises(UnknownLossError, match="did you mean 'mmpo'"):
+        prefzoo.get_loss("mmop")
+
+
+def test_unknown_parameter_lists_valid_ones():
+    with pytest.raises(LossParamError, match=r"loss 'simpo' has no parameter 'gamma'.*gamma_beta_ratio"):
+        prefzoo.get_loss("simpo", gamma=1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "match"),
+    [
+        ("dpo", {"beta": 0.0}, r"loss 'dpo'.*'beta' = 0.0 must be > 0.0"),
+        ("robust", {"label_smoothing": 0.5}, r"'label_smoothing' = 0.5 must be >= 0.0 and < 0.5"),
+        ("dpo", {"f_divergence": "kl"}, r"'f_divergence' = 'kl' must be one of 'reverse_kl'"),
+        ("mmpo", {"norm_eps": -1.0}, r"'norm_eps'"),
+        ("mmpo", {"beta": float("nan")}, r"'beta' = nan must be finite"),
+        ("simpo", {"beta": "2"}, r"'beta' = '2' must be a number"),
+    ],
+)
+def test_out_of_range_parameter_names_loss_parameter_and_range(name, params, match):
+    with pytest.raises(LossParamError, match=match):
+        prefzoo.get_loss(name, **params)
+
+
+def test_cli_strings_are_typed_by_the_params_class():
+    from prefzoo.registry import parse_loss_params
+
+    assert parse_loss_params("mmpo", ["beta=0.5", "reward_epsilon=1"]) == {"beta": 0.5, "reward_epsilon": 1.0}
+    assert parse_loss_params("dpo", ["f_divergence=js_divergence"]) == {"f_divergence": "js_divergence"}
+    with pytest.raises(LossParamError, match="cannot read 'abc' as float"):
+        parse_loss_params("dpo", ["beta=abc"])
+    with pytest.raises(LossParamError, match="KEY=VALUE"):
+        parse_loss_params("dpo", ["beta"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("ref_chosen_logps", None, r"needs reference: PreferenceBatch.ref_chosen_logps is None"),
+        ("chosen_lengths", torch.tensor([3, 0, 2, 1]), r"chosen_lengths\[1\] = 0.*positive"),
+        ("policy_chosen_logps", torch.tensor([0.0, float("nan"), 0.0, 0.0]), r"policy_chosen_logps\[1\].*nan.*finite"),
+        ("policy_rejected_logps", torch.zeros(3), r"shape \(3,\) but policy_chosen_logps has \(4,\)"),
+        ("ref_rejected_logps", torch.tensor([float("-inf"), 0.0, 0.0, 0.0]), r"ref_rejected_logps\[0\].*-inf"),
+        ("policy_chosen_logps", torch.zeros(4, dtype=torch.long), r"floating-point"),
+    ],
+)
+def test_bad_inputs_are_named(field, value, match):
+    with pytest.raises(PreferenceBatchError, match=match):
+        b = full_batch()
+        prefzoo.get_loss("mmpo-length-norm")(b.replace(**{field: value}))
+
+
+def test_missing_token_level_inputs_are_named():
+    b = full_batch().replace(chosen_token_entropies=None)
+    with pytest.raises(PreferenceBatchError, match="needs token_entropies.*chosen_token_entropies"):
+        prefzoo.get_loss("mmpo-entropy")(b)
+
+
+def test_not_a_batch():
+    with pytest.raises(PreferenceBatchError, match="takes a prefzoo.PreferenceBatch"):
+        prefzoo.get_loss("dpo")({"policy_chosen_logps": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", prefzoo.list_losses())
+def test_finite_at_realistic_extremes(name, dtype):
+    """Summed log-probs of real completions reach −1e4: losses and gradients stay finite there."""
+    b = full_batch(B=6, dtype=dtype, scale=2e4)
+    out = prefzoo.get_loss(name)(b)
+    assert out.losses.shape == (6,)
+    assert torch.isfinite(out.losses).all(), out.losses
+    grads = torch.autograd.grad(out.losses.sum(), (b.policy_chosen_logps, b.policy_rejected_logps), allow_unused=True)
+    for gr in grads:
+        assert gr is None or torch.isfinite(gr).all()
+    assert not out.chosen_rewards.requires_grad and not out.rejected_rewards.requires_grad
+
+
+def test_combination_from_string_and_api_agree_with_mpo():
+    b = full_batch(dtype=torch.float64)
+    s = prefzoo.get_loss("0.8*dpo + 0.2*bco-pair + 1.0*sft", beta=0.2)(b).losses
+    api = prefzoo.combine([(0.8, "dpo"), (0.2, "bco-pair"), (1.0, "sft")], beta=0.2)(b).losses
+    mpo = prefzoo.get_loss("mpo", beta=0.2)(b).losses
+    manual = sum(w * prefzoo.get_loss(n, **p)(b).losses for w, n, p in
+                 [(0.8, "dpo", {"beta": 0.2}), (0.2, "bco-pair", {"beta": 0.2}), (1.0, "sft", {})])
+    for got in (s, api, mpo):
+        torch.testing.assert_close(got, manual)
+
+
+def test_combination_per_term_params_and_errors():
+    loss = prefzoo.get_loss("dpo + 0.5*simpo", **{"simpo.beta": 3.0, "dpo.beta": 0.2})
+    assert loss.terms[0][1].params.beta == 0.2 and loss.terms[1][1].params.beta == 3.0
+    assert loss.needs == {prefzoo.Need.REFERENCE, prefzoo.Need.LENGTHS}
+    with pytest.raises(LossParamError, match="no term of the combination has the parameter"):
+        prefzoo.get_loss("dpo + simpo", tau=1.0)
+    with pytest.raises(LossParamError, match="WEIGHT\\*NAME"):
+        prefzoo.get_loss("dpo + 0.5**simpo")
+    with pytest.raises(UnknownLossError):
+        prefzoo.get_loss("dpo + 0.5*simpoo")
+
+
+def test_broken_loss_output_is_named():
+    from prefzoo import LossOutput, LossOutputError, LossSpec
+    from prefzoo.losses.dpo import DPOParams
+    from prefzoo.spec import Loss
+
+    def bad(batch, p, ctx):
+        return LossOutput(batch.policy_chosen_logps.sum(), batch.policy_chosen_logps, batch.policy_rejected_logps)
+
+    spec = LossSpec(name="bad", fn=bad, params_cls=DPOParams, family="x", formula="", paper="", scores="",
+                    plugin="my-plugin")
+    with pytest.raises(LossOutputError, match=r"loss 'bad' \(plugin 'my-plugin'\) returned losses of shape \(\)"):
+        Loss(spec, DPOParams())(full_batch())

@@ -1,0 +1,151 @@
+"""The pluggy registry: built-ins through the same hook, entry points, duplicates, broken plugins."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import types
+import warnings
+
+import pytest
+
+import prefzoo
+from prefzoo import registry
+from prefzoo.losses.dpo import DPOParams, dpo_loss
+
+EXPECTED = {
+    "mmpo", "mmpo-no-aux", "mmpo-no-norm", "mmpo-length-norm", "mmpo-entropy",
+    "dpo", "cdpo", "hinge", "ipo", "robust", "exo-pair", "nca-pair", "bco-pair", "sppo-hard", "aot", "aot-unpaired",
+    "apo-zero", "apo-down", "discopop", "sigmoid-norm", "sft", "rdpo", "simpo", "cpo", "orpo", "mpo",
+}
+
+
+def spec(name: str) -> prefzoo.LossSpec:
+    return prefzoo.LossSpec(name=name, fn=dpo_loss, params_cls=DPOParams, family="test", formula="f", paper="p",
+                            scores="s", needs=frozenset({prefzoo.Need.REFERENCE}))
+
+
+def plugin_with(*names: str):
+    mod = types.SimpleNamespace()
+
+    @prefzoo.hookimpl
+    def prefzoo_register_losses():
+        return [spec(n) for n in names]
+
+    mod.prefzoo_register_losses = prefzoo_register_losses
+    return mod
+
+
+def test_all_issue_names_registered_by_builtin_modules():
+    reg = registry.build_registry(autoload=False)
+    assert EXPECTED <= set(reg.losses)
+    assert all(reg.losses[n].plugin in registry.BUILTIN_MODULES for n in EXPECTED)
+
+
+def test_builtins_use_the_public_hook():
+    reg = registry.build_registry(autoload=False)
+    impls = {registry._plugin_name(reg.pm, i) for i in reg.pm.hook.prefzoo_register_losses.get_hookimpls()}
+    assert set(registry.BUILTIN_MODULES) <= impls
+
+
+def test_third_party_plugin_adds_a_loss():
+    reg = registry.build_registry(extra_plugins=[("acme", plugin_with("acme-loss"))], autoload=False)
+    assert reg.losses["acme-loss"].plugin == "acme"
+
+
+def test_duplicate_name_names_both_plugins():
+    with pytest.raises(registry.RegistryError, match=r"'dpo' is registered by two plugins: 'prefzoo.losses.dpo' and 'evil'"):
+        registry.build_registry(extra_plugins=[("evil", plugin_with("dpo"))], autoload=False)
+
+
+def test_plugin_raising_in_hook_is_reported_and_rest_works():
+    mod = types.SimpleNamespace()
+
+    @prefzoo.hookimpl
+    def prefzoo_register_losses():
+        raise RuntimeError("boom")
+
+    mod.prefzoo_register_losses = prefzoo_register_losses
+    with pytest.warns(UserWarning, match="'broken'.*boom"):
+        reg = registry.build_registry(extra_plugins=[("broken", mod)], autoload=False)
+    assert reg.failed[0].plugin == "broken" and "boom" in reg.failed[0].error
+    assert EXPECTED <= set(reg.losses)
+
+
+def test_malformed_spec_is_reported():
+    mod = types.SimpleNamespace()
+
+    @prefzoo.hookimpl
+    def prefzoo_register_losses():
+        return ["not a spec"]
+
+    mod.prefzoo_register_losses = prefzoo_register_losses
+    with pytest.warns(UserWarning, match="malformed"):
+        reg = registry.build_registry(extra_plugins=[("sloppy", mod)], autoload=False)
+    assert reg.failed and reg.failed[0].plugin == "sloppy"
+
+
+def test_unknown_hook_is_rejected():
+    mod = types.SimpleNamespace()
+
+    @prefzoo.hookimpl
+    def prefzoo_register_lossez():
+        return []
+
+    mod.prefzoo_register_lossez = prefzoo_register_lossez
+    with pytest.raises(Exception, match="prefzoo_register_lossez"):
+        registry.build_registry(extra_plugins=[("typo", mod)], autoload=False)
+
+
+class FakeEP:
+    def __init__(self, name, value, obj=None, exc=None):
+        self.name, self.value, self._obj, self._exc = name, value, obj, exc
+
+    def load(self):
+        if self._exc:
+            raise self._exc
+        return self._obj
+
+
+def test_entry_points_loaded_and_failing_import_reported(monkeypatch):
+    eps = [FakeEP("good", "good_mod", obj=plugin_with("good-loss")),
+           FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'"))]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps if group == "prefzoo" else [])
+    monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        reg = registry.build_registry()
+    assert "good-loss" in reg.losses and reg.losses["good-loss"].plugin == "good"
+    assert [f.plugin for f in reg.failed] == ["bad"]
+    assert any("'bad'" in str(x.message) and "bad_mod" in str(x.message) for x in w)
+
+
+def test_autoload_disabled_by_env(monkeypatch):
+    eps = [FakeEP("good", "good_mod", obj=plugin_with("good-loss"))]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    monkeypatch.setenv(registry.DISABLE_AUTOLOAD_ENV, "1")
+    assert "good-loss" not in registry.build_registry().losses
+
+
+def test_broken_plugin_does_not_take_the_cli_down(monkeypatch, capsys):
+    from prefzoo.cli.main import main
+
+    eps = [FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'"))]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
+    registry.reset_registry()
+    try:
+        with pytest.warns(UserWarning):
+            assert main(["losses"]) == 0
+        out = capsys.readouterr().out
+        assert "mmpo" in out and "plugin 'bad' failed to load" in out
+    finally:
+        registry.reset_registry()
+
+
+def test_loss_spec_metadata_is_complete():
+    for name in EXPECTED:
+        s = prefzoo.loss_spec(name)
+        assert s.formula and s.paper and s.scores and s.description, name
+        infos = prefzoo.param_infos(s.params_cls)
+        assert all(i.doc for i in infos), name
+        s.params_cls()  # defaults are valid
