@@ -58,3 +58,13 @@ def test_inspect_plot_writes_png(tmp_path, capsys):
     png = tmp_path / "fp.png"
     assert main(["inspect", "dpo", "--points", "3", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_docs_catalogue_is_generated_from_the_registry():
+    """docs/losses.md must equal `prefzoo losses --markdown` (built-in losses only), so it cannot drift."""
+    from pathlib import Path
+
+    from prefzoo.cli.losses import catalogue_markdown
+
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "losses.md").read_text(encoding="utf-8")
+    assert committed == catalogue_markdown(), "docs/losses.md is stale: run `prefzoo losses --markdown > docs/losses.md`"
