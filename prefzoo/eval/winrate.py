@@ -1,0 +1,119 @@
+"""Win-rate of a policy against a baseline on a prompt set: generate from both, judge, and a length-controlled rate.
+
+The length-controlled win-rate follows AlpacaEval 2 (Dubois et al. 2024,
+"Length-Controlled AlpacaEval", arXiv:2404.04475): fit a logistic regression of
+the judge's preference on the (normalised) length difference and report the
+predicted win-rate at zero length difference.  Simplified here: AlpacaEval's GLM
+also has a per-instruction difficulty term and a model-identity term fitted
+across many models; we fit only ``logit P(policy wins) = θ₀ + θ₁·tanh(Δlen / sd(Δlen))``
+on this one comparison (ties as 0.5 soft labels, a weak L2 penalty so that
+all-win or all-loss data stay finite), and report ``σ(θ₀)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["WinRateResult", "length_controlled_win_rate", "win_rate"]
+
+
+@dataclass
+class WinRateResult:
+    """Per-prompt preferences (1: policy better, 0.5 tie, 0: baseline better) and the completions behind them."""
+
+    prompts: list[str]
+    policy_completions: list[str]
+    baseline_completions: list[str]
+    preferences: list[float]
+    policy_lengths: list[int]  # completion tokens
+    baseline_lengths: list[int]
+
+    def summary(self) -> dict[str, float]:
+        n = len(self.preferences)
+        wins = sum(p > 0.5 for p in self.preferences)
+        losses = sum(p < 0.5 for p in self.preferences)
+        return {
+            "win_rate": sum(self.preferences) / n,  # (wins + ½ ties) / n, as AlpacaEval counts ties
+            "wins": wins,
+            "ties": n - wins - losses,
+            "losses": losses,
+            "n": n,
+            "lc_win_rate": length_controlled_win_rate(self.preferences, self.policy_lengths, self.baseline_lengths),
+            "mean_policy_length": sum(self.policy_lengths) / n,
+            "mean_baseline_length": sum(self.baseline_lengths) / n,
+        }
+
+
+def length_controlled_win_rate(
+    preferences: Sequence[float], policy_lengths: Sequence[int], baseline_lengths: Sequence[int], l2: float = 1e-2
+) -> float:
+    """σ(θ₀) of the logistic fit ``P(win) = σ(θ₀ + θ₁·tanh(Δlen/sd))`` (Newton's method, soft labels, L2 ``l2``)."""
+    import numpy as np
+
+    y = np.asarray(preferences, dtype=np.float64)  # (n,) soft labels in [0, 1]
+    if y.size == 0:
+        raise ValueError("length_controlled_win_rate: no preferences")
+    d = np.asarray(policy_lengths, dtype=np.float64) - np.asarray(baseline_lengths, dtype=np.float64)  # (n,)
+    sd = d.std()
+    x = np.tanh(d / sd) if sd > 0 else np.zeros_like(d)  # (n,) AlpacaEval's normalised length feature
+    X = np.stack([np.ones_like(x), x], axis=1)  # (n, 2)
+    theta = np.zeros(2)
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(X @ theta)))  # (n,)
+        grad = X.T @ (p - y) / y.size + l2 * theta  # (2,)
+        hess = (X.T * (p * (1 - p))) @ X / y.size + l2 * np.eye(2)  # (2, 2)
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return float(1.0 / (1.0 + math.exp(-theta[0])))
+
+
+def win_rate(
+    policy: Any,
+    baseline: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    judge: Any,
+    *,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+    baseline_tokenizer: Any = None,
+) -> WinRateResult:
+    """Generate from ``policy`` and ``baseline`` (greedy, or seeded sampling) and let ``judge`` compare them.
+
+    ``judge`` is a :class:`prefzoo.eval.judges.Judge` (``get_judge("oracle")``) or a
+    registered judge name.  Lengths for the length control are completion tokens
+    under ``tokenizer``.
+    """
+    from prefzoo.eval.generation import generate
+    from prefzoo.eval.judges import get_judge
+
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("win_rate: the prompt set is empty; pass at least one prompt")
+    if isinstance(judge, str):
+        judge = get_judge(judge)
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "do_sample": do_sample,
+          "temperature": temperature, "seed": seed}  # fmt: skip
+    pol = generate(policy, tokenizer, prompts, **kw)
+    base = generate(baseline, baseline_tokenizer or tokenizer, prompts, **kw)
+    prefs = [float(v) for v in judge(prompts, pol, base)]
+    if len(prefs) != len(prompts):
+        raise ValueError(
+            f"judge {getattr(judge, 'name', judge)!r} returned {len(prefs)} verdicts for {len(prompts)} prompts"
+        )
+    bad = [v for v in prefs if not 0.0 <= v <= 1.0]
+    if bad:
+        raise ValueError(f"judge {getattr(judge, 'name', judge)!r} returned {bad[0]}; verdicts must lie in [0, 1]")
+
+    def n_tokens(texts: list[str]) -> list[int]:
+        return [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+
+    return WinRateResult(prompts, pol, base, prefs, n_tokens(pol), n_tokens(base))
