@@ -105,7 +105,7 @@ def build_registry(extra_plugins: list[tuple[str, Any]] | None = None, autoload:
     for impl in pm.hook.prefzoo_register_losses.get_hookimpls():
         pname = _plugin_name(pm, impl)
         try:
-            specs = impl.function()
+            specs: Any = impl.function()
         except Exception as e:
             failed.append(PluginLoadError(pname, f"prefzoo_register_losses raised {type(e).__name__}: {e}"))
             warnings.warn(f"prefzoo plugin {pname!r}: prefzoo_register_losses raised {e}", stacklevel=2)

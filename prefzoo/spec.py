@@ -23,10 +23,10 @@ from prefzoo.types import NEED_FIELDS, LossContext, LossOutput, Need, Preference
 
 __all__ = [
     "Loss",
+    "LossOutputError",
     "LossParamError",
     "LossParams",
     "LossSpec",
-    "LossOutputError",
     "ParamInfo",
     "param",
     "param_infos",
@@ -117,9 +117,7 @@ class LossParams:
                 value = float(value)
             why = info.check(value)
             if why is not None:
-                raise LossParamError(
-                    f"{type(self).__name__}: parameter {info.name!r} = {value!r} {why} ({info.doc})"
-                )
+                raise LossParamError(f"{type(self).__name__}: parameter {info.name!r} = {value!r} {why} ({info.doc})")
         self.check()
 
     def check(self) -> None:

@@ -71,7 +71,9 @@ def _pair(m: float, logp: float, ref_logp: float, length: int) -> tuple[Preferen
     return batch, pw, pl
 
 
-def fingerprint(loss: Loss, margins: list[float], logp: float = -20.0, ref_logp: float = -20.0, length: int = 10) -> Fingerprint:
+def fingerprint(
+    loss: Loss, margins: list[float], logp: float = -20.0, ref_logp: float = -20.0, length: int = 10
+) -> Fingerprint:
     """w_w and w_l by autograd at each margin, one pair at a time (so batch coupling plays no part)."""
     sm, ww, wl = [], [], []
     for m in margins:

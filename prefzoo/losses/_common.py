@@ -28,7 +28,9 @@ def average_logps(logps: Tensor, lengths: Tensor) -> Tensor:
 
 def logratios(batch: PreferenceBatch, average: bool = False) -> tuple[Tensor, Tensor]:
     """log π(y|x) − log π_ref(y|x) for chosen and rejected; per-token averages when ``average``."""
-    pw, pl, rw, rl = require(batch, "policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
+    pw, pl, rw, rl = require(
+        batch, "policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"
+    )
     rw, rl = rw.detach(), rl.detach()
     if average:
         lw, ll = require(batch, "chosen_lengths", "rejected_lengths")

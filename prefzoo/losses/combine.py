@@ -125,8 +125,11 @@ def _mpo_terms(p: MPOParams) -> CombinedLoss:
     from prefzoo.registry import get_loss
 
     return CombinedLoss(
-        [(p.dpo_weight, get_loss("dpo", beta=p.beta)), (p.bco_weight, get_loss("bco-pair", beta=p.beta)),
-         (p.sft_weight, get_loss("sft"))]
+        [
+            (p.dpo_weight, get_loss("dpo", beta=p.beta)),
+            (p.bco_weight, get_loss("bco-pair", beta=p.beta)),
+            (p.sft_weight, get_loss("sft")),
+        ]
     )
 
 
@@ -159,6 +162,3 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "(any weights via '--loss \"0.8*dpo + 0.2*bco-pair + 1.0*sft\"').",
         )
     ]
-
-
-

@@ -1,4 +1,4 @@
-"""MMPO (Najafi & Fyshe, "Offline Preference Optimization via Maximum Marginal Likelihood Estimation") and its ablations.
+"""MMPO (Najafi & Fyshe, "Offline Preference Optimization via Maximum Marginal Likelihood Estimation"), ablations.
 
 The listing in the paper is the reference implementation:
 
@@ -17,6 +17,7 @@ belongs to the logsumexp term alone: that is ``mmpo-no-aux``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +151,7 @@ _REF = frozenset({Need.REFERENCE})
 
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
-    common = dict(family="mmpo", paper=PAPER, scores=_SCORES, batch_coupled=True)
+    common: dict[str, Any] = dict(family="mmpo", paper=PAPER, scores=_SCORES, batch_coupled=True)
     return [
         LossSpec(
             name="mmpo",

@@ -67,4 +67,6 @@ def test_docs_catalogue_is_generated_from_the_registry():
     from prefzoo.cli.losses import catalogue_markdown
 
     committed = (Path(__file__).resolve().parents[2] / "docs" / "losses.md").read_text(encoding="utf-8")
-    assert committed == catalogue_markdown(), "docs/losses.md is stale: run `prefzoo losses --markdown > docs/losses.md`"
+    assert committed == catalogue_markdown(), (
+        "docs/losses.md is stale: run `prefzoo losses --markdown > docs/losses.md`"
+    )

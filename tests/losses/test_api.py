@@ -13,14 +13,18 @@ def full_batch(B=4, dtype=torch.float32, scale=1.0, T=5):
     g = torch.Generator().manual_seed(1)
     v = lambda: (-torch.rand(B, generator=g) * scale).to(dtype).requires_grad_()  # noqa: E731
     return PreferenceBatch(
-        policy_chosen_logps=v(), policy_rejected_logps=v(),
-        ref_chosen_logps=v().detach(), ref_rejected_logps=v().detach(),
-        chosen_lengths=torch.randint(1, 4096, (B,), generator=g), rejected_lengths=torch.randint(1, 4096, (B,), generator=g),
+        policy_chosen_logps=v(),
+        policy_rejected_logps=v(),
+        ref_chosen_logps=v().detach(),
+        ref_rejected_logps=v().detach(),
+        chosen_lengths=torch.randint(1, 4096, (B,), generator=g),
+        rejected_lengths=torch.randint(1, 4096, (B,), generator=g),
         policy_chosen_token_logps=-torch.rand(B, T, generator=g).to(dtype),
         policy_rejected_token_logps=-torch.rand(B, T, generator=g).to(dtype),
         chosen_token_entropies=torch.rand(B, T, generator=g).to(dtype),
         rejected_token_entropies=torch.rand(B, T, generator=g).to(dtype),
-        chosen_mask=torch.ones(B, T, dtype=torch.bool), rejected_mask=torch.ones(B, T, dtype=torch.bool),
+        chosen_mask=torch.ones(B, T, dtype=torch.bool),
+        rejected_mask=torch.ones(B, T, dtype=torch.bool),
     )
 
 
@@ -80,12 +84,12 @@ def test_bad_inputs_are_named(field, value, match):
 
 def test_missing_token_level_inputs_are_named():
     b = full_batch().replace(chosen_token_entropies=None)
-    with pytest.raises(PreferenceBatchError, match="needs token_entropies.*chosen_token_entropies"):
+    with pytest.raises(PreferenceBatchError, match=r"needs token_entropies.*chosen_token_entropies"):
         prefzoo.get_loss("mmpo-entropy")(b)
 
 
 def test_not_a_batch():
-    with pytest.raises(PreferenceBatchError, match="takes a prefzoo.PreferenceBatch"):
+    with pytest.raises(PreferenceBatchError, match=r"takes a prefzoo\.PreferenceBatch"):
         prefzoo.get_loss("dpo")({"policy_chosen_logps": torch.zeros(1)})
 
 
@@ -108,8 +112,10 @@ def test_combination_from_string_and_api_agree_with_mpo():
     s = prefzoo.get_loss("0.8*dpo + 0.2*bco-pair + 1.0*sft", beta=0.2)(b).losses
     api = prefzoo.combine([(0.8, "dpo"), (0.2, "bco-pair"), (1.0, "sft")], beta=0.2)(b).losses
     mpo = prefzoo.get_loss("mpo", beta=0.2)(b).losses
-    manual = sum(w * prefzoo.get_loss(n, **p)(b).losses for w, n, p in
-                 [(0.8, "dpo", {"beta": 0.2}), (0.2, "bco-pair", {"beta": 0.2}), (1.0, "sft", {})])
+    manual = sum(
+        w * prefzoo.get_loss(n, **p)(b).losses
+        for w, n, p in [(0.8, "dpo", {"beta": 0.2}), (0.2, "bco-pair", {"beta": 0.2}), (1.0, "sft", {})]
+    )
     for got in (s, api, mpo):
         torch.testing.assert_close(got, manual)
 
@@ -134,7 +140,8 @@ def test_broken_loss_output_is_named():
     def bad(batch, p, ctx):
         return LossOutput(batch.policy_chosen_logps.sum(), batch.policy_chosen_logps, batch.policy_rejected_logps)
 
-    spec = LossSpec(name="bad", fn=bad, params_cls=DPOParams, family="x", formula="", paper="", scores="",
-                    plugin="my-plugin")
+    spec = LossSpec(
+        name="bad", fn=bad, params_cls=DPOParams, family="x", formula="", paper="", scores="", plugin="my-plugin"
+    )
     with pytest.raises(LossOutputError, match=r"loss 'bad' \(plugin 'my-plugin'\) returned losses of shape \(\)"):
         Loss(spec, DPOParams())(full_batch())

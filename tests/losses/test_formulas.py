@@ -15,8 +15,13 @@ TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (2e-4, 2e-4), torch.bfloat16:
 GRAD_TOL = {**TOL, torch.bfloat16: (1e-3, 8e-3)}
 
 PARAM_CASES = {
-    "dpo": [{}, {"beta": 0.5}, {"f_divergence": "forward_kl"}, {"f_divergence": "js_divergence"},
-            {"f_divergence": "alpha_divergence", "alpha_divergence_coef": 0.3}],
+    "dpo": [
+        {},
+        {"beta": 0.5},
+        {"f_divergence": "forward_kl"},
+        {"f_divergence": "js_divergence"},
+        {"f_divergence": "alpha_divergence", "alpha_divergence_coef": 0.3},
+    ],
     "cdpo": [{}, {"label_smoothing": 0.3, "f_divergence": "js_divergence"}],
     "ipo": [{}, {"beta": 1.0}],
     "robust": [{}, {"label_smoothing": 0.25}],
@@ -50,9 +55,12 @@ def run_prefzoo(name, params, x, dtype):
     pw = x["pw"].to(dtype).requires_grad_()
     pl = x["pl"].to(dtype).requires_grad_()
     batch = prefzoo.PreferenceBatch(
-        policy_chosen_logps=pw, policy_rejected_logps=pl,
-        ref_chosen_logps=x["rw"].to(dtype), ref_rejected_logps=x["rl"].to(dtype),
-        chosen_lengths=x["lw"], rejected_lengths=x["ll"],
+        policy_chosen_logps=pw,
+        policy_rejected_logps=pl,
+        ref_chosen_logps=x["rw"].to(dtype),
+        ref_rejected_logps=x["rl"].to(dtype),
+        chosen_lengths=x["lw"],
+        rejected_lengths=x["ll"],
     )
     out = prefzoo.get_loss(name, **params)(batch)
     val = out.losses.mean() if name in MEAN_ONLY else out.losses
@@ -81,7 +89,9 @@ def test_matches_formula(name, params, dtype):
         want = run_reference(name, params, x, dtype)
         for what, g, w in zip(("loss", "dL/dlogπ_w", "dL/dlogπ_l"), got, want, strict=True):
             atol, rtol = (TOL if what == "loss" else GRAD_TOL)[dtype]
-            torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=lambda m, what=what: f"{name} {params} {what}: {m}")
+            torch.testing.assert_close(
+                g, w, atol=atol, rtol=rtol, msg=lambda m, what=what: f"{name} {params} {what}: {m}"
+            )
 
 
 def test_every_builtin_has_a_reference():

@@ -17,8 +17,11 @@ F64 = torch.float64
 def batch(pw, pl, rw, rl, **kw):
     t = lambda xs: torch.tensor(xs, dtype=F64)  # noqa: E731
     return prefzoo.PreferenceBatch(
-        policy_chosen_logps=t(pw).requires_grad_(), policy_rejected_logps=t(pl).requires_grad_(),
-        ref_chosen_logps=t(rw), ref_rejected_logps=t(rl), **kw,
+        policy_chosen_logps=t(pw).requires_grad_(),
+        policy_rejected_logps=t(pl).requires_grad_(),
+        ref_chosen_logps=t(rw),
+        ref_rejected_logps=t(rl),
+        **kw,
     )
 
 
@@ -78,9 +81,18 @@ def test_entropy_ablation_value_and_gradient():
     mw = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
     ml = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
     tw_ = tw.clone().requires_grad_()
-    b = batch([-3.0, -4.0], [-5.0, -6.0], [-3.0, -4.0], [-5.0, -6.0],
-              policy_chosen_token_logps=tw_, policy_rejected_token_logps=tl, chosen_token_entropies=hw,
-              rejected_token_entropies=hl, chosen_mask=mw, rejected_mask=ml)
+    b = batch(
+        [-3.0, -4.0],
+        [-5.0, -6.0],
+        [-3.0, -4.0],
+        [-5.0, -6.0],
+        policy_chosen_token_logps=tw_,
+        policy_rejected_token_logps=tl,
+        chosen_token_entropies=hw,
+        rejected_token_entropies=hl,
+        chosen_mask=mw,
+        rejected_mask=ml,
+    )
     out = prefzoo.get_loss("mmpo-entropy", beta=0.2)(b)
     base = prefzoo.get_loss("mmpo", beta=0.2)(b).losses
     H = 0.5 * ((hw * mw).sum(1) + (hl * ml).sum(1))
@@ -144,9 +156,19 @@ def test_gathered_shards_equal_full_batch(name):
     want = prefzoo.get_loss(name)(full).losses.detach()
     cuts = [(0, 3), (3, 4), (4, 7)]  # uneven shards, one of size 1
     shards = [
-        prefzoo.PreferenceBatch(**{f: getattr(full, f)[a:b] for f in (
-            "policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps",
-            "chosen_lengths", "rejected_lengths")})
+        prefzoo.PreferenceBatch(
+            **{
+                f: getattr(full, f)[a:b]
+                for f in (
+                    "policy_chosen_logps",
+                    "policy_rejected_logps",
+                    "ref_chosen_logps",
+                    "ref_rejected_logps",
+                    "chosen_lengths",
+                    "rejected_lengths",
+                )
+            }
+        )
         for a, b in cuts
     ]
     got = torch.cat(_threaded_shards(name, shards))

@@ -13,15 +13,46 @@ from prefzoo import registry
 from prefzoo.losses.dpo import DPOParams, dpo_loss
 
 EXPECTED = {
-    "mmpo", "mmpo-no-aux", "mmpo-no-norm", "mmpo-length-norm", "mmpo-entropy",
-    "dpo", "cdpo", "hinge", "ipo", "robust", "exo-pair", "nca-pair", "bco-pair", "sppo-hard", "aot", "aot-unpaired",
-    "apo-zero", "apo-down", "discopop", "sigmoid-norm", "sft", "rdpo", "simpo", "cpo", "orpo", "mpo",
+    "mmpo",
+    "mmpo-no-aux",
+    "mmpo-no-norm",
+    "mmpo-length-norm",
+    "mmpo-entropy",
+    "dpo",
+    "cdpo",
+    "hinge",
+    "ipo",
+    "robust",
+    "exo-pair",
+    "nca-pair",
+    "bco-pair",
+    "sppo-hard",
+    "aot",
+    "aot-unpaired",
+    "apo-zero",
+    "apo-down",
+    "discopop",
+    "sigmoid-norm",
+    "sft",
+    "rdpo",
+    "simpo",
+    "cpo",
+    "orpo",
+    "mpo",
 }
 
 
 def spec(name: str) -> prefzoo.LossSpec:
-    return prefzoo.LossSpec(name=name, fn=dpo_loss, params_cls=DPOParams, family="test", formula="f", paper="p",
-                            scores="s", needs=frozenset({prefzoo.Need.REFERENCE}))
+    return prefzoo.LossSpec(
+        name=name,
+        fn=dpo_loss,
+        params_cls=DPOParams,
+        family="test",
+        formula="f",
+        paper="p",
+        scores="s",
+        needs=frozenset({prefzoo.Need.REFERENCE}),
+    )
 
 
 def plugin_with(*names: str):
@@ -53,7 +84,9 @@ def test_third_party_plugin_adds_a_loss():
 
 
 def test_duplicate_name_names_both_plugins():
-    with pytest.raises(registry.RegistryError, match=r"'dpo' is registered by two plugins: 'prefzoo.losses.dpo' and 'evil'"):
+    with pytest.raises(
+        registry.RegistryError, match=r"'dpo' is registered by two plugins: 'prefzoo.losses.dpo' and 'evil'"
+    ):
         registry.build_registry(extra_plugins=[("evil", plugin_with("dpo"))], autoload=False)
 
 
@@ -107,8 +140,10 @@ class FakeEP:
 
 
 def test_entry_points_loaded_and_failing_import_reported(monkeypatch):
-    eps = [FakeEP("good", "good_mod", obj=plugin_with("good-loss")),
-           FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'"))]
+    eps = [
+        FakeEP("good", "good_mod", obj=plugin_with("good-loss")),
+        FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'")),
+    ]
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps if group == "prefzoo" else [])
     monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
     with warnings.catch_warnings(record=True) as w:
