@@ -1,0 +1,170 @@
+"""`prefzoo train`: train a policy with any registered loss (flags from TrainConfig, YAML config, default task)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from prefzoo.cli.main import CLIError
+
+# flags whose CLI spelling differs from the config key, and the few flags that are not config keys
+_RENAMED = {"loss_params": "loss-param"}
+_SHORT_HELP = (
+    "Train a policy on preference pairs with any registered loss (the embedded default task without --model/--dataset)."
+)
+
+
+def _field_types() -> dict[str, Any]:
+    from prefzoo.train.config import TrainConfig
+
+    return typing.get_type_hints(TrainConfig)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from prefzoo.train.config import TrainConfig, field_docs
+
+    p = subparsers.add_parser(
+        "train",
+        help=_SHORT_HELP,
+        description=_SHORT_HELP + " Precedence: defaults < the default task's "
+        "recommended settings < --config YAML < flags. Several processes: `accelerate launch -m prefzoo train ...`.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", metavar="RUN.yaml", help="YAML file with the same keys as these flags (default: none)")
+    docs = field_docs()
+    types = _field_types()
+    for f in dataclasses.fields(TrainConfig):
+        name = f.name
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = f"{docs.get(name, '')} (default: {default!r})".replace("%", "%%")
+        flag = "--" + _RENAMED.get(name, name.replace("_", "-"))
+        typ = types[name]
+        if name == "loss_params":
+            p.add_argument(
+                flag,
+                dest=name,
+                action="append",
+                metavar="KEY=VALUE",
+                help=docs[name].replace("%", "%%") + "; repeat for several, e.g. --loss-param beta=0.1 (default: none)",
+            )
+        elif typ is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            p.add_argument(flag, dest=name, metavar=name.upper(), help=help_text)
+    return p
+
+
+def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """(config values from --config and flags, --loss-param pairs); flags override the YAML file."""
+    from prefzoo.train.config import TrainConfig, load_yaml_config
+
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        values.update(load_yaml_config(args.config))
+    flags = {k: v for k, v in vars(args).items() if k in TrainConfig.keys()}
+    pairs = list(flags.pop("loss_params", None) or [])
+    values.update(flags)
+    return values, pairs
+
+
+def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
+    """Loss params from YAML and --loss-param, validated by the loss's params class (before any model loads)."""
+    from prefzoo.registry import get_loss, parse_loss_params
+
+    loss = str(values.get("loss", "mmpo"))
+    params = dict(values.get("loss_params") or {})
+    if not isinstance(params, dict):
+        raise CLIError("config key loss_params must be a mapping of parameter names to values")
+    params = parse_loss_params(loss, [f"{k}={v}" for k, v in params.items()] + pairs)
+    get_loss(loss, **params)  # ranges and choices checked here
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from prefzoo.data.formats import DataFormatError
+    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.config import ConfigError, TrainConfig
+    from prefzoo.train.distributed import DeepSpeedMissingError
+    from prefzoo.train.model import LoRATargetError
+
+    try:
+        values, pairs = _collect(args)
+        values["loss_params"] = _validate_loss(values, pairs)
+        if (values.get("model") is None) != (values.get("dataset") is None):
+            missing = "--model" if values.get("model") is None else "--dataset"
+            raise CLIError(
+                f"{missing} is not set: give both --model and --dataset, or neither to train the embedded default task"
+            )
+        if values.get("model") is None:
+            return _run_default(values)
+        cfg = TrainConfig.from_dict(values, where="prefzoo train")
+        from prefzoo.train.loop import train
+
+        result = train(cfg)
+        _print_summary(result)
+        return 0
+    except (ConfigError, DataFormatError, ResumeError, LoRATargetError, DeepSpeedMissingError, FileNotFoundError) as e:
+        raise CLIError(str(e)) from None
+
+
+def _print_summary(result: Any) -> None:
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return
+    last = result.history[-1] if result.history else {}
+    print(
+        f"prefzoo train: {result.global_step} steps; final loss {last.get('loss', float('nan')):.4f}, "
+        f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}; model saved to {result.final_dir}"
+    )
+
+
+def _run_default(values: dict[str, Any]) -> int:
+    """The embedded default task: tiny warmed-up Llama + synthetic pairs with an exact oracle, fully offline."""
+    import time
+
+    from prefzoo.data.default import load_default_task
+    from prefzoo.train.config import TrainConfig
+    from prefzoo.train.loop import train
+
+    t0 = time.perf_counter()
+    seed = int(values.get("seed", 0))
+    task = load_default_task(seed=seed)
+    merged = {
+        **task.recommended,
+        "eval_at_start": True,
+        "output_dir": "runs/prefzoo-default",
+        "seed": seed,
+        **values,
+        "model": str(task.model_dir),
+        "dataset": None,
+    }
+    cfg = TrainConfig.from_dict(merged, where="prefzoo train")
+    from accelerate import PartialState
+
+    main = PartialState().is_main_process
+    if main:
+        print(
+            f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "
+            f"{len(task.eval)} held-out pairs, {len(task.heldout_prompts)} win-rate prompts)"
+        )
+    tokenizer = task.load_tokenizer()
+    before = task.evaluate_policy(task.load_model(), tokenizer) if main else {}
+    result = train(cfg, train_dataset=task.train, eval_dataset=task.eval)
+    _print_summary(result)
+    if main:
+        after = task.evaluate_policy(result.model.eval(), tokenizer)
+        acc = [e["eval/reward_accuracy"] for e in result.evals]
+        print(f"{'':24}{'before':>10}{'after':>10}")
+        print(f"{'eval reward accuracy':24}{acc[0]:>10.3f}{acc[-1]:>10.3f}")
+        print(
+            f"{'win-rate vs start':24}{before.get('win_rate', 0.5):>10.3f}{after.get('win_rate', float('nan')):>10.3f}"
+        )
+        print(
+            f"{'retention (skill B)':24}{before.get('retention', float('nan')):>10.3f}"
+            f"{after.get('retention', float('nan')):>10.3f}"
+        )
+        print(f"prefzoo train: done in {time.perf_counter() - t0:.1f} s")
+    return 0

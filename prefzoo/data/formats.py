@@ -1,0 +1,215 @@
+"""Load preference data from the hub or local files and normalize every known format to {id, prompt, chosen, rejected}.
+
+Recognised formats (auto-detected from the columns, or forced with ``format=``):
+
+- ``plain``: ``prompt``, ``chosen``, ``rejected`` strings.
+- ``conversational`` (TRL): ``chosen``/``rejected`` message lists, with an optional ``prompt`` message list;
+  without one, the shared message prefix of chosen and rejected is the prompt.
+- ``ultrafeedback`` (UltraFeedback-binarized): ``prompt`` string, ``chosen``/``rejected`` message lists whose last
+  message is the assistant answer; the prompt is the conversation before that final assistant turn.
+- ``orca`` (Orca-DPO-pairs): ``system``, ``question``, ``chosen``, ``rejected`` strings.
+
+After normalization ``prompt`` is a string (plain) or a list of ``{"role", "content"}`` messages, and ``chosen`` and
+``rejected`` are the completion strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import datasets
+
+__all__ = ["FORMATS", "DataFormatError", "detect_format", "load_preference_dataset", "normalize"]
+
+FORMATS = ("plain", "conversational", "ultrafeedback", "orca")
+_FORMAT_COLUMNS = {
+    "plain": "prompt (str), chosen (str), rejected (str)",
+    "conversational": "chosen (messages), rejected (messages), optional prompt (messages)",
+    "ultrafeedback": "prompt (str), chosen (messages ending in the assistant answer), rejected (messages)",
+    "orca": "system (str), question (str), chosen (str), rejected (str)",
+}
+_LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataFormatError(ValueError):
+    """The dataset is missing, empty, or its columns match no recognised preference format."""
+
+
+def _recognised() -> str:
+    return "; ".join(f"{k}: {v}" for k, v in _FORMAT_COLUMNS.items())
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+def detect_format(columns: list[str], first_row: dict[str, Any]) -> str:
+    """The name of the format whose columns ``columns`` hold, or a :class:`DataFormatError` naming what is missing."""
+    cols = set(columns)
+    if {"question", "chosen", "rejected"} <= cols:
+        return "orca"
+    if {"chosen", "rejected"} <= cols:
+        chosen_is_msgs = _is_messages(first_row.get("chosen"))
+        if chosen_is_msgs and isinstance(first_row.get("prompt"), str):
+            return "ultrafeedback"
+        if chosen_is_msgs:
+            return "conversational"
+        if "prompt" in cols:
+            return "plain"
+    missing = sorted({"prompt", "chosen", "rejected"} - cols)
+    hint = ""
+    lower = {c.lower(): c for c in columns}
+    for want in ("prompt", "chosen", "rejected"):
+        if want not in cols and want in lower:
+            hint += f" (column {lower[want]!r} looks like {want!r}: rename it)"
+    raise DataFormatError(
+        f"dataset columns {sorted(cols)} match no preference format: missing {missing}{hint}. "
+        f"Recognised formats: {_recognised()}. Rename the columns or pass --format."
+    )
+
+
+def _msg(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+def _last_assistant(messages: list[dict[str, Any]], column: str, row_id: str) -> str:
+    if not messages or messages[-1].get("role") != "assistant":
+        raise DataFormatError(
+            f"example {row_id}: column {column!r} must be a message list ending with an assistant message "
+            f"(the answer), got roles {[m.get('role') for m in messages]}"
+        )
+    return str(messages[-1]["content"])
+
+
+def _plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [_msg(str(m["role"]), str(m["content"])) for m in messages]
+
+
+def _row_id(row: dict[str, Any], idx: int) -> str:
+    if row.get("id") is not None:
+        return str(row["id"])
+    if row.get("prompt_id") is not None:
+        return str(row["prompt_id"])
+    return str(idx)
+
+
+def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
+    rid = _row_id(row, idx)
+    if fmt == "plain":
+        for col in ("prompt", "chosen", "rejected"):
+            if not isinstance(row[col], str):
+                raise DataFormatError(f"example {rid}: column {col!r} must be a string in format 'plain'")
+        return {"id": rid, "prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+    if fmt == "orca":
+        prompt = [_msg("user", str(row["question"]))]
+        if row.get("system"):
+            prompt.insert(0, _msg("system", str(row["system"])))
+        return {"id": rid, "prompt": prompt, "chosen": str(row["chosen"]), "rejected": str(row["rejected"])}
+    chosen_msgs, rejected_msgs = row["chosen"], row["rejected"]
+    for col, v in (("chosen", chosen_msgs), ("rejected", rejected_msgs)):
+        if not _is_messages(v):
+            raise DataFormatError(f"example {rid}: column {col!r} must be a list of {{role, content}} messages")
+    chosen = _last_assistant(chosen_msgs, "chosen", rid)
+    rejected = _last_assistant(rejected_msgs, "rejected", rid)
+    if fmt == "conversational" and _is_messages(row.get("prompt")) and row.get("prompt"):
+        # explicit prompt (TRL): the conversation is prompt + any turns before the final answer
+        prompt = _plain_messages(row["prompt"]) + _plain_messages(chosen_msgs[:-1])
+        return {"id": rid, "prompt": prompt, "chosen": chosen, "rejected": rejected}
+    prefix_w, prefix_l = _plain_messages(chosen_msgs[:-1]), _plain_messages(rejected_msgs[:-1])
+    if prefix_w != prefix_l:
+        raise DataFormatError(
+            f"example {rid}: chosen and rejected conversations differ before the final assistant turn; "
+            "the prompt must be their shared prefix"
+        )
+    if not prefix_w:
+        if fmt == "ultrafeedback" and isinstance(row.get("prompt"), str):
+            prefix_w = [_msg("user", row["prompt"])]
+        else:
+            raise DataFormatError(f"example {rid}: no prompt (no messages before the final assistant turn)")
+    return {"id": rid, "prompt": prefix_w, "chosen": chosen, "rejected": rejected}
+
+
+def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
+    """``ds`` converted to columns {id, prompt, chosen, rejected}; ``fmt=None`` detects the format."""
+    if len(ds) == 0:
+        raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
+    if fmt is None:
+        fmt = detect_format(list(ds.column_names), ds[0])
+    elif fmt not in FORMATS:
+        raise DataFormatError(f"--format {fmt!r} is not a recognised format; choose one of {', '.join(FORMATS)}")
+    else:
+        detect_format(list(ds.column_names), ds[0])  # still names missing columns clearly
+    out = ds.map(
+        lambda row, idx: _normalize_row(row, idx, fmt),
+        with_indices=True,
+        remove_columns=list(ds.column_names),
+        desc=f"normalizing {fmt} pairs",
+    )
+    out = out.select_columns(["id", "prompt", "chosen", "rejected"])
+    ids = out["id"]
+    if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique
+        out = out.map(lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)
+    return out
+
+
+def load_preference_dataset(source: str, split: str = "train", fmt: str | None = None) -> datasets.Dataset:
+    """Load ``split`` of a local file/folder or hub dataset ``source`` and normalize it.
+
+    ``source`` is a ``.json``/``.jsonl``/``.parquet``/``.csv`` file, a folder of such files, a ``save_to_disk``
+    folder, or a hub name (``load_dataset(source, split=split)``).
+    """
+    import datasets
+
+    path = Path(source).expanduser()
+    if path.is_file():
+        builder = _LOCAL_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise DataFormatError(
+                f"--dataset {source}: unsupported file type {path.suffix!r}; use one of {sorted(_LOCAL_BUILDERS)}"
+            )
+        if split not in ("train", None):
+            raise DataFormatError(f"--dataset {source} is one file (split 'train'); split {split!r} does not exist")
+        ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
+    elif path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+            ds = _pick_split(loaded, split, source)
+        else:
+            files = {suf: sorted(str(p) for p in path.iterdir() if p.suffix.lower() == suf) for suf in _LOCAL_BUILDERS}
+            found = [(suf, fs) for suf, fs in files.items() if fs]
+            if not found:
+                raise DataFormatError(f"--dataset {source}: folder holds no {sorted(_LOCAL_BUILDERS)} files")
+            suf, fs = found[0]
+            by_split = {s: [f for f in fs if Path(f).stem.startswith(s)] for s in ("train", "validation", "test")}
+            data_files = {s: f for s, f in by_split.items() if f} or {"train": fs}
+            ds = _pick_split(datasets.load_dataset(_LOCAL_BUILDERS[suf], data_files=data_files), split, source)
+    elif source.startswith((".", "/", "~")) or path.suffix.lower() in _LOCAL_BUILDERS:
+        raise DataFormatError(f"--dataset {source}: no such file or folder")
+    else:
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except ValueError as e:
+            raise DataFormatError(f"--dataset {source}: cannot load split {split!r}: {e}") from None
+    return normalize(ds, fmt)
+
+
+def _pick_split(loaded: Any, split: str, source: str) -> datasets.Dataset:
+    import datasets
+
+    if isinstance(loaded, datasets.Dataset):
+        return loaded
+    if split not in loaded:
+        raise DataFormatError(f"--dataset {source}: no split {split!r}; available splits: {sorted(loaded)}")
+    return loaded[split]
+
+
+def dataset_identity(ds: datasets.Dataset) -> str:
+    """A short stable identity of a dataset's content (its fingerprint, else a hash of the ids)."""
+    fp = getattr(ds, "_fingerprint", None)
+    if fp:
+        return str(fp)
+    return hashlib.sha256(json.dumps(ds["id"]).encode()).hexdigest()[:16]

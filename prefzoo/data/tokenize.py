@@ -1,0 +1,115 @@
+"""Tokenize normalized pairs once (``datasets.map``, cached) with prompt-end / completion-start truncation."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prefzoo.data.formats import DataFormatError
+
+if TYPE_CHECKING:
+    import datasets
+
+__all__ = ["TokenizeStats", "ensure_pad_token", "render_prompt", "tokenize_pairs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenizeStats:
+    """How many pairs went in, were kept, and were dropped because no completion token was left."""
+
+    total: int
+    kept: int
+    dropped: int
+    prompt_truncated: int
+    completion_truncated: int
+
+
+def ensure_pad_token(tokenizer: Any) -> str | None:
+    """Give a tokenizer without a pad token its eos token; returns a message saying so (or None)."""
+    if tokenizer.pad_token_id is not None:
+        return None
+    if tokenizer.eos_token_id is None:
+        raise DataFormatError("the tokenizer has neither a pad token nor an eos token; set tokenizer.pad_token")
+    tokenizer.pad_token = tokenizer.eos_token
+    return f"tokenizer has no pad token: using its eos token {tokenizer.eos_token!r} for padding (masked out)"
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
+    """Prompt token ids: the chat template (with generation prompt) when the tokenizer has one, else plain text.
+
+    Without a template a message list is rendered as its contents joined by blank lines, so a plain prompt and the
+    same text as a single user message give identical ids.
+    """
+    if _has_chat_template(tokenizer):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return list(ids)
+    text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+    return list(tokenizer(text).input_ids)
+
+
+def _completion_ids(tokenizer: Any, completion: str) -> list[int]:
+    if not completion.strip():
+        return []  # an empty answer has no content token; the pair is dropped, not trained on as eos only
+    return [*list(tokenizer(completion, add_special_tokens=False).input_ids), tokenizer.eos_token_id]
+
+
+def tokenize_pairs(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    max_prompt_length: int = 1800,
+    max_completion_length: int = 512,
+    num_proc: int | None = None,
+) -> tuple[datasets.Dataset, TokenizeStats]:
+    """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted."""
+    if max_prompt_length < 1 or max_completion_length < 1:
+        raise DataFormatError(
+            f"max_prompt_length={max_prompt_length} and max_completion_length={max_completion_length} must be >= 1"
+        )
+    if tokenizer.eos_token_id is None:
+        raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
+
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        prompt = render_prompt(tokenizer, row["prompt"])
+        chosen = _completion_ids(tokenizer, row["chosen"])
+        rejected = _completion_ids(tokenizer, row["rejected"])
+        return {
+            "id": row["id"],
+            "prompt_ids": prompt[-max_prompt_length:],  # the prompt keeps its END (the question nearest the answer)
+            "chosen_ids": chosen[:max_completion_length],  # completions keep their START
+            "rejected_ids": rejected[:max_completion_length],
+            "prompt_truncated": len(prompt) > max_prompt_length,
+            "completion_truncated": max(len(chosen), len(rejected)) > max_completion_length,
+            "keep": len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0,
+        }
+
+    if len(ds) == 0:
+        raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
+    enc = ds.map(encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc="tokenizing pairs")
+    keep = enc["keep"]
+    stats = TokenizeStats(
+        total=len(enc),
+        kept=int(sum(keep)),
+        dropped=len(enc) - int(sum(keep)),
+        prompt_truncated=int(sum(enc["prompt_truncated"])),
+        completion_truncated=int(sum(enc["completion_truncated"])),
+    )
+    if stats.kept == 0:
+        raise DataFormatError(
+            f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts); "
+            "check the chosen/rejected columns and --max-completion-length"
+        )
+    if stats.dropped:
+        enc = enc.filter(lambda k: k, input_columns="keep", desc="dropping empty pairs")
+        log.warning("dropped %d of %d pairs with no completion token left", stats.dropped, stats.total)
+    enc = enc.remove_columns(["keep", "prompt_truncated", "completion_truncated"])
+    return enc, stats

@@ -1,0 +1,191 @@
+"""`TrainConfig`: every training setting as one typed dataclass, loadable from YAML and overridable by flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "TrainConfig", "field_docs", "load_yaml_config"]
+
+
+class ConfigError(ValueError):
+    """A training setting is unknown or out of range (the message names the key and the fix)."""
+
+
+@dataclass
+class TrainConfig:
+    """One training run.  The defaults reproduce the paper's setup for small models.
+
+    Global batch = per_device_batch_size × grad_accum × processes: the paper used 2 × 16 × 4 = 128 pairs.
+    """
+
+    # what to train
+    loss: str = "mmpo"  # a registered loss name or a weighted sum such as "0.8*dpo + 0.2*sft"
+    loss_params: dict[str, Any] = field(default_factory=dict)  # validated by the loss's params class
+    model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
+    dataset: str | None = None  # hub name, json/jsonl/parquet/csv file, folder, or save_to_disk folder
+    format: str | None = None  # plain | conversational | ultrafeedback | orca; None = detect from the columns
+    train_split: str = "train"  # the split of --dataset to train on
+    eval_split: str | None = None  # a split name; None = the 'test'/'validation' split if any, else eval_fraction
+    eval_fraction: float = 0.05  # held out from train when there is no eval split (0 disables evaluation)
+    max_prompt_length: int = 1800  # prompt tokens kept, from the END of the prompt
+    max_completion_length: int = 512  # completion tokens kept, from the START (eos included)
+    # optimization
+    lr: float = 5e-7  # peak learning rate (paper: 5e-7 full fine-tuning of small models)
+    epochs: int = 1  # passes over the training pairs
+    max_steps: int | None = None  # optimizer steps; overrides epochs when set
+    per_device_batch_size: int = 2  # pairs per process per micro-step (paper: 2)
+    grad_accum: int = 16  # micro-steps per optimizer step: 2 × 16 = 32 pairs per process per step (paper)
+    warmup_ratio: float = 0.1  # cosine schedule: 10% of the steps warm up linearly (paper)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (β1, β2); on the command line "0.9,0.999"
+    max_grad_norm: float = 1.0  # gradient clipping (L2 norm over all trainable parameters)
+    optim: str = "adamw"  # adamw (torch) | adamw8bit (bitsandbytes, paper's choice with LoRA)
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate autocast)
+    seed: int = 42
+    # model surgery
+    lora: bool = False  # train a LoRA adapter; the reference is the same model with adapters disabled
+    lora_r: int = 64  # paper: r = 64
+    lora_alpha: int = 64  # paper: α = 64 (scale α/r = 1)
+    lora_dropout: float = 0.01  # paper: 0.01
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # every Llama linear layer except the LM head
+    merge_lora: bool = False  # save the merged model instead of the adapter
+    deepspeed: str | None = None  # zero2 | zero3 | path/to/ds_config.json (needs the [deepspeed] extra)
+    precompute_ref: bool = False  # compute reference log-probs once and cache them on disk
+    ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default ~/.cache/prefzoo/ref)
+    logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
+    # bookkeeping
+    output_dir: str = "runs/prefzoo"  # checkpoints/, metrics.jsonl, final model and run card
+    logging_steps: int = 1  # optimizer steps between metric lines
+    save_steps: int = 0  # optimizer steps between checkpoints (0 = only at epoch ends)
+    save_total_limit: int = 2  # complete checkpoints kept (older ones deleted)
+    resume: str | None = None  # a checkpoint folder, or 'auto' = the latest complete one in output_dir
+    stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
+    eval_at_start: bool = False  # also evaluate before the first step (reward accuracy of the starting policy)
+    progress: bool = True  # tqdm bar on the main process
+    report_to: str | None = "auto"  # 'tensorboard', 'none', or 'auto' (tensorboard when installed)
+    cpu: bool = False  # force CPU even when a GPU is present
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        positive = (
+            "max_prompt_length",
+            "max_completion_length",
+            "epochs",
+            "per_device_batch_size",
+            "grad_accum",
+            "lora_r",
+            "lora_alpha",
+            "logging_steps",
+            "save_total_limit",
+            "logp_chunk_size",
+        )
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr} must be > 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be >= 1 (or unset to use epochs)")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        if not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"eval_fraction={self.eval_fraction} must be in [0, 1)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        if self.optim not in ("adamw", "adamw8bit"):
+            raise ConfigError(f"optim={self.optim!r}: choose adamw or adamw8bit")
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
+            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: choose no, bf16 or fp16")
+        if self.save_steps < 0:
+            raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        return d
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str = "config") -> TrainConfig:
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            import difflib
+
+            hints = [
+                f"{k!r} (did you mean {difflib.get_close_matches(k, cls.keys(), 1)[0]!r}?)"
+                if difflib.get_close_matches(k, cls.keys(), 1)
+                else repr(k)
+                for k in unknown
+            ]
+            raise ConfigError(f"{where}: unknown keys {', '.join(hints)}; known keys: {', '.join(cls.keys())}")
+        hints = typing.get_type_hints(cls)
+        coerced = {k: _coerce(k, v, hints[k], where) for k, v in values.items()}
+        return cls(**coerced)
+
+
+def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
+    """Coerce YAML/flag values to the declared type, naming the key on failure."""
+    if value is None:
+        return None
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    base = typing.get_origin(typ) or typ
+    if base is typing.Union or str(base) == "types.UnionType":
+        base = typing.get_origin(args[0]) or args[0]
+    try:
+        if base is bool and isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if base in (int, float, str, bool):
+            if base is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return base(value)
+        if base is tuple:
+            return tuple(float(v) for v in (value.split(",") if isinstance(value, str) else value))
+        if base is list:
+            return [str(v) for v in (value.split(",") if isinstance(value, str) else value)]
+        if base is dict:
+            if not isinstance(value, dict):
+                raise ValueError(value)
+            return dict(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {key}={value!r} is not a valid {getattr(base, '__name__', base)}") from None
+    return value
+
+
+def load_yaml_config(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML run file (keys are TrainConfig field names; '-' may be written for '_')."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def field_docs() -> dict[str, str]:
+    """The comment on every TrainConfig field (the ``--help`` text), read from this module's source."""
+    import ast
+    import inspect
+
+    src = inspect.getsource(TrainConfig).splitlines()
+    docs: dict[str, str] = {}
+    for node in ast.parse("\n".join(src)).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            line = src[(node.end_lineno or node.lineno) - 1]
+            docs[node.target.id] = line.split("#", 1)[1].strip() if "#" in line else ""
+    return docs

@@ -1,0 +1,65 @@
+"""Train/eval splits for a run: load or take the normalized pairs, hold out an eval split, tokenize once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefzoo.data.formats import DataFormatError, load_preference_dataset, normalize
+from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
+
+__all__ = ["prepare_datasets"]
+
+log = logging.getLogger(__name__)
+
+
+def _prefix_ids(ds: Any, prefix: str) -> Any:
+    return ds.map(lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
+
+
+def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``."""
+    import datasets
+
+    if train is None:
+        if cfg.dataset is None:
+            raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
+        train = load_preference_dataset(cfg.dataset, cfg.train_split, cfg.format)
+        if cfg.eval_split is not None:
+            eval_ = load_preference_dataset(cfg.dataset, cfg.eval_split, cfg.format)
+        else:
+            for name in ("test", "validation", "test_prefs"):
+                try:
+                    eval_ = load_preference_dataset(cfg.dataset, name, cfg.format)
+                    break
+                except (DataFormatError, ValueError, KeyError):
+                    continue
+    else:
+        train = normalize(train, cfg.format) if "prompt_ids" not in train.column_names else train
+        if eval_ is not None and len(eval_) > 0:
+            eval_ = normalize(eval_, cfg.format)
+    if eval_ is None and cfg.eval_fraction > 0 and len(train) >= 20:
+        split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
+        train, eval_ = split["train"], split["test"]
+    train_tok, train_stats = tokenize_pairs(
+        _prefix_ids(train, "train"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length
+    )
+    stats: dict[str, Any] = {"train": vars(train_stats)}
+    eval_tok = None
+    if eval_ is not None and len(eval_) > 0:
+        eval_tok, eval_stats = tokenize_pairs(
+            _prefix_ids(eval_, "eval"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length
+        )
+        stats["eval"] = vars(eval_stats)
+    for split_name, s in stats.items():
+        st = TokenizeStats(**s)
+        log.info(
+            "%s pairs: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated",
+            split_name,
+            st.kept,
+            st.dropped,
+            st.prompt_truncated,
+            st.completion_truncated,
+        )
+    _ = datasets  # imported for its side effect of failing early when the [train] extra is missing
+    return train_tok, eval_tok, stats

@@ -1,0 +1,125 @@
+"""The accelerate side: building the Accelerator (DDP, DeepSpeed ZeRO-2/3, CPU/gloo) and a rank-ordered gather."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["DeepSpeedMissingError", "build_accelerator", "deepspeed_config", "make_gather"]
+
+
+class DeepSpeedMissingError(RuntimeError):
+    """``--deepspeed`` was given but deepspeed is not importable."""
+
+
+def make_gather(accelerator: Any) -> Callable[[Tensor], Tensor]:
+    """``gather(t)``: concatenation of ``t`` (dim 0, any per-rank length) over processes in rank order.
+
+    gloo refuses uneven all_gathers, so sizes are gathered first, every rank pads to the largest, and the padding is
+    trimmed afterwards.  Not differentiable (losses only gather detached tensors).
+    """
+    if accelerator.num_processes == 1:
+        return lambda t: t
+
+    def gather(t: Tensor) -> Tensor:
+        t = t.detach().contiguous()
+        sizes = accelerator.gather(torch.tensor([t.shape[0]], device=t.device)).tolist()  # (P,)
+        padded = accelerator.pad_across_processes(t, dim=0)  # (max_size, ...)
+        allt = accelerator.gather(padded)  # (P·max_size, ...)
+        m = max(sizes)
+        return torch.cat([allt[r * m : r * m + n] for r, n in enumerate(sizes)], dim=0)
+
+    return gather
+
+
+def deepspeed_config(
+    spec: str, per_device_batch_size: int, grad_accum: int, max_grad_norm: float, mixed_precision: str
+) -> dict[str, Any]:
+    """A DeepSpeed config dict from ``zero2``, ``zero3`` or a JSON file path (its batch keys filled in)."""
+    if spec in ("zero2", "zero3"):
+        cfg: dict[str, Any] = {
+            "zero_optimization": {"stage": int(spec[-1]), "overlap_comm": False, "contiguous_gradients": True},
+            "zero_allow_untested_optimizer": True,  # the optimizer is ours (torch AdamW or bitsandbytes AdamW8bit)
+        }
+        if spec == "zero3":
+            cfg["zero_optimization"].update({"stage3_gather_16bit_weights_on_model_save": True})
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"--deepspeed {spec}: choose zero2, zero3 or an existing JSON config file")
+        cfg = json.loads(path.read_text())
+    cfg["train_micro_batch_size_per_gpu"] = per_device_batch_size
+    cfg["gradient_accumulation_steps"] = grad_accum
+    cfg.setdefault("gradient_clipping", max_grad_norm)
+    cfg.setdefault("steps_per_print", 10**9)
+    cfg.setdefault("bf16", {"enabled": mixed_precision == "bf16"})
+    cfg.setdefault("fp16", {"enabled": mixed_precision == "fp16"})
+    cfg.pop("train_batch_size", None)
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _prepare_deepspeed_on_cpu() -> None:
+    """DeepSpeed without a GPU: CPU accelerator, skip the JIT shared-memory op build, single-process env vars."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # identical results, no 40 s build
+    except Exception:  # older/newer deepspeed without it: nothing to skip
+        pass
+    if "RANK" not in os.environ:  # plain `python`, not a launcher: a one-process group
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
+
+
+def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) -> Any:
+    """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, DeepSpeed, trackers."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
+
+    kwargs: dict[str, Any] = {
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "mixed_precision": cfg.mixed_precision,
+        "dataloader_config": DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        "step_scheduler_with_optimizer": False,  # we step the schedule once per optimizer step ourselves
+        "log_with": log_with,
+        "project_config": ProjectConfiguration(project_dir=project_dir, logging_dir=str(Path(project_dir) / "tb")),
+    }
+    no_gpu = cfg.cpu or not torch.cuda.is_available()
+    if cfg.deepspeed:
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError:
+            raise DeepSpeedMissingError(
+                f"--deepspeed {cfg.deepspeed} needs deepspeed: pip install 'prefzoo[deepspeed]'"
+            ) from None
+        from accelerate.utils import DeepSpeedPlugin
+
+        if no_gpu:
+            _prepare_deepspeed_on_cpu()
+            kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
+        ds_cfg = deepspeed_config(
+            cfg.deepspeed, cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
+        )
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds_cfg, zero3_init_flag=False)
+    else:
+        kwargs["cpu"] = no_gpu
+    return Accelerator(**kwargs)

@@ -1,0 +1,348 @@
+"""The one training loop for every registered loss: it reads the loss's declared needs and never its name."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefzoo.data.collate import PreferenceCollator
+from prefzoo.data.tokenize import ensure_pad_token
+from prefzoo.registry import get_loss
+from prefzoo.spec import Loss
+from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint, read_marker, save_checkpoint
+from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.data import prepare_datasets
+from prefzoo.train.distributed import build_accelerator, make_gather
+from prefzoo.train.logps import PolicyLogps
+from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
+from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
+from prefzoo.train.reference import (
+    AdapterDisabledReference,
+    FrozenReference,
+    PrecomputedReference,
+    Reference,
+    load_or_compute_reference_table,
+    model_identity,
+)
+from prefzoo.train.runcard import write_final_model
+from prefzoo.types import Need, PreferenceBatch
+
+__all__ = ["TrainResult", "evaluate", "train"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced (on every process; ``model`` is the unwrapped trained causal LM)."""
+
+    global_step: int
+    history: list[dict[str, float]] = field(default_factory=list)  # one record per logging step
+    evals: list[dict[str, float]] = field(default_factory=list)  # one record per evaluation
+    data_stats: dict[str, Any] = field(default_factory=dict)
+    final_dir: Path | None = None
+    stopped_early: bool = False
+    model: Any = None
+    tokenizer: Any = None
+
+
+def _preference_batch(
+    loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
+) -> PreferenceBatch:
+    """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
+    want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
+    out = policy(
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["completion_mask"],
+        token_logps=want_tokens,
+        token_entropies=want_ent,
+    )
+    w, l = out.split()
+    fields: dict[str, Any] = {
+        "policy_chosen_logps": w["logps"],  # (B,)
+        "policy_rejected_logps": l["logps"],  # (B,)
+        "chosen_lengths": w["lengths"],  # (B,)
+        "rejected_lengths": l["lengths"],  # (B,)
+        "example_ids": tuple(batch["ids"]),
+    }
+    if want_tokens or want_ent:
+        fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c) bool
+    if want_tokens:
+        fields.update(policy_chosen_token_logps=w["token_logps"], policy_rejected_token_logps=l["token_logps"])
+    if want_ent:
+        fields.update(chosen_token_entropies=w["token_entropies"], rejected_token_entropies=l["token_entropies"])
+    if reference is not None:
+        with autocast():
+            ref_w, ref_l = reference(batch)  # (B,), (B,) constants
+        fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
+    return PreferenceBatch(**fields)
+
+
+@torch.no_grad()
+def evaluate(
+    loss: Loss, policy: Any, reference: Reference | None, dataloader: Any, accelerator: Any, gather: Any
+) -> dict[str, float]:
+    """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, and the mean loss."""
+    was_training = policy.training
+    policy.eval()
+    correct, losses = [], []
+    for batch in dataloader:
+        pb = _preference_batch(loss, policy, reference, batch, accelerator.autocast)
+        out = loss(pb, gather=gather)
+        correct.append(accelerator.gather_for_metrics((out.chosen_rewards > out.rejected_rewards).float()))
+        losses.append(accelerator.gather_for_metrics(out.losses.detach().float()))
+    policy.train(was_training)
+    acc = torch.cat(correct)
+    return {
+        "eval/reward_accuracy": float(acc.mean()),
+        "eval/loss": float(torch.cat(losses).mean()),
+        "eval/pairs": float(acc.numel()),
+    }
+
+
+def _resume_point(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
+    if not cfg.resume:
+        return None, {}
+    path = find_latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if path is None:
+        return None, {}  # 'auto' with nothing saved yet: a fresh start
+    info = read_marker(path)
+    if info.get("loss") != cfg.loss or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}:
+        raise ResumeError(
+            f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
+            f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
+        )
+    return path, info
+
+
+def _build_reference(loss: Loss, cfg: TrainConfig, lm: Any, has_adapter: bool) -> tuple[Reference | None, str]:
+    """The reference the loss declares it needs (before accelerate wraps the policy), and how it is made."""
+    if Need.REFERENCE not in loss.needs:
+        return None, "none (reference-free loss)"
+    if cfg.lora and not has_adapter:
+        return None, "adapter-disabled policy"  # built after prepare, from the wrapped policy
+    return FrozenReference(copy.deepcopy(lm), cfg.logp_chunk_size), "frozen copy of the starting model"
+
+
+def _trackers(cfg: TrainConfig) -> list[str] | None:
+    if cfg.report_to in (None, "none"):
+        return None
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        if cfg.report_to == "tensorboard":
+            raise ConfigError("report_to='tensorboard' but tensorboard is not installed") from None
+        return None
+    return ["tensorboard"]
+
+
+def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None) -> TrainResult:
+    """Train ``cfg.model`` on preference pairs with ``cfg.loss``; datasets given here override ``cfg.dataset``."""
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    loss = get_loss(cfg.loss, **cfg.loss_params)  # unknown names / bad params fail before any model loads
+    if cfg.model is None:
+        raise ConfigError("model is not set: give --model (or neither --model nor --dataset for the default task)")
+    resume_path, resume_info = _resume_point(cfg)
+    if cfg.merge_lora and cfg.deepspeed == "zero3":
+        raise ConfigError("--merge-lora is not supported with ZeRO-3 here; save the adapter and merge afterwards")
+    accelerator = build_accelerator(cfg, _trackers(cfg), cfg.output_dir)
+    set_seed(cfg.seed)
+    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model)
+    identity = model_identity(lm, cfg.model)
+    if resume_info and resume_info.get("model_identity") != identity:
+        raise ResumeError(
+            f"--resume {resume_path}: checkpoint was trained from model {resume_info.get('model')!r} "
+            f"(identity {resume_info.get('model_identity')}), this run starts from {cfg.model!r} "
+            f"({identity}); use the same --model or a new --output-dir"
+        )
+    pad_note = ensure_pad_token(tokenizer)
+    if pad_note:
+        accelerator.print(f"prefzoo train: {pad_note}")
+        lm.config.pad_token_id = tokenizer.pad_token_id
+    with accelerator.main_process_first():
+        train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset)
+    for split_name, s in data_stats.items():
+        accelerator.print(
+            f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
+            f"(no completion token left), {s['prompt_truncated']} prompts / "
+            f"{s['completion_truncated']} completions truncated"
+        )
+    reference, ref_kind = _build_reference(loss, cfg, lm, has_adapter)
+    if cfg.lora and not has_adapter:
+        lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    policy = PolicyLogps(lm, cfg.logp_chunk_size)
+    policy.train()
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, tuple(cfg.adam_betas), cfg.weight_decay)
+    collate = PreferenceCollator(tokenizer.pad_token_id)
+    train_dl = torch.utils.data.DataLoader(
+        train_tok, batch_size=cfg.per_device_batch_size, shuffle=True, collate_fn=collate
+    )
+    eval_dl = (
+        torch.utils.data.DataLoader(eval_tok, batch_size=cfg.per_device_batch_size, collate_fn=collate)
+        if eval_tok is not None
+        else None
+    )
+    batches_per_process = math.ceil(len(train_tok) / (cfg.per_device_batch_size * accelerator.num_processes))
+    steps_per_epoch = math.ceil(batches_per_process / cfg.grad_accum)
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs  # e.g. 60k pairs / (2 × 16 × 4) ≈ 469 per epoch
+    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio)
+    policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
+    if eval_dl is not None:
+        eval_dl = accelerator.prepare(eval_dl)
+    if reference is not None:
+        assert isinstance(reference, FrozenReference)
+        reference.module.to(accelerator.device)
+    elif Need.REFERENCE in loss.needs:
+        reference = AdapterDisabledReference(policy)
+    if reference is not None and cfg.precompute_ref:
+        reference, ref_kind = _precompute(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
+    gather = make_gather(accelerator)
+    accelerator.print(
+        f"prefzoo train: loss {loss!r}; reference: {ref_kind}; {accelerator.num_processes} "
+        f"process(es) × {cfg.per_device_batch_size} pairs × {cfg.grad_accum} accumulation = "
+        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} pairs per step; "
+        f"{total_steps} steps"
+    )
+    out_dir = Path(cfg.output_dir)
+    writer = JsonlWriter(out_dir / "metrics.jsonl", accelerator.is_main_process)
+    if _trackers(cfg):
+        simple = {k: v for k, v in cfg.to_dict().items() if isinstance(v, int | float | str | bool)}
+        accelerator.init_trackers("prefzoo", config=simple)
+    global_step = 0
+    if resume_path is not None:
+        accelerator.load_state(str(resume_path))
+        global_step = int(resume_info["step"])
+        accelerator.print(f"prefzoo train: resumed from {resume_path} at step {global_step}")
+    result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer)
+    info = {
+        "loss": cfg.loss,
+        "loss_params": {k: str(v) for k, v in cfg.loss_params.items()},
+        "model": cfg.model,
+        "model_identity": identity,
+    }
+    acc = MetricsAccumulator()
+    bar = tqdm(
+        total=total_steps,
+        initial=global_step,
+        disable=not (cfg.progress and accelerator.is_main_process),
+        desc="prefzoo train",
+        dynamic_ncols=True,
+    )
+    t0 = time.perf_counter()
+    start_epoch = global_step // steps_per_epoch
+    skip = (global_step - start_epoch * steps_per_epoch) * cfg.grad_accum  # micro-batches already seen this epoch
+    done = global_step >= total_steps
+    if cfg.eval_at_start and global_step == 0 and eval_dl is not None:
+        ev = evaluate(loss, policy, reference, eval_dl, accelerator, gather)
+        ev.update(epoch=0, step=0)
+        result.evals.append(ev)
+        writer.write(ev)
+        accelerator.print(
+            f"prefzoo train: before training: eval reward accuracy {ev['eval/reward_accuracy']:.3f}, "
+            f"eval loss {ev['eval/loss']:.4f}"
+        )
+    for epoch in range(start_epoch, num_epochs):
+        if done:
+            break
+        train_dl.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+        skip = 0
+        for batch in batches:
+            with accelerator.accumulate(policy):
+                pb = _preference_batch(loss, policy, reference, batch, accelerator.autocast)
+                out = loss(pb, gather=gather)
+                loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
+                accelerator.backward(loss_value)
+                grad_norm = None
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            acc.add(step_metrics(pb, out, loss_value), int(batch["attention_mask"].sum()))
+            if not accelerator.sync_gradients:
+                continue
+            schedule.step()
+            global_step += 1
+            bar.update(1)
+            if global_step % cfg.logging_steps == 0 or global_step == total_steps:
+                metrics, tokens = acc.reduce(accelerator)
+                elapsed = time.perf_counter() - t0
+                metrics.update(
+                    grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                    lr=float(schedule.get_last_lr()[0]),
+                    tokens_per_second=tokens / max(elapsed, 1e-9),
+                    epoch=epoch + 1,
+                    step=global_step,
+                )
+                t0 = time.perf_counter()
+                result.history.append(metrics)
+                writer.write(metrics)
+                accelerator.log(metrics, step=global_step)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc=f"{metrics['rewards/accuracies']:.2f}")
+            end_of_epoch = global_step % steps_per_epoch == 0 or global_step == total_steps
+            if (cfg.save_steps and global_step % cfg.save_steps == 0) or end_of_epoch:
+                save_checkpoint(accelerator, out_dir, global_step, {**info, "epoch": epoch}, cfg.save_total_limit)
+            if cfg.stop_after_steps is not None and global_step >= cfg.stop_after_steps:
+                result.stopped_early = True
+                break
+            if global_step >= total_steps:
+                done = True
+                break
+        if result.stopped_early:
+            break
+        if eval_dl is not None:
+            ev = evaluate(loss, policy, reference, eval_dl, accelerator, gather)
+            ev.update(epoch=epoch + 1, step=global_step)
+            result.evals.append(ev)
+            writer.write(ev)
+            accelerator.log(ev, step=global_step)
+            accelerator.print(
+                f"prefzoo train: epoch {epoch + 1}: eval reward accuracy "
+                f"{ev['eval/reward_accuracy']:.3f}, eval loss {ev['eval/loss']:.4f}"
+            )
+    bar.close()
+    result.global_step = global_step
+    if not result.stopped_early:
+        result.final_dir = write_final_model(accelerator, policy, tokenizer, cfg, result)
+    result.model = accelerator.unwrap_model(policy).lm
+    accelerator.end_training()
+    return result
+
+
+def _precompute(
+    cfg: TrainConfig, reference: Reference, accelerator: Any, train_tok: Any, eval_tok: Any, collate: Any, identity: str
+) -> tuple[Reference, str]:
+    """Reference log-probs of every train and eval pair, computed once (or read from the cache)."""
+    import datasets
+
+    both = datasets.concatenate_datasets([d for d in (train_tok, eval_tok) if d is not None])
+    dl = accelerator.prepare(
+        torch.utils.data.DataLoader(both, batch_size=cfg.per_device_batch_size * 2, collate_fn=collate)
+    )
+    key = "|".join(
+        [
+            str(train_tok._fingerprint),
+            str(getattr(eval_tok, "_fingerprint", None)),
+            identity,
+            f"p{cfg.max_prompt_length}c{cfg.max_completion_length}",
+            str(cfg.mixed_precision),
+        ]
+    )
+    cache_dir = cfg.ref_cache_dir or str(Path.home() / ".cache" / "prefzoo" / "ref")
+    with accelerator.autocast():
+        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, list(both["id"]), cache_dir)
+    if isinstance(reference, FrozenReference):
+        del reference.module  # the copy is no longer needed: free its memory
+    return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} pairs)"

@@ -1,0 +1,169 @@
+"""Reference log-probs chosen from what the loss declares: none, a frozen copy, the adapter-disabled policy, or a cache.
+
+``build_reference`` never looks at a loss name: reference-free losses (no ``Need.REFERENCE``) get ``None``.
+Precomputed log-probs are cached on disk (safetensors), keyed by dataset fingerprint, model identity and
+tokenization settings, and validated (ids, shapes, key) before reuse; a mismatch recomputes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prefzoo.train.logps import PolicyLogps
+
+__all__ = [
+    "AdapterDisabledReference",
+    "FrozenReference",
+    "PrecomputedReference",
+    "Reference",
+    "load_or_compute_reference_table",
+    "model_identity",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Reference:
+    """``ref(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))``, constant (no grad)."""
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class FrozenReference(Reference):
+    """A frozen copy of the starting model, run under no_grad in eval mode."""
+
+    def __init__(self, lm: nn.Module, chunk_size: int, device: torch.device | None = None) -> None:
+        self.module = PolicyLogps(copy.deepcopy(lm) if device is None else lm, chunk_size)
+        self.module.requires_grad_(False)
+        self.module.eval()
+        if device is not None:
+            self.module.to(device)
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        out = self.module(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        b = out.logps.shape[0] // 2
+        return out.logps[:b].detach(), out.logps[b:].detach()
+
+
+class AdapterDisabledReference(Reference):
+    """The LoRA policy itself with adapters disabled: the base model, no second copy in memory."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy  # the (possibly accelerate-wrapped) PolicyLogps; unwrapped at call time
+
+    def _inner(self) -> PolicyLogps:
+        m = self.policy
+        while not isinstance(m, PolicyLogps):
+            m = m.module
+        return m
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        inner = self._inner()
+        with inner.lm.disable_adapter():
+            out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        b = out.logps.shape[0] // 2
+        return out.logps[:b].detach(), out.logps[b:].detach()
+
+
+class PrecomputedReference(Reference):
+    """Looks reference log-probs up by example id in a table computed once."""
+
+    def __init__(self, table: dict[str, tuple[float, float]]) -> None:
+        self.table = table
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        missing = [i for i in batch["ids"] if i not in self.table]
+        if missing:
+            raise KeyError(f"precomputed reference log-probs miss example ids {missing[:5]}; delete the cache")
+        device = batch["input_ids"].device
+        vals = torch.tensor([self.table[i] for i in batch["ids"]], dtype=torch.float32, device=device)  # (B, 2)
+        return vals[:, 0], vals[:, 1]
+
+
+def model_identity(lm: nn.Module, name: str | None) -> str:
+    """A cheap, stable identity of a model's weights: name, config and a sample of every parameter."""
+    h = hashlib.sha256(str(name).encode())
+    cfg = getattr(lm, "config", None)
+    if cfg is not None:
+        h.update(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
+    for pname, p in lm.state_dict().items():
+        h.update(pname.encode())
+        flat = p.detach().reshape(-1)
+        h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    yield tmp
+    os.replace(tmp, path)
+
+
+def _cache_file(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"ref-logps-{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
+
+
+def _read_cache(path: Path, key: str, ids: list[str]) -> dict[str, tuple[float, float]] | None:
+    from safetensors import safe_open
+
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            logps = f.get_tensor("logps")  # (n, 2)
+        cached_ids = json.loads(meta.get("ids", "[]"))
+    except Exception as e:  # a corrupt file is recomputed, never trusted
+        log.warning("reference cache %s unreadable (%s): recomputing", path, e)
+        return None
+    if meta.get("key") != key or sorted(cached_ids) != sorted(ids) or tuple(logps.shape) != (len(cached_ids), 2):
+        log.warning("reference cache %s does not match this dataset/model/tokenization: recomputing", path)
+        return None
+    if not bool(torch.isfinite(logps).all()):
+        return None
+    return {i: (float(a), float(b)) for i, (a, b) in zip(cached_ids, logps.tolist(), strict=True)}
+
+
+def load_or_compute_reference_table(
+    reference: Reference, dataloader: Any, accelerator: Any, key: str, ids: list[str], cache_dir: str | Path
+) -> tuple[dict[str, tuple[float, float]], bool]:
+    """(id -> (ref chosen, ref rejected)) for every example, from the cache when valid; second item: cache hit."""
+    from safetensors.torch import save_file
+
+    path = _cache_file(Path(cache_dir).expanduser(), key)
+    table = _read_cache(path, key, ids)
+    if table is not None:
+        return table, True
+    table = {}
+    position = {k: n for n, k in enumerate(ids)}
+    for batch in dataloader:
+        ref_w, ref_l = reference(batch)  # (B,), (B,)
+        idx = torch.tensor([position[i] for i in batch["ids"]], device=ref_w.device)  # (B,) to gather across ranks
+        vals = accelerator.gather_for_metrics(torch.stack([idx.float(), ref_w, ref_l], dim=1))  # (B_all, 3)
+        for j, a, b in vals.tolist():
+            table[ids[int(j)]] = (a, b)
+    missing = set(ids) - set(table)
+    if missing:
+        raise RuntimeError(f"reference precomputation missed {len(missing)} examples")
+    if accelerator.is_main_process:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        logps = torch.tensor([table[i] for i in ids], dtype=torch.float32)  # (n, 2)
+        with _atomic_path(path) as tmp:
+            save_file({"logps": logps}, str(tmp), metadata={"key": key, "ids": json.dumps(ids)})
+    accelerator.wait_for_everyone()
+    return table, False
