@@ -1,0 +1,226 @@
+"""`prefzoo eval`: reward accuracy, judged win-rate and lm-eval scores of a model (the default task if none)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefzoo.cli.main import CLIError
+
+_HELP = "Evaluate a model: reward accuracy, win-rate against a baseline with a judge, lm-eval harness tasks."
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "eval",
+        help=_HELP,
+        description=_HELP + " Without --model it evaluates the embedded default task's starting policy; without "
+        "--dataset/--prompts it uses the default task's held-out pairs and prompts. Without a mode flag it runs "
+        "--reward-accuracy and --win-rate.",
+    )
+    p.add_argument("--model", metavar="PATH", help="save_pretrained folder (or hub name) to evaluate "
+                   "(default: the embedded default task's starting policy)")  # fmt: skip
+    p.add_argument("--baseline", metavar="PATH", help="baseline model of the win-rate and default reference "
+                   "(default: the embedded default task's starting policy)")  # fmt: skip
+    p.add_argument("--reference", metavar="PATH", help="reference model for reward scores of losses that need one "
+                   "(default: --baseline)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the default task and of sampling (default: 0)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs or prompts per forward (default: 32)")
+    p.add_argument("--output", metavar="results.json", help="write all results as JSON here (default: print only)")
+
+    g = p.add_argument_group("reward accuracy")
+    g.add_argument("--reward-accuracy", action="store_true", help="reward accuracy on a preference split")
+    g.add_argument("--dataset", metavar="SRC", help="preference data: json/jsonl/parquet/csv file, folder, or hub "
+                   "name (default: the default task's held-out pairs)")  # fmt: skip
+    g.add_argument("--split", default="train", help="split of --dataset (default: train)")
+    g.add_argument("--loss", default="dpo", help="registered loss whose rewards score the pairs (default: dpo)")
+    g.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="loss parameter, repeatable, e.g. beta=0.1 (default: the loss's defaults)")  # fmt: skip
+    g.add_argument("--max-prompt-length", type=int, default=1800, help="prompt tokens kept, from the end (1800)")
+    g.add_argument("--max-completion-length", type=int, default=512, help="completion tokens kept (512)")
+
+    g = p.add_argument_group("win-rate")
+    g.add_argument("--win-rate", action="store_true", help="generate from --model and --baseline and judge")
+    g.add_argument("--judge", default=None, help="registered judge (default: oracle); `--judge list` lists them")
+    g.add_argument("--judge-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="judge option, repeatable, e.g. model_path=./rm (default: none)")  # fmt: skip
+    g.add_argument("--prompts", metavar="FILE", help="prompts: .txt (one per line) or json/jsonl/parquet/csv with a "
+                   "'prompt' column (default: the default task's held-out prompts)")  # fmt: skip
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
+    g.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy decoding (default: off)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --sample (1.0)")
+
+    g = p.add_argument_group("lm-eval harness")
+    g.add_argument("--lm-eval", action="store_true", help="zero-shot lm-eval tasks on --model (a local folder)")
+    g.add_argument("--tasks", default="paper", help="comma list: 'paper' (the paper's 10 tasks), task names, or "
+                   "local task YAML files/folders (default: paper)")  # fmt: skip
+    g.add_argument("--limit", type=float, default=None, help="examples per task (default: all)")
+    g.add_argument("--device", default="cpu", help="torch device for lm-eval (default: cpu)")
+    return p
+
+
+def _kv(pairs: list[str], flag: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise CLIError(f"{flag} {pair!r}: expected KEY=VALUE")
+        k, v = pair.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _load_prompts(path: str) -> list[str]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise CLIError(f"--prompts {path}: no such file")
+    if p.suffix == ".txt":
+        prompts = [line.rstrip("\n") for line in p.read_text().splitlines() if line.strip()]
+    else:
+        import datasets
+
+        builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(p.suffix)
+        if builder is None:
+            raise CLIError(f"--prompts {path}: use a .txt, .json, .jsonl, .parquet or .csv file")
+        ds = datasets.load_dataset(builder, data_files={"train": str(p)}, split="train")
+        if "prompt" not in ds.column_names:
+            raise CLIError(f"--prompts {path}: no 'prompt' column (columns: {ds.column_names})")
+        prompts = [x if isinstance(x, str) else "\n\n".join(m["content"] for m in x) for x in ds["prompt"]]
+    if not prompts:
+        raise CLIError(f"--prompts {path}: the file holds no prompts")
+    return prompts
+
+
+def _load(path: str) -> tuple[Any, Any]:
+    from prefzoo.train.model import load_model_and_tokenizer
+
+    try:
+        model, tok, _ = load_model_and_tokenizer(path)
+    except OSError as e:
+        raise CLIError(f"cannot load model {path!r}: {e}") from None
+    return model.eval(), tok
+
+
+def _print_block(title: str, values: dict[str, Any]) -> None:
+    print(f"== {title}")
+    for k, v in values.items():
+        if isinstance(v, float) and not math.isnan(v):
+            print(f"  {k:28s} {v:.4f}")
+        elif not isinstance(v, dict):
+            print(f"  {k:28s} {v}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from prefzoo.eval.judges import UnknownJudgeError, get_judge, judge_spec, list_judges
+
+    if args.judge == "list":
+        for name in list_judges():
+            print(f"{name:16s} {judge_spec(name).description}")
+        return 0
+    modes = [m for m in ("reward_accuracy", "win_rate", "lm_eval") if getattr(args, m)]
+    if not modes:  # what the given data allows; on the default task both
+        modes = [m for m, ok in (("reward_accuracy", args.dataset or not args.prompts),
+                                 ("win_rate", args.prompts or not args.dataset)) if ok]  # fmt: skip
+    if "lm_eval" in modes and not args.model:
+        raise CLIError("--lm-eval needs --model PATH (a save_pretrained folder)")
+    if args.judge is not None and args.judge != "oracle" and "win_rate" not in modes:
+        raise CLIError("--judge is used by --win-rate; add --win-rate")
+    judge_kw = _kv(args.judge_arg, "--judge-arg")
+    try:
+        judge = get_judge(args.judge or "oracle", **judge_kw) if "win_rate" in modes else None
+    except (UnknownJudgeError, ValueError) as e:
+        raise CLIError(f"--judge: {e}") from None
+
+    from prefzoo.registry import get_loss, parse_loss_params
+
+    loss = get_loss(args.loss, **parse_loss_params(args.loss, args.loss_param)) if "reward_accuracy" in modes else None
+    from prefzoo.types import Need
+
+    needs_ref = loss is not None and Need.REFERENCE in loss.needs and not args.reference
+    need_task = (
+        not args.model
+        or (("win_rate" in modes or needs_ref) and not args.baseline)
+        or ("reward_accuracy" in modes and args.dataset is None)
+        or ("win_rate" in modes and args.prompts is None)
+    )
+    task: Any = None
+    if need_task:
+        from prefzoo.data.default import load_default_task
+
+        task = load_default_task(seed=args.seed)
+    model_path = args.model or str(task.model_dir)
+    model, tok = _load(model_path)
+    baseline_path = args.baseline or (str(task.model_dir) if task is not None else None)
+    results: dict[str, Any] = {"model": model_path, "baseline": baseline_path}
+
+    if "reward_accuracy" in modes:
+        from prefzoo.data.formats import DataFormatError, load_preference_dataset
+        from prefzoo.eval.reward import reward_accuracy
+
+        try:
+            data = task.eval if args.dataset is None else load_preference_dataset(args.dataset, args.split)
+        except DataFormatError as e:
+            raise CLIError(str(e)) from None
+        ref_path = args.reference or baseline_path
+        ref = _load(ref_path)[0] if Need.REFERENCE in loss.needs else None
+        try:
+            ra = reward_accuracy(
+                model, tok, data, loss, reference=ref, batch_size=args.batch_size,
+                max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
+            )  # fmt: skip
+        except (ValueError, DataFormatError) as e:
+            raise CLIError(f"--reward-accuracy: {e}") from None
+        ra.update(loss=args.loss, dataset=args.dataset or "default-task:eval", reference=ref_path if ref else None)
+        if ref is not None and Path(ref_path).resolve() == Path(model_path).resolve():
+            ra["note"] = "the model is its own reference: every reward is 0 (pass --model or a reference-free --loss)"
+        results["reward_accuracy"] = ra
+        _print_block(f"reward accuracy ({args.loss})", ra)
+
+    if "win_rate" in modes:
+        baseline = _load(baseline_path)[0]
+        if args.prompts is None and (args.judge or "oracle") == "oracle" and not args.sample:
+            wr: dict[str, Any] = task.evaluate_policy(model, tok, baseline, batch_size=args.batch_size)
+            wr.update(judge="oracle", prompts="default-task:heldout", decoding="greedy")
+        else:
+            from prefzoo.eval.winrate import win_rate
+
+            prompts = task.heldout_prompts if args.prompts is None else _load_prompts(args.prompts)
+            try:
+                res = win_rate(
+                    model, baseline, tok, prompts, judge, max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size, do_sample=args.sample, temperature=args.temperature, seed=args.seed,
+                )  # fmt: skip
+            except ValueError as e:
+                raise CLIError(f"--win-rate: {e}") from None
+            wr = dict(res.summary())
+            decoding = f"sample(T={args.temperature}, seed={args.seed})" if args.sample else "greedy"
+            wr.update(judge=args.judge or "oracle", prompts=args.prompts or "default-task:heldout", decoding=decoding)
+        results["win_rate"] = wr
+        _print_block(f"win-rate vs {baseline_path} (judge {wr['judge']})", wr)
+
+    if "lm_eval" in modes:
+        from prefzoo.eval.harness import format_table, run_lm_eval
+
+        try:
+            limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
+            le = run_lm_eval(
+                model_path, args.tasks, batch_size=args.batch_size, device=args.device, limit=limit, seed=args.seed
+            )
+        except ValueError as e:
+            raise CLIError(f"--lm-eval: {e}") from None
+        results["lm_eval"] = le
+        print("== lm-eval (zero-shot)")
+        print(format_table(le))
+
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str))
+        print(f"results written to {out}", file=sys.stderr)
+    return 0

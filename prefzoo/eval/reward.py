@@ -1,0 +1,105 @@
+"""Reward accuracy of a model on a preference split, scored by any registered loss's implicit rewards.
+
+Uses the trainer's tokenization (:func:`prefzoo.data.tokenize.tokenize_pairs`), collation and chunked log-probs
+(:class:`prefzoo.train.logps.PolicyLogps`), so the numbers match the trainer's own epoch-end evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["reward_accuracy"]
+
+
+def reward_accuracy(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    loss: Any = "dpo",
+    *,
+    reference: Any = None,
+    batch_size: int = 16,
+    max_prompt_length: int = 1800,
+    max_completion_length: int = 512,
+) -> dict[str, float]:
+    """mean(chosen_reward > rejected_reward) over ``dataset`` (columns id, prompt, chosen, rejected).
+
+    ``loss`` is a :class:`prefzoo.Loss` or a registered name; its ``chosen_rewards``/``rejected_rewards``
+    are the scores (e.g. β·log π/π_ref for ``dpo``, length-normalised log π for ``simpo``).  A loss that
+    needs a reference model gets ``reference`` (a causal LM), else a ValueError says to pass one.  A tie
+    counts as wrong, as in TRL.  Batch-coupled losses (``mmpo``) normalise within each batch of
+    ``batch_size`` pairs; that is monotone, so the within-pair comparison does not depend on it.
+    Returns ``reward_accuracy``, ``ties``, ``mean_margin``, ``mean_loss``, ``pairs`` and ``dropped``.
+    """
+    import torch
+
+    from prefzoo import PreferenceBatch, get_loss
+    from prefzoo.data.collate import PreferenceCollator
+    from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
+    from prefzoo.eval.generation import unwrap_model
+    from prefzoo.train.logps import PolicyLogps
+    from prefzoo.types import Need
+
+    loss_fn = get_loss(loss) if isinstance(loss, str) else loss
+    needs = loss_fn.needs
+    if Need.REFERENCE in needs and reference is None:
+        raise ValueError(
+            f"loss {loss_fn.spec.name!r} scores with a reference model; pass reference=... (CLI: --reference PATH, "
+            "default the --baseline), or pick a reference-free loss such as simpo"
+        )
+    ensure_pad_token(tokenizer)
+    enc, stats = tokenize_pairs(dataset, tokenizer, max_prompt_length, max_completion_length)
+    collate = PreferenceCollator(tokenizer.pad_token_id)
+    policy = PolicyLogps(unwrap_model(model))
+    ref = PolicyLogps(unwrap_model(reference)) if Need.REFERENCE in needs else None
+    want_tok, want_ent = Need.TOKEN_LOGPS in needs, Need.TOKEN_ENTROPIES in needs
+    device = next(policy.parameters()).device
+    modes = [(m, m.training) for m in (policy, ref) if m is not None]
+    for m, _ in modes:
+        m.eval()
+    correct, ties, margins, losses = [], [], [], []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(enc), batch_size):
+                rows = [enc[i] for i in range(start, min(start + batch_size, len(enc)))]
+                batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in collate(rows).items()}
+                args = (batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+                w, l = policy(*args, token_logps=want_tok, token_entropies=want_ent).split()
+                fields: dict[str, Any] = {
+                    "policy_chosen_logps": w["logps"],  # (B,)
+                    "policy_rejected_logps": l["logps"],  # (B,)
+                    "chosen_lengths": w["lengths"],  # (B,)
+                    "rejected_lengths": l["lengths"],  # (B,)
+                    "example_ids": tuple(batch["ids"]),
+                }
+                if want_tok or want_ent:
+                    fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c)
+                if want_tok:
+                    fields.update(
+                        policy_chosen_token_logps=w["token_logps"], policy_rejected_token_logps=l["token_logps"]
+                    )
+                if want_ent:
+                    fields.update(
+                        chosen_token_entropies=w["token_entropies"], rejected_token_entropies=l["token_entropies"]
+                    )
+                if ref is not None:
+                    rw, rl = ref(*args).split()
+                    fields.update(ref_chosen_logps=rw["logps"], ref_rejected_logps=rl["logps"])  # (B,), (B,)
+                out = loss_fn(PreferenceBatch(**fields))
+                margin = out.chosen_rewards - out.rejected_rewards  # (B,)
+                correct.append(margin > 0)
+                ties.append(margin == 0)
+                margins.append(margin.float())
+                losses.append(out.losses.float())
+    finally:
+        for m, was in modes:
+            m.train(was)
+    acc = torch.cat(correct).float()  # (N,)
+    return {
+        "reward_accuracy": float(acc.mean()),
+        "ties": float(torch.cat(ties).float().mean()),
+        "mean_margin": float(torch.cat(margins).mean()),
+        "mean_loss": float(torch.cat(losses).mean()),
+        "pairs": float(acc.numel()),
+        "dropped": float(stats.dropped),
+    }
