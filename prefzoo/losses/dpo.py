@@ -335,6 +335,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "−log σ(β·(sort(log π_w − log π_l) − sort(log π_ref,w − log π_ref,l)))",
             "Melnyk et al. 2024, arXiv:2406.05882 (AOT)",
             batch_coupled=True,
+            shift_invariant=False,  # shifting one response moves only that pair's margins: the sort order changes
             monotone=lambda p: p.label_smoothing == 0.0,
             description="Alignment via Optimal Transport, paired: first-order stochastic dominance of the policy's "
             "margins over the reference's, by sorting over the whole gathered batch (all processes).",
