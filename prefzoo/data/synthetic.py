@@ -9,7 +9,11 @@ non-negative integer) loses to any well-formed one.  The warm-up data for skill 
 comes from a deliberately *sloppy annotator*: the right answer only
 :data:`NOISE_PROBS`\\[0] of the time, most often one too high, sometimes off by
 one or two the other way.  So the warmed-up policy's most likely answer is often
-wrong, and preference pairs ranked by the oracle can fix it.
+wrong.  The preference pairs come from a different source: two *drafts* per
+prompt with errors symmetric around the truth (:data:`DRAFT_OFFSETS`), ranked by
+the oracle.  Symmetric drafts make "closer to the truth" the only signal in the
+pairs: with the annotator's upward-biased drafts, "the smaller answer wins" would
+be a shortcut (measured: DPO then learns to answer 10-12 too low).
 
 Skill B -- reversal.  Prompt ``"rev abc="``, answer ``"cba"``.  Taught exactly in
 the warm-up and absent from the preference data; its greedy exact-match accuracy
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "ADD_RANGE",
+    "DRAFT_OFFSETS",
+    "DRAFT_PROBS",
     "LETTERS",
     "NOISE_OFFSETS",
     "NOISE_PROBS",
@@ -32,6 +38,7 @@ __all__ = [
     "Splits",
     "addition_prompt",
     "distance",
+    "draft_answer",
     "judge",
     "make_pairs",
     "make_splits",
@@ -47,6 +54,8 @@ LETTERS = "abcdefgh"  # alphabet of the reversal skill
 REV_LENGTHS = (3, 4, 5)  # lengths of the strings to reverse: 8^3 + 8^4 + 8^5 ≈ 37k strings
 NOISE_OFFSETS = (0, +1, -1, +2)  # the sloppy annotator's error: answer = truth + offset
 NOISE_PROBS = (0.35, 0.40, 0.15, 0.10)  # mode is +1: a greedy warmed-up policy tends to answer one too high
+DRAFT_OFFSETS = (-3, -2, -1, 0, +1, +2, +3)  # errors of the drafts that preference pairs compare
+DRAFT_PROBS = (0.05, 0.10, 0.20, 0.30, 0.20, 0.10, 0.05)  # symmetric: no direction is a shortcut
 
 _PROMPT_RE = re.compile(r"^(\d+)\+(\d+)=$")
 _ANSWER_RE = re.compile(r"^\d{1,4}$")
@@ -169,25 +178,30 @@ def make_splits(
     return Splits(rest, pref_train, pref_eval, heldout, rev_warmup, rev_heldout)
 
 
-def make_pairs(problems: list[AdditionProblem], seed: int, prefix: str, pairs_per_prompt: int = 1) -> list[dict]:
-    """Preference pairs ranked by the oracle, deterministic in ``seed``.
+def draft_answer(truth: int, rng: random.Random) -> int:
+    """One draft answer for a preference pair (DRAFT_OFFSETS with DRAFT_PROBS), never negative."""
+    return max(0, truth + rng.choices(DRAFT_OFFSETS, weights=DRAFT_PROBS)[0])
 
-    For each prompt, two answers are drawn from the sloppy annotator until their
-    distances to the truth differ; the closer one is ``chosen``.  So the pairs
-    look like the warm-up data (same support), and the oracle ranks them exactly.
-    Returns dicts with ``id``, ``prompt``, ``chosen``, ``rejected``.
+
+def make_pairs(problems: list[AdditionProblem], seed: int, prefix: str, pairs_per_prompt: int = 1) -> list[dict]:
+    """Preference pairs ranked by the exact oracle, deterministic in ``seed``.
+
+    For each prompt, two drafts are drawn (:func:`draft_answer`) until their
+    distances to the truth differ; the closer one is ``chosen``.  Chosen is the
+    exact answer in about 59% of pairs, and chosen is below rejected exactly as
+    often as above (in expectation).  Returns dicts with ``id``, ``prompt``,
+    ``chosen``, ``rejected``.
     """
     rng = random.Random(f"prefzoo-pairs-{prefix}-{seed}")
     rows = []
     for i, p in enumerate(problems):
         for k in range(pairs_per_prompt):
             while True:
-                x, y = noisy_answer(p.truth, rng), noisy_answer(p.truth, rng)
+                x, y = draft_answer(p.truth, rng), draft_answer(p.truth, rng)
                 dx, dy = abs(x - p.truth), abs(y - p.truth)
                 if dx != dy:
                     break
             chosen, rejected = (x, y) if dx < dy else (y, x)
-            rows.append(
-                {"id": f"{prefix}-{i}-{k}", "prompt": p.prompt, "chosen": str(chosen), "rejected": str(rejected)}
-            )
+            row = {"id": f"{prefix}-{i}-{k}", "prompt": p.prompt, "chosen": str(chosen), "rejected": str(rejected)}
+            rows.append(row)
     return rows
