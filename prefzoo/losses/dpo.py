@@ -24,6 +24,7 @@ from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 _EXP_CLAMP = 80.0  # exp(80) ≈ 5.5e34 stays finite in float32 and bfloat16 (TRL clamps at the same value)
+_IPO_MAX_DELTA = 1e18  # (1e18)² = 1e36 < float32 max 3.4e38; only exponential f-divergences get this far
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,7 @@ def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOut
     f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
     d = average_logps(f_w, lw) - average_logps(f_l, ll)  # Δ̄: per-token averaged scores, as TRL
+    d = d.clamp(-_IPO_MAX_DELTA, _IPO_MAX_DELTA)  # exponential f' (forward KL, α) reach e^80: keep the square finite
     return _out((d - 1 / (2 * p.beta)) ** 2, rho_w, rho_l, p.beta)
 
 
