@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +141,7 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
         return None
     args = [a for a in typing.get_args(typ) if a is not type(None)]
     base = typing.get_origin(typ) or typ
-    if base is typing.Union or str(base) == "types.UnionType":
+    if base is typing.Union or base is types.UnionType:
         base = typing.get_origin(args[0]) or args[0]
     try:
         if base is bool and isinstance(value, str):

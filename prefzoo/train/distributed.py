@@ -93,6 +93,7 @@ def _prepare_deepspeed_on_cpu() -> None:
 def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) -> Any:
     """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, DeepSpeed, trackers."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 
     kwargs: dict[str, Any] = {
@@ -122,4 +123,7 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) ->
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds_cfg, zero3_init_flag=False)
     else:
         kwargs["cpu"] = no_gpu
+    # a second run in the same interpreter (notebook, tests) may change precision/accumulation: start afresh
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
     return Accelerator(**kwargs)

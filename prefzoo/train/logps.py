@@ -7,7 +7,6 @@ float32 tensor over every position ever exists.  Per-token tensors are built onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,28 +15,44 @@ from torch import Tensor, nn
 __all__ = ["CompletionLogps", "PolicyLogps", "completion_logps_naive", "unwrap_causal_lm"]
 
 
-@dataclass
-class CompletionLogps:
-    """Per-row results for N = 2B rows (chosen rows first)."""
+class CompletionLogps(dict):
+    """Per-row results for N = 2B rows (chosen rows first), a dict with attribute access.
 
-    logps: Tensor  # (N,) Σ_t log π(y_t | x, y_<t) over completion tokens
-    lengths: Tensor  # (N,) completion token counts
-    token_logps: Tensor | None = None  # (N, T_c) per-token log-probs, 0 at padding
-    token_entropies: Tensor | None = None  # (N, T_c) H(π(·|x, y_<t)), 0 at padding
-    token_mask: Tensor | None = None  # (N, T_c) bool
+    A dict so that DDP and DeepSpeed ZeRO-3 find the output tensors for their backward hooks.
+    ``logps`` (N,) Σ_t log π(y_t | x, y_<t) over completion tokens; ``lengths`` (N,) completion token counts;
+    optional ``token_logps`` / ``token_entropies`` (N, T_c), 0 at padding, and ``token_mask`` (N, T_c) bool.
+    """
+
+    def __init__(
+        self,
+        logps: Tensor,
+        lengths: Tensor,
+        token_logps: Tensor | None = None,
+        token_entropies: Tensor | None = None,
+        token_mask: Tensor | None = None,
+    ) -> None:
+        super().__init__(
+            logps=logps,
+            lengths=lengths,
+            token_logps=token_logps,
+            token_entropies=token_entropies,
+            token_mask=token_mask,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
 
     def split(self) -> tuple[dict[str, Tensor | None], dict[str, Tensor | None]]:
         """(chosen half, rejected half) of every field."""
-        b = self.logps.shape[0] // 2
-        fields = {
-            "logps": self.logps,
-            "lengths": self.lengths,
-            "token_logps": self.token_logps,
-            "token_entropies": self.token_entropies,
-            "token_mask": self.token_mask,
-        }
-        chosen = {k: (v[:b] if v is not None else None) for k, v in fields.items()}
-        rejected = {k: (v[b:] if v is not None else None) for k, v in fields.items()}
+        b = self["logps"].shape[0] // 2
+        chosen = {k: (v[:b] if v is not None else None) for k, v in self.items()}
+        rejected = {k: (v[b:] if v is not None else None) for k, v in self.items()}
         return chosen, rejected
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -129,7 +128,17 @@ def _build_reference(loss: Loss, cfg: TrainConfig, lm: Any, has_adapter: bool) -
         return None, "none (reference-free loss)"
     if cfg.lora and not has_adapter:
         return None, "adapter-disabled policy"  # built after prepare, from the wrapped policy
-    return FrozenReference(copy.deepcopy(lm), cfg.logp_chunk_size), "frozen copy of the starting model"
+    if _zero3_enabled():
+        return None, "frozen ZeRO-3 partitioned copy of the starting model"  # built after prepare
+    return FrozenReference(lm, cfg.logp_chunk_size), "frozen copy of the starting model"
+
+
+def _zero3_enabled() -> bool:
+    try:
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    except ImportError:
+        return False
+    return bool(is_deepspeed_zero3_enabled())
 
 
 def _trackers(cfg: TrainConfig) -> list[str] | None:
@@ -204,8 +213,12 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
     if reference is not None:
         assert isinstance(reference, FrozenReference)
         reference.module.to(accelerator.device)
-    elif Need.REFERENCE in loss.needs:
+    elif Need.REFERENCE in loss.needs and cfg.lora and not has_adapter:
         reference = AdapterDisabledReference(policy)
+    elif Need.REFERENCE in loss.needs:  # ZeRO-3: load the reference again, partitioned like the policy
+        ref_lm, _, _ = load_model_and_tokenizer(cfg.model)
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        reference = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
     if reference is not None and cfg.precompute_ref:
         reference, ref_kind = _precompute(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
     gather = make_gather(accelerator)

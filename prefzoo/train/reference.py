@@ -44,12 +44,24 @@ class Reference:
 class FrozenReference(Reference):
     """A frozen copy of the starting model, run under no_grad in eval mode."""
 
-    def __init__(self, lm: nn.Module, chunk_size: int, device: torch.device | None = None) -> None:
-        self.module = PolicyLogps(copy.deepcopy(lm) if device is None else lm, chunk_size)
+    def __init__(self, lm: nn.Module, chunk_size: int) -> None:
+        self.module: Any = PolicyLogps(copy.deepcopy(lm), chunk_size)  # a copy: the policy trains in place
         self.module.requires_grad_(False)
         self.module.eval()
-        if device is not None:
-            self.module.to(device)
+
+    @classmethod
+    def under_zero3(cls, lm: nn.Module, chunk_size: int, ds_config: dict[str, Any]) -> FrozenReference:
+        """A reference whose weights stay ZeRO-3 partitioned: ``lm`` was loaded under zero.Init (not copied)."""
+        import deepspeed
+
+        ref = cls.__new__(cls)
+        cfg = {k: v for k, v in copy.deepcopy(ds_config).items() if k not in ("optimizer", "scheduler")}
+        module = PolicyLogps(lm, chunk_size)
+        module.requires_grad_(False)
+        engine, *_ = deepspeed.initialize(model=module, config=cfg)
+        engine.eval()
+        ref.module = engine
+        return ref
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:

@@ -47,8 +47,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300) -> dict[str, Any]:
-    """Train in ``nproc`` fresh processes via torchrun (gloo on CPU); returns rank 0's saved result."""
+def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300, launcher: str = "torchrun") -> dict[str, Any]:
+    """Train in ``nproc`` fresh processes (torchrun or accelerate launch; gloo on CPU); returns rank 0's result."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -57,16 +57,29 @@ def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300) -> dict[s
         "HF_DATASETS_OFFLINE": "1",
         "PYTHONPATH": str(HERE.parents[1]),
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--nnodes=1",
-        f"--master_port={_free_port()}",
-        str(HERE / "worker.py"),
-        json.dumps(cfg),
-    ]
+    port = f"{_free_port()}"
+    if launcher == "accelerate":  # --cpu would start ONE process (PLATFORM.md): --multi_gpu + Accelerator(cpu=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            f"--num_processes={nproc}",
+            "--num_machines=1",
+            "--mixed_precision=no",
+            "--dynamo_backend=no",
+            f"--main_process_port={port}",
+        ]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--nnodes=1",
+            f"--master_port={port}",
+        ]
+    cmd += [str(HERE / "worker.py"), json.dumps(cfg)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")

@@ -57,10 +57,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def make_model_dir(root: Path, seed: int = 0, pad: bool = True) -> Path:
+def make_model_dir(root: Path, seed: int = 0, pad: bool = True, hidden: int = 32) -> Path:
     """A save_pretrained folder with the tiny model and tokenizer."""
     tok = build_tokenizer(pad=True)
-    model = build_model(tok, seed)
+    model = build_model(tok, seed, hidden=hidden)
     out = root / "tiny-model"
     model.save_pretrained(out)
     if not pad:
