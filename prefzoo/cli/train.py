@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.distributed import DeepSpeedMissingError
     from prefzoo.train.model import LoRATargetError
 
+    _quiet_libraries()
     try:
         values, pairs = _collect(args)
         values["loss_params"] = _validate_loss(values, pairs)
@@ -107,6 +108,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except (ConfigError, DataFormatError, ResumeError, LoRATargetError, DeepSpeedMissingError, FileNotFoundError) as e:
         raise CLIError(str(e)) from None
+
+
+def _quiet_libraries() -> None:
+    """One progress bar (ours) instead of one per datasets.map and weight load."""
+    try:
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # the [train] extra is missing: train() reports it
+        pass
 
 
 def _print_summary(result: Any) -> None:

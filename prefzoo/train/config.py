@@ -34,6 +34,7 @@ class TrainConfig:
     eval_fraction: float = 0.05  # held out from train when there is no eval split (0 disables evaluation)
     max_prompt_length: int = 1800  # prompt tokens kept, from the END of the prompt
     max_completion_length: int = 512  # completion tokens kept, from the START (eos included)
+    dataset_num_proc: int | None = None  # processes for tokenization (datasets.map num_proc; pays off on large data)
     # optimization
     lr: float = 5e-7  # peak learning rate (paper: 5e-7 full fine-tuning of small models)
     epochs: int = 1  # passes over the training pairs
@@ -93,6 +94,8 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr} must be > 0")
+        if self.dataset_num_proc is not None and self.dataset_num_proc < 1:
+            raise ConfigError(f"dataset_num_proc={self.dataset_num_proc} must be >= 1 (or unset)")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps={self.max_steps} must be >= 1 (or unset to use epochs)")
         if not 0 <= self.warmup_ratio < 1:

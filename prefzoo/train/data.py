@@ -19,8 +19,6 @@ def _prefix_ids(ds: Any, prefix: str) -> Any:
 
 def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = None) -> tuple[Any, Any, dict[str, Any]]:
     """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``."""
-    import datasets
-
     if train is None:
         if cfg.dataset is None:
             raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
@@ -42,13 +40,17 @@ def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = N
         split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
         train, eval_ = split["train"], split["test"]
     train_tok, train_stats = tokenize_pairs(
-        _prefix_ids(train, "train"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length
+        _prefix_ids(train, "train"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length, cfg.dataset_num_proc
     )
     stats: dict[str, Any] = {"train": vars(train_stats)}
     eval_tok = None
     if eval_ is not None and len(eval_) > 0:
         eval_tok, eval_stats = tokenize_pairs(
-            _prefix_ids(eval_, "eval"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length
+            _prefix_ids(eval_, "eval"),
+            tokenizer,
+            cfg.max_prompt_length,
+            cfg.max_completion_length,
+            cfg.dataset_num_proc,
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():
@@ -61,5 +63,4 @@ def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = N
             st.prompt_truncated,
             st.completion_truncated,
         )
-    _ = datasets  # imported for its side effect of failing early when the [train] extra is missing
     return train_tok, eval_tok, stats

@@ -1,0 +1,68 @@
+"""Every registered loss trains on the embedded default task through the same loop; the CLI default finishes fast."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import params_of
+
+from prefzoo.registry import list_losses
+
+default = pytest.importorskip("prefzoo.data.default")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return default.load_default_task(seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_name", list_losses())
+def test_every_loss_trains_on_the_default_task(tmp_path, task, loss_name):
+    from prefzoo.train.config import TrainConfig
+    from prefzoo.train.loop import train
+
+    settings = {**task.recommended, "epochs": 1, "max_steps": 2, "lr": 1e-3}
+    cfg = TrainConfig.from_dict(
+        {
+            **settings,
+            "loss": loss_name,
+            "model": str(task.model_dir),
+            "output_dir": str(tmp_path),
+            "report_to": "none",
+            "progress": False,
+        }
+    )
+    before = params_of(task.load_model())
+    res = train(cfg, train_dataset=task.train.select(range(32)), eval_dataset=task.eval.select(range(16)))
+    assert res.global_step == 2 and all(math.isfinite(h["loss"]) for h in res.history)
+    after = params_of(res.model)
+    moved = sum(not torch.equal(before[k], after[k]) for k in before)
+    assert moved == len(before), f"{loss_name}: {len(before) - moved} tensors not updated"
+    assert 0.0 <= res.evals[-1]["eval/reward_accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_cli_default_run_finishes_under_three_minutes(tmp_path, task):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefzoo", "train", "--loss", "mmpo", "--output-dir", str(tmp_path), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for row in ("eval reward accuracy", "win-rate vs start", "retention (skill B)"):
+        assert row in out
+    assert (tmp_path / "final" / "run_card.json").is_file()
+    assert elapsed < 180, f"default run took {elapsed:.0f} s"
