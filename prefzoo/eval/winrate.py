@@ -48,7 +48,7 @@ class WinRateResult:
 
 
 def length_controlled_win_rate(
-    preferences: Sequence[float], policy_lengths: Sequence[int], baseline_lengths: Sequence[int], l2: float = 1e-2
+    preferences: Sequence[float], policy_lengths: Sequence[int], baseline_lengths: Sequence[int], l2: float = 1e-4
 ) -> float:
     """σ(θ₀) of the logistic fit ``P(win) = σ(θ₀ + θ₁·tanh(Δlen/sd))`` (Newton's method, soft labels, L2 ``l2``)."""
     import numpy as np
