@@ -1,5 +1,38 @@
 """Public testing kit for prefzoo losses: Hypothesis strategies, reference formulas, property and conformance checks.
 
 Importable with only torch, hypothesis and pytest installed, so plugin authors can
-test their own losses with the same properties as the built-ins.
+test their own losses with the same properties as the built-ins:
+
+    from prefzoo.testing import check_loss, conformance_tests, preference_batches, loss_params
 """
+
+from prefzoo.testing.conformance import (
+    ConformanceReport,
+    PropertyResult,
+    check_loss,
+    conformance_tests,
+    dtypes_from_env,
+)
+from prefzoo.testing.properties import GENERIC_PROPERTIES, Property, PropertyFailure, cast_batch, grads
+from prefzoo.testing.sharding import gloo_gather, run_sharded, shard_batch, split_sizes
+from prefzoo.testing.strategies import batches_for, loss_params, preference_batches
+
+__all__ = [
+    "GENERIC_PROPERTIES",
+    "ConformanceReport",
+    "Property",
+    "PropertyFailure",
+    "PropertyResult",
+    "batches_for",
+    "cast_batch",
+    "check_loss",
+    "conformance_tests",
+    "dtypes_from_env",
+    "gloo_gather",
+    "grads",
+    "loss_params",
+    "preference_batches",
+    "run_sharded",
+    "shard_batch",
+    "split_sizes",
+]

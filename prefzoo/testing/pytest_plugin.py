@@ -2,7 +2,9 @@
 
 Profiles: ``dev`` (fast default), ``ci`` (Hypothesis' built-in ci profile,
 derandomized, more examples) and ``thorough`` (>= 1000 examples per property).
-Select one with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
+Select one with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``; without either, ``dev``.
+All three have no deadline (a loss on 64 pairs under a loaded 2-core machine is slow
+but not wrong); ``ci`` and ``thorough`` print the reproduction blob of a failure.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ def register_profiles() -> None:
 register_profiles()
 
 
-def pytest_configure(config) -> None:  # noqa: ANN001 - pytest's hook signature
+def pytest_configure(config) -> None:
     if settings is None:
         return
-    profile = os.environ.get("HYPOTHESIS_PROFILE")
-    if profile and not config.getoption("hypothesis_profile", default=None):
-        settings.load_profile(profile)
+    if config.getoption("hypothesis_profile", default=None):
+        return  # --hypothesis-profile NAME wins
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "dev")

@@ -1,0 +1,124 @@
+"""Run a loss on a batch split across simulated ranks, and a real gloo all-gather for uneven shards.
+
+``run_sharded`` runs one thread per simulated rank; their ``gather`` hooks
+meet at a barrier, so the loss code sees exactly what it would see under
+torch.distributed: the concatenation over ranks, in rank order, of every
+tensor it gathers.  ``gloo_gather`` is the hook to pass on a real process
+group whose ranks may hold different batch sizes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prefzoo.types import PreferenceBatch
+
+__all__ = ["gloo_gather", "run_sharded", "shard_batch", "split_sizes"]
+
+
+def split_sizes(b: int, shards: int) -> list[int]:
+    """Uneven split of b examples into at most ``shards`` non-empty parts: the first rank holds one example."""
+    shards = max(1, min(shards, b))
+    if shards == 1:
+        return [b]
+    rest = b - 1
+    k = shards - 1
+    return [1] + [rest // k + (1 if i < rest % k else 0) for i in range(k)]
+
+
+def shard_batch(batch: PreferenceBatch, sizes: Sequence[int]) -> list[PreferenceBatch]:
+    """Split every per-example field along dim 0 into consecutive shards of ``sizes``."""
+    assert sum(sizes) == batch.batch_size, (sizes, batch.batch_size)
+    out = []
+    start = 0
+    for n in sizes:
+        ch = {}
+        for name in PreferenceBatch.__dataclass_fields__:
+            t = getattr(batch, name)
+            if isinstance(t, Tensor):
+                ch[name] = t[start : start + n]
+            elif name == "example_ids" and t is not None:
+                ch[name] = tuple(t[start : start + n])
+            else:
+                ch[name] = t
+        out.append(PreferenceBatch(**ch))
+        start += n
+    return out
+
+
+class _Exchange:
+    """An in-process all-gather among ``n`` threads (one call per thread per round)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.slots: list[Tensor | None] = [None] * n
+        self.barrier = threading.Barrier(n, timeout=30)
+        self.result: Tensor | None = None
+
+    def gather(self, rank: int, t: Tensor) -> Tensor:
+        self.slots[rank] = t.detach().clone()
+        self.barrier.wait()
+        if rank == 0:
+            self.result = torch.cat([s for s in self.slots if s is not None], dim=0)
+        self.barrier.wait()
+        out = self.result
+        assert out is not None
+        self.barrier.wait()  # nobody starts the next round before everyone has read this one
+        return out.clone()
+
+
+def run_sharded(
+    loss: Callable[..., Any], batch: PreferenceBatch | Sequence[PreferenceBatch], sizes: Sequence[int] | None = None
+) -> list[Any]:
+    """Call ``loss(shard, gather=hook)`` on each shard in its own thread, the hooks forming one all-gather group.
+
+    ``batch`` is split by ``sizes``, or is already a list of shards.  Returns the results in rank order.
+    """
+    shards = list(batch) if not isinstance(batch, PreferenceBatch) else shard_batch(batch, sizes or [batch.batch_size])
+    ex = _Exchange(len(shards))
+    outs: list[Any] = [None] * len(shards)
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            outs[rank] = loss(shards[rank], gather=lambda t: ex.gather(rank, t))
+        except BaseException as e:  # re-raised in the caller, named by rank
+            errors.append(e)
+            ex.barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(shards))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real or errors:
+        raise (real or errors)[0]
+    return outs
+
+
+def gloo_gather(t: Tensor) -> Tensor:
+    """All-gather a detached tensor of possibly different length per rank (gloo refuses unequal sizes).
+
+    Gathers the sizes, pads to the largest, gathers, trims, concatenates in rank order.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return t
+    world = dist.get_world_size()
+    t = t.detach().contiguous()
+    n = torch.tensor([t.shape[0]], dtype=torch.long)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    m = int(max(int(s) for s in sizes))
+    padded = torch.zeros((m, *t.shape[1:]), dtype=t.dtype)
+    padded[: t.shape[0]] = t
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)], dim=0)

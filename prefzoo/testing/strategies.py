@@ -1,0 +1,175 @@
+"""Hypothesis strategies for preference batches and loss hyperparameters over realistic domains.
+
+Domains (stated so a failing example can be judged): summed log-probs in
+[−1e4, 0], completion lengths in [1, 4096], batch sizes 1..64, dtypes
+float64/float32/bfloat16.  Ties (policy equal across the pair, policy equal to
+the reference) are drawn on purpose, since they are where 0/0 bugs and sort
+ties live.  Parameter strategies read the bounds and choices declared with
+:func:`prefzoo.param`, so a plugin's params are covered without extra code.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from prefzoo.spec import LossParamError, LossSpec, ParamInfo, param_infos
+from prefzoo.types import Need, PreferenceBatch
+
+__all__ = [
+    "DTYPES",
+    "LOGP_MIN",
+    "MAX_LENGTH",
+    "batches_for",
+    "loss_params",
+    "preference_batches",
+]
+
+LOGP_MIN = -1e4  # smallest summed log-prob drawn
+MAX_LENGTH = 4096  # longest completion drawn
+MAX_TOKENS = 8  # width T of token-level fields (they are drawn independently of the summed log-probs)
+DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_PARAM_SPAN = 10.0  # an unbounded parameter is drawn within 10 of its bound (or of 0)
+
+
+def _as_dtype(d: str | torch.dtype) -> torch.dtype:
+    return DTYPES[d] if isinstance(d, str) else d
+
+
+@st.composite
+def preference_batches(
+    draw: st.DrawFn,
+    *,
+    min_size: int = 1,
+    max_size: int = 64,
+    dtypes: tuple[str | torch.dtype, ...] = ("float64", "float32", "bfloat16"),
+    reference: bool | None = None,
+    lengths: bool | None = None,
+    token_level: bool | None = False,
+    logp_min: float = LOGP_MIN,
+    requires_grad: bool = False,
+) -> PreferenceBatch:
+    """A PreferenceBatch of 1..64 pairs; ``None`` for a field group means "drawn either way".
+
+    ``reference`` / ``lengths`` / ``token_level``: True always includes those
+    fields, False never, None lets Hypothesis choose.  Policy log-probs are
+    leaves with ``requires_grad`` when asked, so gradients can be read off them.
+    """
+    b = draw(st.integers(min_size, max_size), label="batch_size")
+    dtype = _as_dtype(draw(st.sampled_from(dtypes), label="dtype"))
+    logp = st.floats(logp_min, 0.0, allow_nan=False, allow_infinity=False, width=64)
+    vec = st.lists(logp, min_size=b, max_size=b)
+    pw = torch.tensor(draw(vec, label="policy_chosen_logps"), dtype=torch.float64)
+    pl = torch.tensor(draw(vec, label="policy_rejected_logps"), dtype=torch.float64)
+    ties = draw(st.lists(st.booleans(), min_size=b, max_size=b), label="policy_ties")
+    pl = torch.where(torch.tensor(ties), pw, pl)  # log π(y_l) == log π(y_w) where tied
+    fields: dict[str, Any] = {}
+    if reference is None:
+        reference = draw(st.booleans(), label="with_reference")
+    if reference:
+        rw = torch.tensor(draw(vec, label="ref_chosen_logps"), dtype=torch.float64)
+        rl = torch.tensor(draw(vec, label="ref_rejected_logps"), dtype=torch.float64)
+        same = draw(st.lists(st.booleans(), min_size=b, max_size=b), label="reference_equals_policy")
+        same_t = torch.tensor(same)
+        fields["ref_chosen_logps"] = torch.where(same_t, pw, rw).to(dtype)
+        fields["ref_rejected_logps"] = torch.where(same_t, pl, rl).to(dtype)
+    if lengths is None:
+        lengths = draw(st.booleans(), label="with_lengths")
+    if lengths:
+        lens = st.lists(st.integers(1, MAX_LENGTH), min_size=b, max_size=b)
+        fields["chosen_lengths"] = torch.tensor(draw(lens, label="chosen_lengths"), dtype=torch.long)
+        fields["rejected_lengths"] = torch.tensor(draw(lens, label="rejected_lengths"), dtype=torch.long)
+    if token_level is None:
+        token_level = draw(st.booleans(), label="with_token_fields")
+    if token_level:
+        for side in ("chosen", "rejected"):
+            t = draw(st.integers(1, MAX_TOKENS), label=f"{side}_T")
+            n = st.lists(st.integers(1, t), min_size=b, max_size=b)
+            lens_t = torch.tensor(draw(n, label=f"{side}_token_counts"))
+            mask = torch.arange(t)[None, :] < lens_t[:, None]  # (B, T) True on completion tokens
+            tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=b * t, max_size=b * t)
+            ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=b * t, max_size=b * t)
+            lp = torch.tensor(draw(tok, label=f"{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
+            h = torch.tensor(draw(ent, label=f"{side}_token_entropies"), dtype=torch.float64).view(b, t) * mask
+            pol = "policy_chosen_token_logps" if side == "chosen" else "policy_rejected_token_logps"
+            fields[pol] = lp.to(dtype).requires_grad_(requires_grad)
+            fields[f"{side}_token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
+            fields[f"{side}_mask"] = mask
+    return PreferenceBatch(
+        policy_chosen_logps=pw.to(dtype).requires_grad_(requires_grad),
+        policy_rejected_logps=pl.to(dtype).requires_grad_(requires_grad),
+        **fields,
+    )
+
+
+def batches_for(spec: LossSpec, **kw: Any) -> st.SearchStrategy[PreferenceBatch]:
+    """Batches carrying every input ``spec`` needs; optional inputs are drawn either way."""
+    kw.setdefault("reference", True if Need.REFERENCE in spec.needs else None)
+    kw.setdefault("lengths", True if Need.LENGTHS in spec.needs else None)
+    token = Need.TOKEN_LOGPS in spec.needs or Need.TOKEN_ENTROPIES in spec.needs
+    kw.setdefault("token_level", True if token else False)
+    return preference_batches(**kw)
+
+
+def _value_type(typ: Any) -> tuple[Any, bool]:
+    """(underlying type, optional?) for ``float``, ``float | None``, ``Optional[int]``..."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union or (hasattr(types, "UnionType") and isinstance(typ, types.UnionType)):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        return (args[0] if len(args) == 1 else Any), len(args) < len(typing.get_args(typ))
+    return typ, False
+
+
+def param_strategy(info: ParamInfo) -> st.SearchStrategy[Any]:
+    """Values of one declared hyperparameter inside its bounds (unbounded sides get a span of 10)."""
+    if info.choices is not None:
+        return st.sampled_from(info.choices)
+    typ, optional = _value_type(info.type)
+    if typ is bool:
+        base: st.SearchStrategy[Any] = st.booleans()
+    elif typ is int:
+        lo = info.ge if info.ge is not None else (math.floor(info.gt) + 1 if info.gt is not None else None)
+        hi = info.le if info.le is not None else (math.ceil(info.lt) - 1 if info.lt is not None else None)
+        lo = int(lo) if lo is not None else (int(hi) - 10 if hi is not None else -10)
+        hi = int(hi) if hi is not None else lo + 10
+        base = st.integers(lo, hi)
+    elif typ is float:
+        lo_f = info.ge if info.ge is not None else info.gt
+        hi_f = info.le if info.le is not None else info.lt
+        if lo_f is None:
+            lo_f = (hi_f - _PARAM_SPAN) if hi_f is not None else -_PARAM_SPAN
+        if hi_f is None:
+            hi_f = max(lo_f, 0.0) + _PARAM_SPAN
+        if info.gt is not None:  # an open bound such as β > 0: stay 1e-3 away from it, not 5e-324
+            lo_f = info.gt + max(1e-3, abs(info.gt) * 1e-3)
+        if info.lt is not None:
+            hi_f = info.lt - max(1e-3, abs(info.lt) * 1e-3)
+        base = st.floats(float(lo_f), float(hi_f), allow_nan=False, allow_infinity=False)
+    else:
+        base = st.just(info.default)
+    return st.one_of(st.none(), base) if optional else base
+
+
+@st.composite
+def loss_params(draw: st.DrawFn, spec: LossSpec, *, defaults_weight: float = 0.2) -> Any:
+    """Validated params for ``spec``: each field from its declared range, or its default.
+
+    Cross-field checks (``LossParams.check``) are honoured by retrying; the
+    defaults alone are always a valid draw.
+    """
+    infos = param_infos(spec.params_cls)
+    for _ in range(20):
+        kw = {}
+        for info in infos:
+            use_default = draw(st.floats(0, 1), label=f"{info.name}_use_default") < defaults_weight
+            kw[info.name] = info.default if use_default else draw(param_strategy(info), label=info.name)
+        try:
+            return spec.params(**kw)
+        except LossParamError:
+            continue
+    return spec.params()
