@@ -101,3 +101,28 @@ def test_reward_model_judge_matches_its_scores(classifier_dir) -> None:
 def test_reward_model_judge_bad_path() -> None:
     with pytest.raises(ValueError, match="is not a folder"):
         J.get_judge("reward-model", model_path="/nonexistent/rm")
+
+
+def test_llm_judge_is_position_debiased_and_batch_invariant(causal_dirs) -> None:
+    judge = J.get_judge("llm", model_path=str(causal_dirs[0]), choices=(" a", " b"), batch_size=2)
+    prompts = ["10+10=", "rev abc=", "12+13="]
+    c1, c2 = ["20", "cba", "25"], ["21", "abc", "2"]
+    v = judge(prompts, c1, c2)
+    assert all(0.0 <= x <= 1.0 for x in v)
+    assert judge(prompts, c2, c1) == pytest.approx([1.0 - x for x in v], abs=1e-6)  # both orders averaged
+    assert judge(prompts, c1, c1) == [0.5, 0.5, 0.5]
+    # the raw one-order probability is biased by position (a random LM has no reason to be fair)
+    raw = judge.prob_first(prompts, c1, c1)
+    assert any(abs(x - 0.5) > 1e-4 for x in raw)
+    assert [judge.prob_first([p], [a], [b])[0] for p, a, b in zip(prompts, c1, c2, strict=True)] == pytest.approx(
+        judge.prob_first(prompts, c1, c2), abs=1e-5
+    )
+
+
+def test_llm_judge_bad_options(causal_dirs) -> None:
+    with pytest.raises(ValueError, match="must be a local causal-LM folder"):
+        J.get_judge("llm", model_path="/no/such")
+    with pytest.raises(ValueError, match="lacks \\{answer_b\\}"):
+        J.get_judge("llm", model_path=str(causal_dirs[0]), template="{prompt} {answer_a}")
+    with pytest.raises(ValueError, match="must differ"):
+        J.get_judge("llm", model_path=str(causal_dirs[0]), choices=(" a", " a"))
