@@ -15,8 +15,6 @@ After normalization ``prompt`` is a string (plain) or a list of ``{"role", "cont
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,10 +204,3 @@ def _pick_split(loaded: Any, split: str, source: str) -> datasets.Dataset:
         raise DataFormatError(f"--dataset {source}: no split {split!r}; available splits: {sorted(loaded)}")
     return loaded[split]
 
-
-def dataset_identity(ds: datasets.Dataset) -> str:
-    """A short stable identity of a dataset's content (its fingerprint, else a hash of the ids)."""
-    fp = getattr(ds, "_fingerprint", None)
-    if fp:
-        return str(fp)
-    return hashlib.sha256(json.dumps(ds["id"]).encode()).hexdigest()[:16]

@@ -1,13 +1,37 @@
-"""Atomic accelerate checkpoints: written to a temp folder, marked complete, then renamed; resume validation."""
+"""Atomic accelerate checkpoints: written to a temp folder, fsynced, marked complete, renamed; resume validation.
+
+A kill at any moment (even ``kill -9`` inside ``save_state``) leaves the newest *complete* checkpoint intact:
+
+1. every process writes its state into ``checkpoints/.tmp-step-N`` (a name ``--resume auto`` never looks at);
+2. the main process fsyncs those files, then writes the completion marker ``prefzoo_checkpoint.json`` last, holding
+   the run info and a manifest (relative path -> size) of every file;
+3. it renames the folder to ``step-N`` (atomic on one filesystem) and fsyncs the parent folder;
+4. only then are checkpoints beyond ``--save-total-limit`` deleted, oldest first, and stale ``.tmp-*`` folders of
+   killed writes removed.
+
+A checkpoint counts as complete only if its marker parses and every file of the manifest is present with its size.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPLETE_MARKER", "ResumeError", "find_latest_checkpoint", "read_marker", "save_checkpoint"]
+__all__ = [
+    "COMPLETE_MARKER",
+    "ResumeError",
+    "complete_checkpoints",
+    "find_latest_checkpoint",
+    "is_complete",
+    "read_marker",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "prefzoo_checkpoint.json"  # written last inside the temp folder; its presence = complete
 
@@ -20,7 +44,31 @@ def _checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, info: dict[str, Any], keep: int) -> Path:
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to disk; best effort where the OS refuses folders."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != COMPLETE_MARKER
+    }
+
+
+def save_checkpoint(
+    accelerator: Any, output_dir: str | Path, step: int, info: dict[str, Any], keep: int, faults: Any = None
+) -> Path:
     """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written)."""
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
@@ -33,26 +81,57 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, info: d
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({**info, "step": step}, indent=1, default=str))
+        manifest = _manifest(tmp)
+        for rel in manifest:
+            _fsync(tmp / rel)
+        if faults is not None:
+            faults.in_checkpoint_write(step)  # tests kill -9 here: state written, no marker yet
+        marker = tmp / COMPLETE_MARKER
+        marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
+        _fsync(marker)
+        _fsync(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)  # atomic on one filesystem: 'final' is either absent or complete
-        for old in _complete_checkpoints(root)[:-keep]:
+        _fsync(root)
+        for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in root.glob(".tmp-step-*"):  # left by writes that were killed
+            shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
 
-def _complete_checkpoints(root: Path) -> list[Path]:
+def is_complete(path: str | Path) -> bool:
+    """Whether ``path`` holds a parseable marker and every file its manifest lists, with the listed sizes."""
+    p = Path(path)
+    try:
+        info = json.loads((p / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    files = info.get("files") if isinstance(info, dict) else None
+    if not isinstance(files, dict):
+        return isinstance(info, dict)  # a marker from before manifests: trust its presence
+    for rel, size in files.items():
+        f = p / rel
+        if not f.is_file() or f.stat().st_size != size:
+            log.warning("checkpoint %s is incomplete: %s is missing or has the wrong size", p, rel)
+            return False
+    return True
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under ``output_dir/checkpoints``, oldest first."""
+    root = _checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith("step-") and (p / COMPLETE_MARKER).is_file()]
+    found = [p for p in root.iterdir() if p.name.startswith("step-") and is_complete(p)]
     return sorted(found, key=lambda p: p.name)
 
 
 def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The latest complete checkpoint under ``output_dir/checkpoints`` (temp folders are ignored)."""
-    found = _complete_checkpoints(_checkpoint_root(output_dir))
+    """The latest complete checkpoint under ``output_dir/checkpoints`` (temp and incomplete folders are skipped)."""
+    found = complete_checkpoints(output_dir)
     return found[-1] if found else None
 
 
@@ -64,4 +143,9 @@ def read_marker(path: str | Path) -> dict[str, Any]:
         raise ResumeError(f"--resume {path}: no such checkpoint folder")
     if not marker.is_file():
         raise ResumeError(f"--resume {path}: incomplete checkpoint (no {COMPLETE_MARKER}); resume from an earlier one")
+    if not is_complete(p):
+        raise ResumeError(
+            f"--resume {path}: incomplete or corrupt checkpoint ({COMPLETE_MARKER} unreadable, or a file it lists is "
+            "missing or truncated); resume from an earlier one (--resume auto picks the newest complete one)"
+        )
     return dict(json.loads(marker.read_text()))

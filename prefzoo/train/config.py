@@ -68,6 +68,8 @@ class TrainConfig:
     save_total_limit: int = 2  # complete checkpoints kept (older ones deleted)
     resume: str | None = None  # a checkpoint folder, or 'auto' = the latest complete one in output_dir
     stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
+    max_consecutive_skips: int = 10  # stop (with a checkpoint) after this many non-finite steps in a row; 0 = never
+    dist_timeout: float = 1800.0  # seconds a collective may wait for a peer before the run fails (hung/dead process)
     eval_at_start: bool = False  # also evaluate before the first step (reward accuracy of the starting policy)
     progress: bool = True  # tqdm bar on the main process
     report_to: str | None = "auto"  # 'tensorboard', 'none', or 'auto' (tensorboard when installed)
@@ -108,6 +110,10 @@ class TrainConfig:
             raise ConfigError(f"optim={self.optim!r}: choose adamw or adamw8bit")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: choose no, bf16 or fp16")
+        if self.max_consecutive_skips < 0:
+            raise ConfigError(f"max_consecutive_skips={self.max_consecutive_skips} must be >= 0 (0 = never stop)")
+        if not self.dist_timeout > 0:
+            raise ConfigError(f"dist_timeout={self.dist_timeout} must be > 0 seconds")
         if self.save_steps < 0:
             raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,16 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
     return path, info
 
 
+def _check_same_data_order(path: Path, saved: dict[str, Any], now: dict[str, Any]) -> None:
+    """The position in the data is counted in batches: resuming needs the same batch geometry and seed."""
+    for key, what in (("batch", "processes × per-device batch × accumulation"), ("seed", "seed")):
+        if key in saved and saved[key] != now[key]:
+            raise ResumeError(
+                f"--resume {path}: checkpoint used {what} = {saved[key]}, this run {now[key]}; "
+                "resume with the same settings (or start a new --output-dir)"
+            )
+
+
 def _build_reference(loss: Loss, cfg: TrainConfig, lm: Any, has_adapter: bool) -> tuple[Reference | None, str]:
     """The reference the loss declares it needs (before accelerate wraps the policy), and how it is made."""
     if Need.REFERENCE not in loss.needs:
@@ -233,18 +244,21 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
     if _trackers(cfg):
         simple = {k: v for k, v in cfg.to_dict().items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers("prefzoo", config=simple)
-    global_step = 0
-    if resume_path is not None:
-        accelerator.load_state(str(resume_path))
-        global_step = int(resume_info["step"])
-        accelerator.print(f"prefzoo train: resumed from {resume_path} at step {global_step}")
-    result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer)
     info = {
         "loss": cfg.loss,
         "loss_params": {k: str(v) for k, v in cfg.loss_params.items()},
         "model": cfg.model,
         "model_identity": identity,
+        "batch": [accelerator.num_processes, cfg.per_device_batch_size, cfg.grad_accum],
+        "seed": cfg.seed,
     }
+    global_step = 0
+    if resume_path is not None:
+        _check_same_data_order(resume_path, resume_info, info)
+        accelerator.load_state(str(resume_path))
+        global_step = int(resume_info["step"])
+        accelerator.print(f"prefzoo train: resumed from {resume_path} at step {global_step}")
+    result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer)
     acc = MetricsAccumulator()
     bar = tqdm(
         total=total_steps,
@@ -353,7 +367,8 @@ def _precompute(
             str(cfg.mixed_precision),
         ]
     )
-    cache_dir = cfg.ref_cache_dir or str(Path.home() / ".cache" / "prefzoo" / "ref")
+    cache_root = os.environ.get("PREFZOO_CACHE") or str(Path.home() / ".cache" / "prefzoo")
+    cache_dir = cfg.ref_cache_dir or str(Path(cache_root) / "ref")
     with accelerator.autocast():
         table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, list(both["id"]), cache_dir)
     if isinstance(reference, FrozenReference):

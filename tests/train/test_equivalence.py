@@ -59,3 +59,68 @@ def test_resume_with_another_loss_or_model_is_an_error(tmp_path, tiny_dir, pairs
     other = make_model_dir(tmp_path / "other", seed=7)
     with pytest.raises(ResumeError, match="same --model"):
         run_inprocess(base_config(other, pairs_file, out, max_steps=4, resume="auto"))
+    with pytest.raises(ResumeError, match=r"accumulation = \[1, 4, 1\], this run \[1, 4, 2\]"):
+        run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=4, resume="auto", grad_accum=2))
+
+
+def test_resume_from_an_explicit_path_and_an_incomplete_one(tmp_path, tiny_dir, pairs_file):
+    kw = dict(per_device_batch_size=4, max_steps=4)
+    full = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **kw))
+    out = tmp_path / "run"
+    run_inprocess(base_config(tiny_dir, pairs_file, out, save_steps=2, stop_after_steps=2, **kw))
+    ckpt = out / "checkpoints" / "step-00000002"
+    resumed = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "other", resume=str(ckpt), **kw))
+    assert max_param_diff(params_of(full.model), params_of(resumed.model)) < 1e-6
+    (ckpt / COMPLETE_MARKER).unlink()
+    with pytest.raises(ResumeError, match="incomplete checkpoint"):
+        run_inprocess(base_config(tiny_dir, pairs_file, out, resume=str(ckpt), **kw))
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_dir, pairs_file):
+    """A real SIGKILL while training (checkpoints every step): the latest complete checkpoint resumes exactly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    kw = dict(per_device_batch_size=2, grad_accum=1, max_steps=30, save_steps=1, lr=1e-3)
+    out = tmp_path / "killed"
+    args = [
+        "train",
+        "--loss",
+        "dpo",
+        "--model",
+        str(tiny_dir),
+        "--dataset",
+        str(pairs_file),
+        "--output-dir",
+        str(out),
+        "--report-to",
+        "none",
+        "--no-progress",
+        "--eval-fraction",
+        "0",
+        "--seed",
+        "0",
+    ]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefzoo", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and find_latest_checkpoint(out) is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # mid-run, possibly mid-save
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    latest = find_latest_checkpoint(out)
+    assert latest is not None
+    killed_at = int(latest.name.split("-")[1])
+    assert killed_at < 30, "the run finished before the kill; nothing was tested"
+    resumed = run_inprocess(base_config(tiny_dir, pairs_file, out, resume="auto", **kw))
+    full = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **kw))
+    assert resumed.global_step == 30
+    assert max_param_diff(params_of(full.model), params_of(resumed.model)) < 1e-6

@@ -81,3 +81,9 @@ def test_metrics_jsonl_has_every_metric(tmp_path, tiny_dir, pairs_file):
 def test_bf16_mixed_precision_trains(tmp_path, tiny_dir, pairs_file):
     res = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path, mixed_precision="bf16", max_steps=2))
     assert all(h["loss"] == h["loss"] for h in res.history)
+
+
+def test_tensorboard_tracker_writes_events(tmp_path, tiny_dir, pairs_file):
+    pytest.importorskip("tensorboard")
+    run_inprocess(base_config(tiny_dir, pairs_file, tmp_path, max_steps=2, report_to="tensorboard"))
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
