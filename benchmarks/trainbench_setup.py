@@ -1,0 +1,148 @@
+"""Shared fixtures of the training benchmark: the tiny Llama, the word-level tokenizer, the workloads, the FLOP bound."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ModelShape", "Workload", "WORKLOADS", "build_model_dir", "flop_bound", "make_pairs", "matmul_rate"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama with real-small-model proportions: 49,152-token tied vocabulary, hidden 192, 6 layers (≈12.1M params)."""
+
+    vocab_size: int = 49152  # SmolLM2's vocabulary: the tied LM head is 78% of the parameters
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 3  # head_dim 64
+    max_position_embeddings: int = 2048
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.hidden_size  # tied embedding = LM head (V·H)
+
+    @property
+    def backbone_params(self) -> int:
+        """Parameters applied per token by the decoder layers (attention + MLP matrices, norms ignored)."""
+        h, i = self.hidden_size, self.intermediate_size
+        return self.num_hidden_layers * (4 * h * h + 3 * h * i)
+
+
+TINY_SHAPE = ModelShape(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, max_position_embeddings=256)  # for the smoke test only
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Synthetic preference pairs whose prompt / completion lengths (in tokens = words) are uniform in a range."""
+
+    name: str
+    prompt: tuple[int, int]  # (min, max) prompt tokens
+    completion: tuple[int, int]  # (min, max) tokens of each completion (eos excluded)
+
+
+WORKLOADS = {
+    "ultrafeedback": Workload("ultrafeedback", prompt=(100, 200), completion=(150, 350)),  # ~150 / ~250
+    "orca": Workload("orca", prompt=(450, 750), completion=(80, 220)),  # prompt-heavy: ~600 / ~150
+    "tiny": Workload("tiny", prompt=(4, 12), completion=(3, 9)),  # smoke test
+}
+
+
+def _word(i: int) -> str:
+    return f"w{i}"
+
+
+_SPECIALS = ("<pad>", "</s>", "<unk>")
+
+
+def build_model_dir(path: str | Path, shape: ModelShape = ModelShape(), seed: int = 0) -> Path:
+    """Save a random-weight Llama (fixed seed) and a WordLevel tokenizer (N words = N tokens) into ``path``."""
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {s: i for i, s in enumerate(_SPECIALS)}
+    vocab.update({_word(i): i for i in range(len(_SPECIALS), shape.vocab_size)})
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    fast.save_pretrained(path)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_attention_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def make_pairs(workload: Workload, n: int, vocab_size: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` plain-text pairs; completions start with a space so that TRL's prompt+completion concatenation splits."""
+    rng = random.Random(seed)
+
+    def words(lo_hi: tuple[int, int]) -> str:
+        return " ".join(_word(rng.randrange(len(_SPECIALS), vocab_size)) for _ in range(rng.randint(*lo_hi)))
+
+    return [
+        {"id": f"p{k}", "prompt": words(workload.prompt), "chosen": " " + words(workload.completion),
+         "rejected": " " + words(workload.completion)}
+        for k in range(n)
+    ]
+
+
+def matmul_rate(threads: int, n: int = 1536, reps: int = 5) -> float:
+    """Best fp32 GEMM rate (FLOP/s) of ``torch.matmul`` on an n×n problem with ``threads`` threads."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def flop_bound(shape: ModelShape, pairs: list[dict[str, int]], reference: str, lora: bool = False) -> float:
+    """Lower bound on the FLOPs of one step over ``pairs`` (dicts of prompt / chosen / rejected token counts).
+
+    Backbone: forward 2·P·tokens, backward 4·P·tokens (2·P with LoRA: activation gradients only), the prompt counted
+    once; LM head only at the completion positions: forward 2·H·V, backward 4·H·V (2·H·V with a frozen head).
+    ``reference``: "forward" (one no-grad forward per step), "none" (reference-free or precomputed: counted apart).
+    Attention score FLOPs are left out, which only lowers the bound.
+    """
+    tokens = sum(p["prompt"] + p["chosen"] + p["rejected"] for p in pairs)
+    completions = sum(p["chosen"] + p["rejected"] for p in pairs)
+    p_bb, hv = shape.backbone_params, shape.head_params
+    backward = 2 if lora else 4
+    flops = (2 + backward) * p_bb * tokens + (2 + backward) * hv * completions
+    if reference == "forward":
+        flops += 2 * p_bb * tokens + 2 * hv * completions
+    return float(flops)
+
+
+def shape_dict(shape: ModelShape) -> dict[str, int]:
+    return asdict(shape)
