@@ -60,6 +60,22 @@ def resolve_tasks(tasks: Sequence[str] | str | None) -> tuple[list[str], list[st
     return list(dict.fromkeys(names)), list(dict.fromkeys(include))
 
 
+def _model_args(path: Path, dtype: str) -> dict[str, str]:
+    """lm-eval ``hf`` model args; a LoRA adapter folder loads its base model with ``peft=`` (lm-eval's own option)."""
+    import json
+
+    cfg = path / "adapter_config.json"
+    if cfg.is_file():
+        base = json.loads(cfg.read_text()).get("base_model_name_or_path")
+        if not base:
+            raise ValueError(f"lm-eval: adapter folder {str(path)!r} names no base_model_name_or_path")
+        args = {"pretrained": str(base), "peft": str(path), "dtype": dtype}
+        if (path / "tokenizer_config.json").is_file():
+            args["tokenizer"] = str(path)
+        return args
+    return {"pretrained": str(path), "dtype": dtype}
+
+
 def _local_task_names(include: Sequence[str]) -> list[str]:
     import yaml
 
@@ -104,7 +120,7 @@ def run_lm_eval(
         raise ValueError(f"lm-eval does not know task(s) {missing}; give a task YAML file or check the spelling")
     res = lm_eval.simple_evaluate(
         model="hf",
-        model_args={"pretrained": str(model_path), "dtype": dtype},
+        model_args=_model_args(Path(model_path), dtype),
         tasks=names,
         num_fewshot=0,
         batch_size=batch_size,

@@ -74,3 +74,11 @@ def test_unknown_task_name_is_a_clear_error(causal_dirs, tmp_path) -> None:
     pytest.importorskip("lm_eval")
     with pytest.raises(ValueError, match="does not know task"):
         run_lm_eval(causal_dirs[0], [str(_write_task(tmp_path)), "no_such_task_xyz"])
+
+
+def test_adapter_folder_loads_base_with_peft(tmp_path) -> None:
+    from prefzoo.eval.harness import _model_args
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/models/base"}))
+    assert _model_args(tmp_path, "float32") == {"pretrained": "/models/base", "peft": str(tmp_path), "dtype": "float32"}
+    assert _model_args(tmp_path / "x", "bfloat16") == {"pretrained": str(tmp_path / "x"), "dtype": "bfloat16"}
