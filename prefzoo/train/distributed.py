@@ -7,6 +7,7 @@ import json
 import os
 import socket
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,8 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) ->
         "project_config": ProjectConfiguration(project_dir=project_dir, logging_dir=str(Path(project_dir) / "tb")),
     }
     no_gpu = cfg.cpu or not torch.cuda.is_available()
+    # a collective that waits longer than this for a dead or hung peer fails (the loop turns it into a message)
+    timeout = timedelta(seconds=float(getattr(cfg, "dist_timeout", 1800.0)))
     if cfg.deepspeed:
         try:
             import deepspeed  # noqa: F401
@@ -116,13 +119,14 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) ->
 
         if no_gpu:
             _prepare_deepspeed_on_cpu()
-            kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
+            kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]
         ds_cfg = deepspeed_config(
             cfg.deepspeed, cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
         )
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds_cfg, zero3_init_flag=False)
     else:
         kwargs["cpu"] = no_gpu
+    kwargs.setdefault("kwargs_handlers", [InitProcessGroupKwargs(timeout=timeout)])
     # a second run in the same interpreter (notebook, tests) may change precision/accumulation: start afresh
     AcceleratorState._reset_state()
     GradientState._reset_state()

@@ -20,6 +20,15 @@ from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint, read_m
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import prepare_datasets
 from prefzoo.train.distributed import build_accelerator, make_gather
+from prefzoo.train.faults import (
+    FaultPlan,
+    NonFiniteGuard,
+    NonFiniteStepsError,
+    PeerFailureError,
+    TrainingAborted,
+    is_peer_failure,
+    nonfinite_ids,
+)
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
@@ -32,6 +41,7 @@ from prefzoo.train.reference import (
     model_identity,
 )
 from prefzoo.train.runcard import write_final_model
+from prefzoo.train.signals import PreemptionHandler
 from prefzoo.types import Need, PreferenceBatch
 
 __all__ = ["TrainResult", "evaluate", "train"]
@@ -49,6 +59,9 @@ class TrainResult:
     data_stats: dict[str, Any] = field(default_factory=dict)
     final_dir: Path | None = None
     stopped_early: bool = False
+    stop_reason: str | None = None  # e.g. 'preempted by SIGTERM'; None when the run finished or stop_after_steps hit
+    skipped_steps: int = 0  # optimizer steps skipped for non-finite log-probs, losses or gradients
+    checkpoint: Path | None = None  # the newest checkpoint this run wrote
     model: Any = None
     tokenizer: Any = None
 
@@ -57,6 +70,25 @@ def _preference_batch(
     loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
 ) -> PreferenceBatch:
     """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
+    return PreferenceBatch(**_batch_fields(loss, policy, reference, batch, autocast))
+
+
+_FLOAT_FIELDS = (
+    "policy_chosen_logps",
+    "policy_rejected_logps",
+    "ref_chosen_logps",
+    "ref_rejected_logps",
+    "policy_chosen_token_logps",
+    "policy_rejected_token_logps",
+    "chosen_token_entropies",
+    "rejected_token_entropies",
+)
+
+
+def _batch_fields(
+    loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
+) -> dict[str, Any]:
+    """The PreferenceBatch fields of a collated batch (not yet validated: the loop checks finiteness first)."""
     want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
     out = policy(
         batch["input_ids"],
@@ -83,7 +115,7 @@ def _preference_batch(
         with autocast():
             ref_w, ref_l = reference(batch)  # (B,), (B,) constants
         fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
-    return PreferenceBatch(**fields)
+    return fields
 
 
 @torch.no_grad()
@@ -165,7 +197,39 @@ def _trackers(cfg: TrainConfig) -> list[str] | None:
 
 
 def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None) -> TrainResult:
-    """Train ``cfg.model`` on preference pairs with ``cfg.loss``; datasets given here override ``cfg.dataset``."""
+    """Train ``cfg.model`` on preference pairs with ``cfg.loss``; datasets given here override ``cfg.dataset``.
+
+    SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``); a failed or
+    hung peer process raises :class:`PeerFailureError`; too many non-finite steps in a row raise
+    :class:`NonFiniteStepsError` after saving a checkpoint.
+    """
+    with PreemptionHandler() as preemption:
+        try:
+            return _train(cfg, train_dataset, eval_dataset, preemption)
+        except TrainingAborted:
+            raise
+        except Exception as e:
+            if not (_world_size() > 1 and is_peer_failure(e)):
+                raise
+            latest = find_latest_checkpoint(cfg.output_dir)
+            raise PeerFailureError(
+                f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: another process "
+                f"died or hung (see its log above; {type(e).__name__}: {str(e).strip()[:200]!r}). "
+                + (
+                    f"The newest complete checkpoint is {latest}: rerun with --resume auto."
+                    if latest
+                    else "No checkpoint was written yet."
+                )
+            ) from e
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _train(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: PreemptionHandler) -> TrainResult:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -176,6 +240,9 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
     if cfg.merge_lora and cfg.deepspeed == "zero3":
         raise ConfigError("--merge-lora is not supported with ZeRO-3 here; save the adapter and merge afterwards")
     accelerator = build_accelerator(cfg, _trackers(cfg), cfg.output_dir)
+    preemption.accelerator = accelerator
+    faults = FaultPlan.from_env()  # empty unless a test sets PREFZOO_FAULTS
+    rank = accelerator.process_index
     set_seed(cfg.seed)
     lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model)
     identity = model_identity(lm, cfg.model)
@@ -253,10 +320,13 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
         "seed": cfg.seed,
     }
     global_step = 0
+    guard = NonFiniteGuard(accelerator, cfg.max_consecutive_skips, writer)
+    check_grads = cfg.mixed_precision != "fp16"  # under fp16 the GradScaler already skips inf/NaN gradients
     if resume_path is not None:
         _check_same_data_order(resume_path, resume_info, info)
-        accelerator.load_state(str(resume_path))
+        _load_state(accelerator, resume_path)
         global_step = int(resume_info["step"])
+        guard.skipped = int(resume_info.get("skipped_steps", 0))
         accelerator.print(f"prefzoo train: resumed from {resume_path} at step {global_step}")
     result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer)
     acc = MetricsAccumulator()
@@ -271,6 +341,8 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
     start_epoch = global_step // steps_per_epoch
     skip = (global_step - start_epoch * steps_per_epoch) * cfg.grad_accum  # micro-batches already seen this epoch
     done = global_step >= total_steps
+    step_bad, bad_reason, bad_ids = False, "", []  # this optimizer step is skipped (agreed on by every process)
+    step_ids: list[str] = []  # example ids of this optimizer step on this process
     if cfg.eval_at_start and global_step == 0 and eval_dl is not None:
         ev = evaluate(loss, policy, reference, eval_dl, accelerator, gather)
         ev.update(epoch=0, step=0)
@@ -287,26 +359,58 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
         batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
         skip = 0
         for batch in batches:
+            faults.at_step_start(global_step + 1, rank)
             with accelerator.accumulate(policy):
-                pb = _preference_batch(loss, policy, reference, batch, accelerator.autocast)
-                out = loss(pb, gather=gather)
-                loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
-                accelerator.backward(loss_value)
                 grad_norm = None
-                if accelerator.sync_gradients:
+                if not step_bad:  # once a step is bad, its remaining micro-batches are not computed
+                    ids = [str(i) for i in batch["ids"]]
+                    step_ids += ids
+                    fields = _batch_fields(loss, policy, reference, batch, accelerator.autocast)
+                    fields["policy_chosen_logps"] = faults.poison_logps(
+                        fields["policy_chosen_logps"], global_step + 1, rank
+                    )
+                    local_bad = nonfinite_ids(ids, *(fields.get(k) for k in _FLOAT_FIELDS))
+                    out = None
+                    if not guard.any_rank(bool(local_bad)):  # every rank agrees before the loss gathers
+                        pb = PreferenceBatch(**fields)
+                        out = loss(pb, gather=gather)
+                        local_bad = nonfinite_ids(ids, out.losses)
+                    if out is None or guard.any_rank(bool(local_bad)):
+                        step_bad, bad_reason = True, "non-finite log-probs or loss"
+                        bad_ids = guard.all_ids(local_bad)
+                        if cfg.deepspeed:
+                            raise _deepspeed_nonfinite(cfg, global_step + 1, bad_ids)
+                        # settle DDP's pending gradient reduction with zeros; the step is discarded below
+                        accelerator.backward(sum((p * 0.0).sum() for p in trainable))
+                    else:
+                        loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
+                        accelerator.backward(loss_value)
+                        acc.add(step_metrics(pb, out, loss_value), int(batch["attention_mask"].sum()))
+                if accelerator.sync_gradients and not step_bad:
+                    faults.poison_grads(trainable, global_step + 1, rank)
                     grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
-                optimizer.step()
+                    norm_bad = grad_norm is not None and not math.isfinite(float(grad_norm))
+                    if check_grads and guard.any_rank(norm_bad):
+                        step_bad, bad_reason = True, f"non-finite gradient norm {float(grad_norm)}"
+                        bad_ids = guard.all_ids(step_ids)
+                if not step_bad:
+                    optimizer.step()
                 optimizer.zero_grad()
-            acc.add(step_metrics(pb, out, loss_value), int(batch["attention_mask"].sum()))
             if not accelerator.sync_gradients:
                 continue
-            schedule.step()
+            if step_bad:
+                guard.record_skip(global_step + 1, bad_reason, bad_ids)
+            else:
+                schedule.step()
+                guard.record_ok()
+            step_bad, step_ids = False, []
             global_step += 1
             bar.update(1)
             if global_step % cfg.logging_steps == 0 or global_step == total_steps:
                 metrics, tokens = acc.reduce(accelerator)
                 elapsed = time.perf_counter() - t0
                 metrics.update(
+                    skipped_steps=guard.skipped,
                     grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                     lr=float(schedule.get_last_lr()[0]),
                     tokens_per_second=tokens / max(elapsed, 1e-9),
@@ -317,10 +421,35 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
                 result.history.append(metrics)
                 writer.write(metrics)
                 accelerator.log(metrics, step=global_step)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc=f"{metrics['rewards/accuracies']:.2f}")
+                bar.set_postfix(
+                    loss=f"{metrics.get('loss', math.nan):.4f}",
+                    acc=f"{metrics.get('rewards/accuracies', math.nan):.2f}",
+                )
             end_of_epoch = global_step % steps_per_epoch == 0 or global_step == total_steps
+            ckpt_info = {**info, "epoch": epoch, "skipped_steps": guard.skipped}
+            saved = None
             if (cfg.save_steps and global_step % cfg.save_steps == 0) or end_of_epoch:
-                save_checkpoint(accelerator, out_dir, global_step, {**info, "epoch": epoch}, cfg.save_total_limit)
+                saved = save_checkpoint(accelerator, out_dir, global_step, ckpt_info, cfg.save_total_limit, faults)
+                result.checkpoint = saved
+            if guard.exhausted():
+                saved = saved or save_checkpoint(accelerator, out_dir, global_step, ckpt_info, cfg.save_total_limit)
+                bar.close()
+                raise NonFiniteStepsError(
+                    f"{guard.consecutive} optimizer steps in a row (up to step {global_step}) had non-finite "
+                    f"log-probs, losses or gradients (last examples {guard.last_ids[:8]}); stopped. The weights "
+                    f"before those steps are saved in {saved}. Lower --lr, check those rows, or raise "
+                    f"--max-consecutive-skips (now {cfg.max_consecutive_skips}); resume with --resume auto"
+                )
+            if preemption.should_stop():
+                if saved is None:
+                    saved = save_checkpoint(accelerator, out_dir, global_step, ckpt_info, cfg.save_total_limit)
+                result.checkpoint = saved
+                result.stopped_early, result.stop_reason = True, f"preempted by {preemption.reason()}"
+                accelerator.print(
+                    f"prefzoo train: {result.stop_reason} at step {global_step}/{total_steps}; checkpoint saved to "
+                    f"{saved}. Resume with the same command plus --resume auto (same --output-dir {out_dir})"
+                )
+                break
             if cfg.stop_after_steps is not None and global_step >= cfg.stop_after_steps:
                 result.stopped_early = True
                 break
@@ -341,6 +470,7 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
             )
     bar.close()
     result.global_step = global_step
+    result.skipped_steps = guard.skipped
     if not result.stopped_early:
         result.final_dir = write_final_model(accelerator, policy, tokenizer, cfg, result)
     result.model = accelerator.unwrap_model(policy).lm
@@ -374,3 +504,26 @@ def _precompute(
     if isinstance(reference, FrozenReference):
         del reference.module  # the copy is no longer needed: free its memory
     return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} pairs)"
+
+
+def _load_state(accelerator: Any, path: Path) -> None:
+    """accelerate's load_state (safetensors weights, ``torch.load(weights_only=True)`` for the rest), errors named."""
+    import pickle
+
+    try:
+        accelerator.load_state(str(path))
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ResumeError(
+            f"--resume {path}: the checkpoint's state files cannot be loaded safely ({type(e).__name__}: {first}); "
+            "prefzoo only reads safetensors and torch.load(weights_only=True) data. Resume from another checkpoint"
+        ) from e
+
+
+def _deepspeed_nonfinite(cfg: TrainConfig, step: int, ids: list[str]) -> NonFiniteStepsError:
+    latest = find_latest_checkpoint(cfg.output_dir)
+    return NonFiniteStepsError(
+        f"non-finite log-probs or loss in step {step} (examples {ids[:8]}); under DeepSpeed the engine steps inside "
+        "backward, so prefzoo cannot skip the step and stops instead. "
+        + (f"Resume from {latest} with --resume auto (perhaps with a lower --lr)." if latest else "No checkpoint yet.")
+    )
