@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.checkpoint import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
+    from prefzoo.train.faults import TrainingAborted
     from prefzoo.train.model import LoRATargetError
 
     _quiet_libraries()
@@ -106,7 +107,15 @@ def run(args: argparse.Namespace) -> int:
         result = train(cfg)
         _print_summary(result)
         return 0
-    except (ConfigError, DataFormatError, ResumeError, LoRATargetError, DeepSpeedMissingError, FileNotFoundError) as e:
+    except (
+        ConfigError,
+        DataFormatError,
+        ResumeError,
+        LoRATargetError,
+        DeepSpeedMissingError,
+        FileNotFoundError,
+        TrainingAborted,  # non-finite steps in a row, a dead or hung peer: one line saying why and how to resume
+    ) as e:
         raise CLIError(str(e)) from None
 
 
@@ -129,6 +138,9 @@ def _print_summary(result: Any) -> None:
     if not PartialState().is_main_process:
         return
     last = result.history[-1] if result.history else {}
+    if result.stop_reason:  # preempted: the loop already said where the checkpoint is and how to resume
+        print(f"prefzoo train: stopped at step {result.global_step} ({result.stop_reason}); no final model yet")
+        return
     print(
         f"prefzoo train: {result.global_step} steps; final loss {last.get('loss', float('nan')):.4f}, "
         f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}; model saved to {result.final_dir}"

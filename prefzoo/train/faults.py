@@ -6,12 +6,13 @@ non-finite value on any process marks the optimizer step as skipped on every pro
 backward for the rest of the step, no ``optimizer.step()``, no scheduler step, gradients zeroed.  Skips are counted,
 logged with the offending example ids, and after ``max_consecutive_skips`` in a row the run stops with a checkpoint.
 
-Fault injection (tests only).  ``PREFZOO_FAULTS`` holds comma-separated ``KIND@STEP[:RANK]`` entries, e.g.
+Fault injection (tests only).  ``PREFZOO_FAULTS`` holds comma-separated ``KIND@STEP[:RANK]`` entries:
 ``nan_logps@3:1`` (rank 1's log-probs are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with
-status 3 when step 2 starts), ``hang@2:1`` (rank 1 sleeps forever), ``raise@2:1``, ``sleep_step@0`` (every step sleeps
-``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and ``ckpt_sleep@4`` (the writer of checkpoint 4 sleeps
-``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker).  STEP 0 matches every
-step.  Unset in production: ``FaultPlan.from_env()`` is then empty and every hook is a dictionary lookup.
+status 3 when step 2 starts), ``hang@2:1`` (rank 1 sleeps forever), ``raise@2:1``, ``sigterm@3:1`` (rank 1 sends
+itself SIGTERM), ``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and
+``ckpt_sleep@4`` (the writer of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and
+before its completion marker).  STEP 0 matches every step.  Unset in production: ``FaultPlan.from_env()`` is then
+empty and every hook returns at once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
-KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sleep_step", "ckpt_sleep")
+KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep")
 
 
 class TrainingAborted(RuntimeError):
@@ -94,6 +96,8 @@ class FaultPlan:
         if self.fires("exit", step, rank):
             print(f"prefzoo fault injection: rank {rank} exits at step {step}", file=sys.stderr, flush=True)
             os._exit(3)
+        if self.fires("sigterm", step, rank):
+            os.kill(os.getpid(), signal.SIGTERM)
         if self.fires("raise", step, rank):
             raise RuntimeError(f"prefzoo fault injection: rank {rank} raises at step {step}")
         if self.fires("hang", step, rank):
@@ -104,6 +108,7 @@ class FaultPlan:
     def in_checkpoint_write(self, step: int) -> None:
         """Between the state files and the completion marker of checkpoint ``step``."""
         if self.faults and self.fires("ckpt_sleep", step, 0):
+            print(f"prefzoo fault injection: checkpoint {step} written, no marker yet", file=sys.stderr, flush=True)
             time.sleep(self.sleep_s)
 
     def poison_logps(self, logps: Tensor, step: int, rank: int) -> Tensor:
