@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, build_model_dir, flop_bound, make_pairs  # noqa: E402
+from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, build_model_dir, flop_bound, make_pairs
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -32,18 +32,31 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 TRL_FAST = {"bf16": False, "gradient_checkpointing": False}
 CASES: dict[str, dict[str, Any]] = {
     "dpo": {"loss": "dpo", "trl_trainer": "dpo", "reference": "forward"},
-    "dpo-precompute-3ep": {"loss": "dpo", "trl_trainer": "dpo", "reference": "precomputed", "precompute": True,
-                           "epochs": 3},
+    "dpo-precompute-3ep": {
+        "loss": "dpo",
+        "trl_trainer": "dpo",
+        "reference": "precomputed",
+        "precompute": True,
+        "epochs": 3,
+    },
     "dpo-lora": {"loss": "dpo", "trl_trainer": "dpo", "reference": "forward", "lora": True},
-    "simpo": {"loss": "simpo", "loss_params": {"beta": 2.0, "gamma_beta_ratio": 0.5}, "trl_trainer": "cpo",
-              "reference": "none", "trl_loss": {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": 2.0,
-                                                "simpo_gamma": 1.0}},
+    "simpo": {
+        "loss": "simpo",
+        "loss_params": {"beta": 2.0, "gamma_beta_ratio": 0.5},
+        "trl_trainer": "cpo",
+        "reference": "none",
+        "trl_loss": {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": 2.0, "simpo_gamma": 1.0},
+    },
     "mmpo": {"loss": "mmpo", "trl_trainer": "dpo", "reference": "forward"},
     "dpo-trl-defaults": {"loss": "dpo", "trl_trainer": "dpo", "reference": "forward", "trl_defaults": True},
 }
 TARGETS = {  # (min tokens/s ratio, max peak-memory ratio) from issue 6
-    "dpo": (3.0, 0.5), "dpo-lora": (3.0, 0.5), "simpo": (2.0, 0.75), "mmpo": (3.0, None),
-    "dpo-precompute-3ep": (2.0, None), "dpo-trl-defaults": (None, None),
+    "dpo": (3.0, 0.5),
+    "dpo-lora": (3.0, 0.5),
+    "simpo": (2.0, 0.75),
+    "mmpo": (3.0, None),
+    "dpo-precompute-3ep": (2.0, None),
+    "dpo-trl-defaults": (None, None),
 }
 
 
@@ -51,19 +64,33 @@ def _run_child(spec: dict[str, Any], threads: int, timeout: float) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="trainbench-spec-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "TOKENIZERS_PARALLELISM": "false", "PREFZOO_DISABLE_PLUGIN_AUTOLOAD": "1",
-               "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1",
-               "HF_DATASETS_CACHE": str(Path(tmp) / "hfds"), "PYTHONPATH": str(HERE)}
-        proc = subprocess.run([sys.executable, str(HERE / "trainbench_child.py"), str(spec_path), str(out_path)],
-                              env=env, capture_output=True, text=True, timeout=timeout)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PREFZOO_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TQDM_DISABLE": "1",
+            "HF_DATASETS_CACHE": str(Path(tmp) / "hfds"),
+            "PYTHONPATH": str(HERE),
+        }
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "trainbench_child.py"), str(spec_path), str(out_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if proc.returncode != 0 or not out_path.is_file():
             raise RuntimeError(f"{spec['side']} {spec['case']} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         return json.loads(out_path.read_text())
 
 
-def _summarize(run: dict[str, Any], case: dict[str, Any], shape: ModelShape, warmup: int,
-               pairs: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarize(
+    run: dict[str, Any], case: dict[str, Any], shape: ModelShape, warmup: int, pairs: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Median step time, tokens/s, and the FLOP bound of the timed steps for one run."""
     steps, tokens, batches = run["step_s"], run["tokens"], run["batches"]
     lora = bool(case.get("lora"))
@@ -108,19 +135,33 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 n_pairs, max_steps = args.batch * (args.warmup + args.steps), args.warmup + args.steps
             pairs = make_pairs(wl, n_pairs, shape.vocab_size, seed=1)
-            lengths = [{"prompt": len(p["prompt"].split()), "chosen": len(p["chosen"].split()) + 1,
-                        "rejected": len(p["rejected"].split()) + 1} for p in pairs]  # + eos
+            lengths = [
+                {
+                    "prompt": len(p["prompt"].split()),
+                    "chosen": len(p["chosen"].split()) + 1,
+                    "rejected": len(p["rejected"].split()) + 1,
+                }
+                for p in pairs
+            ]  # + eos
             per_side: dict[str, list[dict[str, Any]]] = {s: [] for s in args.sides}
             raw: dict[str, list[dict[str, Any]]] = {s: [] for s in args.sides}
             for r in range(args.repeats):
                 order = list(args.sides) if r % 2 == 0 else list(reversed(args.sides))
                 for side in order:
                     spec = {
-                        "side": side, "case": case_name, "model_dir": str(model_dir), "threads": args.threads,
-                        "batch": args.batch, "pairs": pairs, "max_steps": max_steps,
-                        "epochs": case.get("epochs", 1), "loss": case["loss"],
-                        "loss_params": case.get("loss_params", {}), "lora": case.get("lora", False),
-                        "precompute": case.get("precompute", False), "trl_trainer": case["trl_trainer"],
+                        "side": side,
+                        "case": case_name,
+                        "model_dir": str(model_dir),
+                        "threads": args.threads,
+                        "batch": args.batch,
+                        "pairs": pairs,
+                        "max_steps": max_steps,
+                        "epochs": case.get("epochs", 1),
+                        "loss": case["loss"],
+                        "loss_params": case.get("loss_params", {}),
+                        "lora": case.get("lora", False),
+                        "precompute": case.get("precompute", False),
+                        "trl_trainer": case["trl_trainer"],
                         "trl_loss": case.get("trl_loss", {}),
                         "trl_options": {"bf16": False} if case.get("trl_defaults") else TRL_FAST,
                         "prefzoo_options": args.prefzoo_options,
@@ -130,17 +171,21 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     summ = _summarize(run, case, shape, args.warmup, lengths)
                     per_side[side].append(summ)
                     raw[side].append(run)
-                    print(f"[{wl_name} {case_name} r{r} {side}] {summ['median_step_s']:.2f} s/step "
-                          f"{summ['tokens_per_s']:.0f} tok/s peak {summ['peak_rss_mb']:.0f} MB "
-                          f"eff {summ['efficiency']:.0%} (wall {time.time() - t0:.0f} s)", flush=True)
+                    print(
+                        f"[{wl_name} {case_name} r{r} {side}] {summ['median_step_s']:.2f} s/step "
+                        f"{summ['tokens_per_s']:.0f} tok/s peak {summ['peak_rss_mb']:.0f} MB "
+                        f"eff {summ['efficiency']:.0%} (wall {time.time() - t0:.0f} s)",
+                        flush=True,
+                    )
             entry: dict[str, Any] = {"workload": wl_name, "case": case_name, "sides": {}}
             for side, runs in per_side.items():
                 entry["sides"][side] = {k: _spread([x[k] for x in runs]) for k in runs[0] if k != "steps"}
                 entry["sides"][side]["runs"] = runs
             if set(args.sides) == {"prefzoo", "trl"}:
                 pz, trl = per_side["prefzoo"], per_side["trl"]
-                entry["speed_ratio"] = _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(pz, trl)])
-                entry["memory_ratio"] = _spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(pz, trl)])
+                pairs_ = list(zip(pz, trl, strict=True))
+                entry["speed_ratio"] = _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs_])
+                entry["memory_ratio"] = _spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in pairs_])
             results["cases"].append(entry)
     return results
 
@@ -212,8 +257,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {eff} | {_verdict(e)} |"
         )
     gf = [r["matmul_gflops"] for e in results["cases"] for s in e["sides"].values() for r in s["runs"]]
-    lines += ["", f"fp32 matmul rate measured in each run: median {statistics.median(gf):.0f} GFLOP/s "
-              f"(min {min(gf):.0f}, max {max(gf):.0f}); efficiency = FLOP lower bound / rate / measured time."]
+    lines += [
+        "",
+        f"fp32 matmul rate measured in each run: median {statistics.median(gf):.0f} GFLOP/s "
+        f"(min {min(gf):.0f}, max {max(gf):.0f}); efficiency = FLOP lower bound / rate / measured time.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -243,8 +291,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=4, help="pairs per step (per device)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed")
-    p.add_argument("--prefzoo-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra TrainConfig field for the prefzoo side (repeatable), e.g. logp_chunk_size=512")
+    p.add_argument(
+        "--prefzoo-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra TrainConfig field for the prefzoo side (repeatable), e.g. logp_chunk_size=512",
+    )
     p.add_argument("--cache", default=str(HERE / ".cache"), help="where the model folder is built once")
     p.add_argument("--out", default=str(HERE / "results" / "train_throughput"), help="results .json/.md prefix")
     p.add_argument("--write-page", default=None, help="markdown page whose bench block is replaced")
@@ -275,9 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = run_benchmark(args)
     results["meta"] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(), "threads": args.threads,
-        "batch": args.batch, "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
-        "versions": _versions(), "command": " ".join(["python", "benchmarks/bench_train_throughput.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "threads": args.threads,
+        "batch": args.batch,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "versions": _versions(),
+        "command": " ".join(["python", "benchmarks/bench_train_throughput.py", *sys.argv[1:]]),
         "shape": asdict(TINY_SHAPE if args.tiny else ModelShape()),
     }
     table = markdown(results)

@@ -23,12 +23,14 @@ def _example_shape(examples: list[dict[str, Any]]) -> list[dict[str, int]]:
     out = []
     for e in examples:
         if "prompt_ids" in e:
-            out.append({"prompt": len(e["prompt_ids"]), "chosen": len(e["chosen_ids"]),
-                        "rejected": len(e["rejected_ids"])})
+            out.append(
+                {"prompt": len(e["prompt_ids"]), "chosen": len(e["chosen_ids"]), "rejected": len(e["rejected_ids"])}
+            )
         else:  # CPO: chosen_input_ids / rejected_input_ids hold prompt + completion
             x = len(e["prompt_input_ids"])
-            out.append({"prompt": x, "chosen": len(e["chosen_input_ids"]) - x,
-                        "rejected": len(e["rejected_input_ids"]) - x})
+            out.append(
+                {"prompt": x, "chosen": len(e["chosen_input_ids"]) - x, "rejected": len(e["rejected_input_ids"]) - x}
+            )
     return out
 
 
@@ -146,7 +148,11 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
         from peft import LoraConfig
 
         peft_config = LoraConfig(
-            r=64, lora_alpha=64, lora_dropout=0.01, task_type="CAUSAL_LM", bias="none",
+            r=64,
+            lora_alpha=64,
+            lora_dropout=0.01,
+            task_type="CAUSAL_LM",
+            bias="none",
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         )
     ds = datasets.Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in spec["pairs"]])
@@ -154,15 +160,17 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
         from trl.experimental.cpo import CPOConfig, CPOTrainer
 
         args = CPOConfig(**common, **spec.get("trl_loss", {}))
-        trainer = CPOTrainer(model=spec["model_dir"], args=args, train_dataset=ds, processing_class=tok,
-                             peft_config=peft_config)
+        trainer = CPOTrainer(
+            model=spec["model_dir"], args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config
+        )
     else:
         from trl import DPOConfig, DPOTrainer
 
         DPOTrainer._precompute_ref_logps = rec.timed(DPOTrainer._precompute_ref_logps)  # type: ignore[method-assign]
         args = DPOConfig(**common, precompute_ref_log_probs=spec.get("precompute", False), **spec.get("trl_loss", {}))
-        trainer = DPOTrainer(model=spec["model_dir"], args=args, train_dataset=ds, processing_class=tok,
-                             peft_config=peft_config)
+        trainer = DPOTrainer(
+            model=spec["model_dir"], args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config
+        )
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a: Any, **k: Any) -> None:

@@ -1,4 +1,4 @@
-"""Shared fixtures of the training benchmark: the tiny Llama, the word-level tokenizer, the workloads, the FLOP bound."""
+"""Fixtures of the training benchmark: the tiny Llama, the word-level tokenizer, the workloads, the FLOP bound."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelShape", "Workload", "WORKLOADS", "build_model_dir", "flop_bound", "make_pairs", "matmul_rate"]
+__all__ = ["WORKLOADS", "ModelShape", "Workload", "build_model_dir", "flop_bound", "make_pairs", "matmul_rate"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,14 @@ class ModelShape:
         return self.num_hidden_layers * (4 * h * h + 3 * h * i)
 
 
-TINY_SHAPE = ModelShape(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, max_position_embeddings=256)  # for the smoke test only
+TINY_SHAPE = ModelShape(
+    vocab_size=1024,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=256,
+)  # for the smoke test only
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,12 @@ def make_pairs(workload: Workload, n: int, vocab_size: int, seed: int = 0) -> li
         return " ".join(_word(rng.randrange(len(_SPECIALS), vocab_size)) for _ in range(rng.randint(*lo_hi)))
 
     return [
-        {"id": f"p{k}", "prompt": words(workload.prompt), "chosen": " " + words(workload.completion),
-         "rejected": " " + words(workload.completion)}
+        {
+            "id": f"p{k}",
+            "prompt": words(workload.prompt),
+            "chosen": " " + words(workload.completion),
+            "rejected": " " + words(workload.completion),
+        }
         for k in range(n)
     ]
 

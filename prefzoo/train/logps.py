@@ -2,7 +2,9 @@
 
 The backbone runs once over the (2B, T) batch; only hidden states at positions that predict a completion token are
 kept, and the LM head + log-softmax run over those in chunks of ``chunk_size`` positions, so no full-vocabulary
-float32 tensor over every position ever exists.  Per-token tensors are built only when asked for.
+float32 tensor over every position ever exists.  With ``fused_head`` (default) a plain bias-free head goes through
+:mod:`prefzoo.train.fastpath_head`, which keeps no (positions × vocab) tensor alive for backward either.
+Per-token tensors are built only when asked for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from prefzoo.train.fastpath_head import fusable_head, head_logps
 
 __all__ = ["CompletionLogps", "PolicyLogps", "completion_logps_naive", "unwrap_causal_lm"]
 
@@ -85,10 +89,11 @@ class PolicyLogps(nn.Module):
     Wrapping keeps DDP/DeepSpeed gradient hooks on the module actually called.
     """
 
-    def __init__(self, lm: nn.Module, chunk_size: int = 1024) -> None:
+    def __init__(self, lm: nn.Module, chunk_size: int = 1024, fused_head: bool = True) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
+        self.fused_head = fused_head  # recompute-in-backward LM head (fastpath_head) when the head allows it
 
     def forward(
         self,
@@ -106,7 +111,10 @@ class PolicyLogps(nn.Module):
         predict = completion_mask[:, 1:]  # (N, T-1) bool
         h_sel = hidden[:, :-1][predict]  # (M, H), M = completion tokens in the batch, row-major
         targets = input_ids[:, 1:][predict]  # (M,)
-        tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, self.chunk_size, token_entropies)
+        if self.fused_head and fusable_head(head):
+            tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, self.chunk_size, token_entropies)
+        else:
+            tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, self.chunk_size, token_entropies)
         n = input_ids.shape[0]
         row = torch.arange(n, device=input_ids.device).unsqueeze(1).expand_as(predict)[predict]  # (M,)
         lengths = predict.sum(dim=1)  # (N,)
