@@ -61,6 +61,8 @@ class TrainConfig:
     precompute_ref: bool = False  # compute reference log-probs once and cache them on disk
     ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default ~/.cache/prefzoo/ref)
     logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
+    fused_head: bool = True  # LM head recomputed per chunk in backward: no (positions × vocab) tensor kept for it
+    share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once
     # bookkeeping
     output_dir: str = "runs/prefzoo"  # checkpoints/, metrics.jsonl, final model and run card
     logging_steps: int = 1  # optimizer steps between metric lines

@@ -267,11 +267,11 @@ def _train(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: 
     reference, ref_kind = _build_reference(loss, cfg, lm, has_adapter)
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    policy = PolicyLogps(lm, cfg.logp_chunk_size)
+    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head)
     policy.train()
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, tuple(cfg.adam_betas), cfg.weight_decay)
-    collate = PreferenceCollator(tokenizer.pad_token_id)
+    collate = PreferenceCollator(tokenizer.pad_token_id, share_prompt=cfg.share_prompt)
     train_dl = torch.utils.data.DataLoader(
         train_tok, batch_size=cfg.per_device_batch_size, shuffle=True, collate_fn=collate
     )
