@@ -1,4 +1,4 @@
-"""Pad tokenized pairs into one (2B, T) batch: B chosen then B rejected rows, with attention and completion masks."""
+"""Pad tokenized pairs into one batch: 2B rows (chosen, then rejected) or, sharing the prompt, B [x, y_w, y_l] rows."""
 
 from __future__ import annotations
 
@@ -15,13 +15,44 @@ class PreferenceCollator:
     Output (right padding, N = 2B rows, rows [0, B) chosen, [B, 2B) rejected):
     ``input_ids`` (N, T), ``attention_mask`` (N, T), ``completion_mask`` (N, T) True on completion tokens,
     ``chosen_lengths``/``rejected_lengths`` (B,), and ``ids`` (list of B example ids).
+
+    With ``share_prompt=True`` there is one row per pair, [x, y_w, y_l] (N = B rows), and ``completion_mask`` holds
+    int64 segment ids instead of booleans: 0 padding, 1 prompt, 2 chosen, 3 rejected.  ``PolicyLogps`` recognises
+    this layout and builds the attention mask and position ids that keep y_l from seeing y_w.
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+    SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_CHOSEN, SEGMENT_REJECTED = 0, 1, 2, 3
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, share_prompt: bool = False) -> None:
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.share_prompt = share_prompt
+
+    def _shared(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [(list(ex["prompt_ids"]), list(ex["chosen_ids"]), list(ex["rejected_ids"])) for ex in examples]
+        t = max(len(p) + len(w) + len(l_) for p, w, l_ in rows)
+        if self.pad_to_multiple_of:
+            t = -(-t // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        b = len(rows)
+        input_ids = torch.full((b, t), self.pad_token_id, dtype=torch.long)  # (B, T)
+        segments = torch.zeros((b, t), dtype=torch.long)  # (B, T) segment ids
+        for i, (p, w, l_) in enumerate(rows):
+            input_ids[i, : len(p) + len(w) + len(l_)] = torch.tensor(p + w + l_, dtype=torch.long)
+            segments[i, : len(p)] = self.SEGMENT_PROMPT
+            segments[i, len(p) : len(p) + len(w)] = self.SEGMENT_CHOSEN
+            segments[i, len(p) + len(w) : len(p) + len(w) + len(l_)] = self.SEGMENT_REJECTED
+        return {
+            "input_ids": input_ids,
+            "attention_mask": (segments != self.SEGMENT_PAD).long(),  # (B, T) real tokens
+            "completion_mask": segments,
+            "chosen_lengths": (segments == self.SEGMENT_CHOSEN).sum(dim=1),  # (B,)
+            "rejected_lengths": (segments == self.SEGMENT_REJECTED).sum(dim=1),  # (B,)
+            "ids": [str(ex["id"]) for ex in examples],
+        }
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.share_prompt:
+            return self._shared(examples)
         rows = [(ex["prompt_ids"], ex["chosen_ids"]) for ex in examples]
         rows += [(ex["prompt_ids"], ex["rejected_ids"]) for ex in examples]
         t = max(len(p) + len(c) for p, c in rows)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.train.fastpath_head import fusable_head, head_logps
+from prefzoo.train.fastpath_prompt import shared_prompt_select
 
 __all__ = ["CompletionLogps", "PolicyLogps", "completion_logps_naive", "unwrap_causal_lm"]
 
@@ -106,23 +107,28 @@ class PolicyLogps(nn.Module):
         causal = unwrap_causal_lm(self.lm)
         backbone = causal.get_decoder()
         head = causal.get_output_embeddings()
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        # position t predicts token t+1: completion tokens at t+1 select hidden states at t
-        predict = completion_mask[:, 1:]  # (N, T-1) bool
-        h_sel = hidden[:, :-1][predict]  # (M, H), M = completion tokens in the batch, row-major
-        targets = input_ids[:, 1:][predict]  # (M,)
+        if completion_mask.dtype == torch.bool:  # plain layout: (2B, T) rows, chosen rows first
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            # position t predicts token t+1: completion tokens at t+1 select hidden states at t
+            predict = completion_mask[:, 1:]  # (N, T-1) bool
+            h_sel = hidden[:, :-1][predict]  # (M, H), M = completion tokens in the batch, row-major
+            targets = input_ids[:, 1:][predict]  # (M,)
+            n = input_ids.shape[0]
+            row = torch.arange(n, device=input_ids.device).unsqueeze(1).expand_as(predict)[predict]  # (M,)
+            col = torch.cumsum(predict.long(), dim=1)[predict] - 1  # (M,) index within the row's completion
+            lengths = predict.sum(dim=1)  # (N,)
+        else:  # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
+            selected = shared_prompt_select(backbone, causal.config, input_ids, completion_mask)
+            h_sel, targets, row, col, lengths = selected
+            n = lengths.shape[0]
         if self.fused_head and fusable_head(head):
             tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, self.chunk_size, token_entropies)
         else:
             tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, self.chunk_size, token_entropies)
-        n = input_ids.shape[0]
-        row = torch.arange(n, device=input_ids.device).unsqueeze(1).expand_as(predict)[predict]  # (M,)
-        lengths = predict.sum(dim=1)  # (N,)
         logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
         out = CompletionLogps(logps=logps, lengths=lengths)
         if token_logps or token_entropies:
             t_c = max(int(lengths.max()), 1)
-            col = torch.cumsum(predict.long(), dim=1)[predict] - 1  # (M,) index within the row's completion
             mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
             mask[row, col] = True  # (N, T_c)
             out.token_mask = mask
