@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefzoo.data.validate import check_messages, check_text, locate_file_error
+
 if TYPE_CHECKING:
     import datasets
 
@@ -75,7 +77,7 @@ def _msg(role: str, content: str) -> dict[str, str]:
 
 
 def _last_assistant(messages: list[dict[str, Any]], column: str, row_id: str) -> str:
-    if not messages or messages[-1].get("role") != "assistant":
+    if not messages or messages[-1].get("role") != "assistant":  # (roles were checked by check_messages)
         raise DataFormatError(
             f"example {row_id}: column {column!r} must be a message list ending with an assistant message "
             f"(the answer), got roles {[m.get('role') for m in messages]}"
@@ -98,19 +100,20 @@ def _row_id(row: dict[str, Any], idx: int) -> str:
 def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
     rid = _row_id(row, idx)
     if fmt == "plain":
-        for col in ("prompt", "chosen", "rejected"):
-            if not isinstance(row[col], str):
-                raise DataFormatError(f"example {rid}: column {col!r} must be a string in format 'plain'")
-        return {"id": rid, "prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+        texts = {col: check_text(row.get(col), rid, col) for col in ("prompt", "chosen", "rejected")}
+        return {"id": rid, **texts}
     if fmt == "orca":
-        prompt = [_msg("user", str(row["question"]))]
+        prompt = [_msg("user", check_text(row.get("question"), rid, "question"))]
         if row.get("system"):
-            prompt.insert(0, _msg("system", str(row["system"])))
-        return {"id": rid, "prompt": prompt, "chosen": str(row["chosen"]), "rejected": str(row["rejected"])}
-    chosen_msgs, rejected_msgs = row["chosen"], row["rejected"]
-    for col, v in (("chosen", chosen_msgs), ("rejected", rejected_msgs)):
-        if not _is_messages(v):
-            raise DataFormatError(f"example {rid}: column {col!r} must be a list of {{role, content}} messages")
+            prompt.insert(0, _msg("system", check_text(row["system"], rid, "system")))
+        answers = {col: check_text(row.get(col), rid, col) for col in ("chosen", "rejected")}
+        return {"id": rid, "prompt": prompt, **answers}
+    chosen_msgs = check_messages(row.get("chosen"), rid, "chosen")  # known roles, text contents, or a named error
+    rejected_msgs = check_messages(row.get("rejected"), rid, "rejected")
+    if fmt == "ultrafeedback" and row.get("prompt") is not None:
+        check_text(row["prompt"], rid, "prompt")
+    elif row.get("prompt") is not None and not isinstance(row["prompt"], str):
+        check_messages(row["prompt"], rid, "prompt")
     chosen = _last_assistant(chosen_msgs, "chosen", rid)
     rejected = _last_assistant(rejected_msgs, "rejected", rid)
     if fmt == "conversational" and _is_messages(row.get("prompt")) and row.get("prompt"):
@@ -171,7 +174,12 @@ def load_preference_dataset(source: str, split: str = "train", fmt: str | None =
             )
         if split not in ("train", None):
             raise DataFormatError(f"--dataset {source} is one file (split 'train'); split {split!r} does not exist")
-        ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
+        try:
+            ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
+        except Exception as e:  # name the bad line (undecodable bytes, invalid JSON, mixed types) instead
+            located = locate_file_error(path)
+            why = f"--dataset {source}: cannot be read as {builder}: {_first_line(e)}"
+            raise (located or DataFormatError(why)) from e
     elif path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             loaded = datasets.load_from_disk(str(path))
@@ -192,7 +200,18 @@ def load_preference_dataset(source: str, split: str = "train", fmt: str | None =
             ds = datasets.load_dataset(source, split=split)
         except ValueError as e:
             raise DataFormatError(f"--dataset {source}: cannot load split {split!r}: {e}") from None
-    return normalize(ds, fmt)
+    try:
+        return normalize(ds, fmt)
+    except UnicodeDecodeError as e:  # arrow stores undecodable bytes and fails only when a row is read
+        located = locate_file_error(path) if path.is_file() else None
+        why = f"--dataset {source}: text that is not valid UTF-8 ({e}); re-encode the data as UTF-8"
+        raise (located or DataFormatError(why)) from e
+
+
+def _first_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__  # datasets wraps the reader's own (clearer) error
+    text = str(cause if cause is not None and str(cause) else e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
 def _pick_split(loaded: Any, split: str, source: str) -> datasets.Dataset:
@@ -203,4 +222,3 @@ def _pick_split(loaded: Any, split: str, source: str) -> datasets.Dataset:
     if split not in loaded:
         raise DataFormatError(f"--dataset {source}: no split {split!r}; available splits: {sorted(loaded)}")
     return loaded[split]
-

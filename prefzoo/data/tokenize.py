@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefzoo.data.formats import DataFormatError
+from prefzoo.data.validate import MAX_TEXT_CHARS
 
 if TYPE_CHECKING:
     import datasets
@@ -18,13 +19,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TokenizeStats:
-    """How many pairs went in, were kept, and were dropped because no completion token was left."""
+    """How many pairs went in, were kept, and were dropped (counted skips: see docs/reliability.md)."""
 
     total: int
     kept: int
-    dropped: int
+    dropped: int  # all dropped pairs: no completion token left, plus the two counts below
     prompt_truncated: int
     completion_truncated: int
+    identical: int = 0  # chosen == rejected token ids after truncation: no preference signal, never trained on
+    oversized: int = 0  # a field longer than MAX_TEXT_CHARS characters: skipped before tokenization
 
 
 def ensure_pad_token(tokenizer: Any) -> str | None:
@@ -78,10 +81,26 @@ def tokenize_pairs(
     if tokenizer.eos_token_id is None:
         raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
 
+    def _chars(value: Any) -> int:
+        return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
+
     def encode(row: dict[str, Any]) -> dict[str, Any]:
+        if max(_chars(row["prompt"]), _chars(row["chosen"]), _chars(row["rejected"])) > MAX_TEXT_CHARS:
+            return {
+                "id": row["id"],
+                "prompt_ids": [],
+                "chosen_ids": [],
+                "rejected_ids": [],
+                "prompt_truncated": False,
+                "completion_truncated": False,
+                "keep": False,
+                "identical": False,
+                "oversized": True,
+            }
         prompt = render_prompt(tokenizer, row["prompt"])
         chosen = _completion_ids(tokenizer, row["chosen"])
         rejected = _completion_ids(tokenizer, row["rejected"])
+        identical = len(chosen) > 0 and chosen[:max_completion_length] == rejected[:max_completion_length]
         return {
             "id": row["id"],
             "prompt_ids": prompt[-max_prompt_length:],  # the prompt keeps its END (the question nearest the answer)
@@ -89,7 +108,9 @@ def tokenize_pairs(
             "rejected_ids": rejected[:max_completion_length],
             "prompt_truncated": len(prompt) > max_prompt_length,
             "completion_truncated": max(len(chosen), len(rejected)) > max_completion_length,
-            "keep": len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0,
+            "keep": len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0 and not identical,
+            "identical": identical,
+            "oversized": False,
         }
 
     if len(ds) == 0:
@@ -102,14 +123,24 @@ def tokenize_pairs(
         dropped=len(enc) - int(sum(keep)),
         prompt_truncated=int(sum(enc["prompt_truncated"])),
         completion_truncated=int(sum(enc["completion_truncated"])),
+        identical=int(sum(enc["identical"])),
+        oversized=int(sum(enc["oversized"])),
     )
     if stats.kept == 0:
         raise DataFormatError(
-            f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts); "
-            "check the chosen/rejected columns and --max-completion-length"
+            f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts), "
+            f"{stats.identical} with chosen identical to rejected, {stats.oversized} with a field over "
+            f"{MAX_TEXT_CHARS} characters; check the chosen/rejected columns and --max-completion-length"
         )
     if stats.dropped:
         enc = enc.filter(lambda k: k, input_columns="keep", desc="dropping empty pairs")
-        log.warning("dropped %d of %d pairs with no completion token left", stats.dropped, stats.total)
-    enc = enc.remove_columns(["keep", "prompt_truncated", "completion_truncated"])
+        log.warning(
+            "dropped %d of %d pairs (%d with chosen identical to rejected, %d oversized, the rest with no completion "
+            "token left)",
+            stats.dropped,
+            stats.total,
+            stats.identical,
+            stats.oversized,
+        )
+    enc = enc.remove_columns(["keep", "prompt_truncated", "completion_truncated", "identical", "oversized"])
     return enc, stats

@@ -261,7 +261,8 @@ def _train(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: 
     for split_name, s in data_stats.items():
         accelerator.print(
             f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
-            f"(no completion token left), {s['prompt_truncated']} prompts / "
+            f"({s.get('identical', 0)} with chosen identical to rejected, {s.get('oversized', 0)} oversized, the "
+            f"rest with no completion token left), {s['prompt_truncated']} prompts / "
             f"{s['completion_truncated']} completions truncated"
         )
     reference, ref_kind = _build_reference(loss, cfg, lm, has_adapter)
