@@ -53,7 +53,7 @@ ADD_RANGE = (10, 49)  # operands a, b ∈ [10, 49]: 40 × 40 = 1600 problems, su
 LETTERS = "abcdefgh"  # alphabet of the reversal skill
 REV_LENGTHS = (3, 4, 5)  # lengths of the strings to reverse: 8^3 + 8^4 + 8^5 ≈ 37k strings
 NOISE_OFFSETS = (0, +1, -1, +2)  # the sloppy annotator's error: answer = truth + offset
-NOISE_PROBS = (0.35, 0.40, 0.15, 0.10)  # mode is +1: a greedy warmed-up policy tends to answer one too high
+NOISE_PROBS = (0.30, 0.45, 0.15, 0.10)  # mode is +1: a greedy warmed-up policy tends to answer one too high
 DRAFT_OFFSETS = (-3, -2, -1, 0, +1, +2, +3)  # errors of the drafts that preference pairs compare
 DRAFT_PROBS = (0.05, 0.10, 0.20, 0.30, 0.20, 0.10, 0.05)  # symmetric: no direction is a shortcut
 
