@@ -1,9 +1,9 @@
 """One benchmark run in its own process: prefzoo's trainer or TRL's, timed per optimizer step, peak RSS at the end.
 
 Usage: ``python trainbench_child.py spec.json result.json`` (the parent writes the spec; see bench_train_throughput).
-Step time runs from the start of the step's forward to the end of its optimizer step on both sides (data loading,
-logging and checkpoints are outside); the tokens of a step are Σ over its pairs of 2·|x| + |y_w| + |y_l| (the tokens
-of the plain chosen and rejected sequences), counted from the examples the collator received.
+Step time runs from the start of the step's policy forward (TRL: ``on_step_begin``) to the end of its optimizer
+step on both sides (data loading, logging and checkpoints are outside).  The tokens of a step are Σ over its pairs
+of 2·|x| + |y_w| + |y_l| (the plain chosen and rejected sequences), counted from the examples the collator received.
 """
 
 from __future__ import annotations
@@ -65,28 +65,31 @@ class _Recorder:
 def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
     import datasets
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import prefzoo.train.loop as loop
     from prefzoo.train.config import TrainConfig
+    from prefzoo.train.logps import PolicyLogps
 
     collator_cls = loop.PreferenceCollator
-    orig_pb, orig_add = loop._preference_batch, loop.MetricsAccumulator.add
+    orig_forward = PolicyLogps.forward
 
     def collator_factory(*a: Any, **k: Any) -> Any:
         return rec.wrap_collator(collator_cls(*a, **k))
 
-    def preference_batch(*a: Any, **k: Any) -> Any:
-        if torch.is_grad_enabled():  # training steps only (evaluation runs under no_grad)
+    def forward(self: Any, *a: Any, **k: Any) -> Any:
+        # a step starts at its first policy forward with gradients (reference and evaluation run under no_grad)
+        if torch.is_grad_enabled() and len(rec.starts) == len(rec.ends):
             rec.starts.append(time.perf_counter())
-        return orig_pb(*a, **k)
+        return orig_forward(self, *a, **k)
 
-    def add(self: Any, metrics: Any, tokens: int) -> None:
-        rec.ends.append(time.perf_counter())
-        orig_add(self, metrics, tokens)
+    def step_done(*_: Any) -> None:
+        if len(rec.starts) > len(rec.ends):
+            rec.ends.append(time.perf_counter())
 
     loop.PreferenceCollator = collator_factory  # type: ignore[assignment,misc]
-    loop._preference_batch = preference_batch  # type: ignore[assignment]
-    loop.MetricsAccumulator.add = add  # type: ignore[method-assign]
+    PolicyLogps.forward = forward  # type: ignore[method-assign]
+    register_optimizer_step_post_hook(step_done)
     loop.load_or_compute_reference_table = rec.timed(loop.load_or_compute_reference_table)
     opts = dict(spec.get("prefzoo_options", {}))
     cfg = TrainConfig(

@@ -1,0 +1,70 @@
+"""The training benchmark runs end to end on a tiny model, and its FLOP bound is the documented arithmetic."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        yield importlib.import_module("bench_train_throughput")
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+
+
+def test_flop_bound_by_hand(bench):
+    from trainbench_setup import ModelShape, flop_bound
+
+    shape = ModelShape(vocab_size=10, hidden_size=2, intermediate_size=3, num_hidden_layers=1, num_attention_heads=1)
+    p_bb, hv = 4 * 2 * 2 + 3 * 2 * 3, 10 * 2  # 34 backbone parameters, 20 head parameters
+    assert shape.backbone_params == p_bb and shape.head_params == hv
+    pairs = [{"prompt": 5, "chosen": 2, "rejected": 3}]  # 10 tokens (prompt once), 5 completion positions
+    assert flop_bound(shape, pairs, "none") == 6 * p_bb * 10 + 6 * hv * 5
+    assert flop_bound(shape, pairs, "forward") == 8 * p_bb * 10 + 8 * hv * 5
+    assert flop_bound(shape, pairs, "forward", lora=True) == 6 * p_bb * 10 + 6 * hv * 5
+
+
+def test_write_page_replaces_only_the_bench_block(bench, tmp_path):
+    page = tmp_path / "perf.md"
+    page.write_text(f"# Title\n\nbefore\n\n{bench.BEGIN}\nold table\n{bench.END}\n\nafter\n")
+    bench.write_page(page, "new table\n")
+    text = page.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.startswith("# Title\n\nbefore") and text.rstrip().endswith("after")
+
+
+def _run(bench, tmp_path, sides):
+    out = tmp_path / "res"
+    argv = ["--tiny", "--cases", "dpo", "--repeats", "1", "--warmup", "1", "--steps", "1", "--threads", "1"]
+    argv += ["--sides", *sides, "--cache", str(tmp_path / "cache"), "--out", str(out)]
+    argv += ["--write-page", str(tmp_path / "page.md")]
+    assert bench.main(argv) == 0
+    return json.loads(out.with_suffix(".json").read_text()), (tmp_path / "page.md").read_text()
+
+
+@pytest.mark.slow
+def test_tiny_prefzoo_run(bench, tmp_path):
+    res, page = _run(bench, tmp_path, ["prefzoo"])
+    (case,) = res["cases"]
+    run = case["sides"]["prefzoo"]["runs"][0]
+    assert run["steps"] == 1  # 1 warm-up step (excluded) + 1 timed
+    assert run["tokens_per_s"] > 0 and run["peak_rss_mb"] > 0 and 0 < run["efficiency"]
+    assert "| tiny | dpo |" in page and res["meta"]["versions"]["torch"]
+
+
+@pytest.mark.slow
+def test_tiny_run_both_sides(bench, tmp_path):
+    res, page = _run(bench, tmp_path, ["prefzoo", "trl"])
+    (case,) = res["cases"]
+    assert set(case["sides"]) == {"prefzoo", "trl"}
+    assert case["speed_ratio"]["min"] > 0 and case["memory_ratio"]["min"] > 0
+    assert "trl 1.16" in page or "trl " in page
