@@ -1,0 +1,41 @@
+"""Regression tests for the shipped-loss bugs the property suite found (one commit each in prefzoo/losses)."""
+
+from __future__ import annotations
+
+import torch
+
+import prefzoo
+from prefzoo.testing import check_loss
+from prefzoo.testing.properties import check_shift_invariance
+
+
+def test_aot_is_not_shift_invariant_and_does_not_declare_it():
+    """Found by the shift-invariant property: per-response shifts reorder the sorted margins of paired AOT."""
+    assert prefzoo.loss_spec("aot").shift_invariant is False
+    f = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    # margins (0, 10) against reference margins (10, 0): sorted, (0, 10) − (0, 10) = (0, 0)
+    b = prefzoo.PreferenceBatch(f([0.0, 0.0]), f([0.0, -10.0]), f([0.0, 0.0]), f([-10.0, 0.0]))
+    base = prefzoo.get_loss("aot")(b).losses.mean()
+    c = f([100.0, 0.0])  # shift the chosen response of pair 0, policy and reference alike: (100, 10) vs (110, 0)
+    moved = b.replace(policy_chosen_logps=b.policy_chosen_logps + c, ref_chosen_logps=b.ref_chosen_logps + c)
+    assert abs(float(prefzoo.get_loss("aot")(moved).losses.mean() - base)) > 1e-3
+    # aot-unpaired sorts ρ_w and ρ_l, which such a shift leaves unchanged: it keeps the declaration and passes
+    assert prefzoo.loss_spec("aot-unpaired").shift_invariant is True
+    check_shift_invariance(prefzoo.get_loss("aot-unpaired"), b)
+
+
+def test_ipo_forward_kl_is_finite_in_float32():
+    """Found by the low-precision property: the IPO square overflowed float32 at a log-ratio of −45."""
+    f = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
+    b = prefzoo.PreferenceBatch(f([-45.0, -80.0]).requires_grad_(), f([0.0, 0.0]), f([0.0, 0.0]), f([0.0, 0.0]),
+                                torch.tensor([1, 1]), torch.tensor([1, 1]))
+    for div in ("forward_kl", "alpha_divergence"):
+        out = prefzoo.get_loss("ipo", f_divergence=div, alpha_divergence_coef=0.5)(b)
+        assert bool(torch.isfinite(out.losses).all()), (div, out.losses)
+        (g,) = torch.autograd.grad(out.losses.sum(), b.policy_chosen_logps)
+        assert bool(torch.isfinite(g).all())
+
+
+def test_ipo_passes_the_finite_property_in_float32():
+    report = check_loss("ipo", properties=["finite"], dtypes=["float32"], max_examples=60)
+    report.raise_if_failed()
