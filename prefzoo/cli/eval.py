@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         _print_block(f"reward accuracy ({args.loss})", ra)
 
     if "win_rate" in modes:
-        baseline = _load(baseline_path)[0]
+        baseline, baseline_tok = _load(baseline_path)
         if args.prompts is None and (args.judge or "oracle") == "oracle" and not args.sample:
             wr: dict[str, Any] = task.evaluate_policy(model, tok, baseline, batch_size=args.batch_size)
             wr.update(judge="oracle", prompts="default-task:heldout", decoding="greedy")
@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                 res = win_rate(
                     model, baseline, tok, prompts, judge, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size, do_sample=args.sample, temperature=args.temperature, seed=args.seed,
+                    baseline_tokenizer=baseline_tok,
                 )  # fmt: skip
             except ValueError as e:
                 raise CLIError(f"--win-rate: {e}") from None
