@@ -134,16 +134,22 @@ def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
     return {"id": rid, "prompt": prefix_w, "chosen": chosen, "rejected": rejected}
 
 
+def _first_complete_row(ds: datasets.Dataset) -> dict[str, Any]:
+    """The first of the first 100 rows with a non-null ``chosen`` (format detection must not trip on one bad row)."""
+    head = ds.select(range(min(len(ds), 100)))
+    return next((r for r in head if r.get("chosen") is not None), head[0])
+
+
 def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
     """``ds`` converted to columns {id, prompt, chosen, rejected}; ``fmt=None`` detects the format."""
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
     if fmt is None:
-        fmt = detect_format(list(ds.column_names), ds[0])
+        fmt = detect_format(list(ds.column_names), _first_complete_row(ds))
     elif fmt not in FORMATS:
         raise DataFormatError(f"--format {fmt!r} is not a recognised format; choose one of {', '.join(FORMATS)}")
     else:
-        detect_format(list(ds.column_names), ds[0])  # still names missing columns clearly
+        detect_format(list(ds.column_names), _first_complete_row(ds))  # still names missing columns clearly
     out = ds.map(
         lambda row, idx: _normalize_row(row, idx, fmt),
         with_indices=True,

@@ -105,13 +105,13 @@ def _walk_strings(value: Any, path: str) -> tuple[str, str] | None:
 
 def _rows_of(path: Path, raw: bytes) -> list[tuple[int, Any]]:
     """(line number, parsed value) of every record in a JSON-lines file or a JSON array file."""
-    stripped = raw.lstrip()
-    if stripped.startswith(b"["):
-        text = raw.decode("utf-8")
+    if raw.lstrip().startswith(b"["):  # one JSON array of records, or JSON lines whose first line is an array
         try:
-            return [(n + 1, r) for n, r in enumerate(json.loads(text))]
-        except json.JSONDecodeError as e:
-            raise _error(f"--dataset {path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+            whole = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            whole = None
+        if isinstance(whole, list):
+            return [(n + 1, r) for n, r in enumerate(whole)]
     rows = []
     for n, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():

@@ -1,0 +1,78 @@
+"""Running `prefzoo train` in a subprocess (for signals and kill -9) and reading saved weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).parents[2]
+
+
+def cli_args(cfg: dict[str, Any]) -> list[str]:
+    args = []
+    for k, v in cfg.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif v is not None:
+            args += [flag, str(v)]
+    return args
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("PREFZOO_FAULT")}
+    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT), **extra)
+    return e
+
+
+def start_cli(cfg: dict[str, Any], log: Path, **extra_env: str) -> subprocess.Popen:
+    """`python -m prefzoo.cli.main train ...` in a fresh process; stdout+stderr go to ``log``."""
+    cmd = [sys.executable, "-m", "prefzoo.cli.main", "train", *cli_args(cfg)]
+    fh = log.open("w")
+    return subprocess.Popen(cmd, env=env(**extra_env), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    text = log.read_text()[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{text}")
+
+
+def logged_steps(out_dir: Path) -> int:
+    import json
+
+    path = out_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
+    return int(max(steps, default=0))
+
+
+def final_weights(out_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(out_dir) / "final" / "model.safetensors"))
+
+
+def checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(ckpt) / "model.safetensors"))
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    common = sorted(set(a) & set(b))
+    assert common, (list(a)[:3], list(b)[:3])
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in common)

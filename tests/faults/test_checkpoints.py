@@ -1,0 +1,99 @@
+"""kill -9 during a checkpoint write never leaves a corrupt newest checkpoint; --resume auto skips incomplete ones."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from _run import final_weights, max_diff, start_cli, wait_for
+from helpers import base_config, run_inprocess
+
+from prefzoo.train.checkpoint import (
+    COMPLETE_MARKER,
+    ResumeError,
+    complete_checkpoints,
+    find_latest_checkpoint,
+    is_complete,
+    read_marker,
+)
+
+KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=8, eval_fraction=0.0, save_steps=2)
+
+
+@pytest.mark.slow
+def test_kill9_inside_checkpoint_write_then_resume_auto_uses_previous(tmp_path, tiny_dir, pairs_file):
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    cfg = base_config(tiny_dir, pairs_file, out, **KW)
+    # checkpoint 4's writer sleeps after the state files and before the completion marker
+    proc = start_cli(cfg, log, PREFZOO_FAULTS="ckpt_sleep@4", PREFZOO_FAULT_SLEEP="120")
+    wait_for(lambda: "checkpoint 4 written, no marker yet" in log.read_text(), 240, "checkpoint 4's write", proc, log)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    tmp = out / "checkpoints" / ".tmp-step-00000004"
+    assert (tmp / "model.safetensors").is_file() and not (tmp / COMPLETE_MARKER).exists()  # really mid-write
+    assert find_latest_checkpoint(out).name == "step-00000002"
+    resumed = start_cli({**cfg, "resume": "auto"}, tmp_path / "resume.log")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert "resumed from" in (text := (tmp_path / "resume.log").read_text()) and "step-00000002" in text
+    assert not tmp.exists()  # the stale temp folder was cleaned up by the next save
+    full = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **KW))
+    assert full.global_step == 8
+    diff = max_diff(final_weights(tmp_path / "full"), final_weights(out))
+    assert diff < 1e-6, diff
+
+
+def test_save_total_limit_keeps_the_last_k(tmp_path, tiny_dir, pairs_file):
+    out = tmp_path / "run"
+    run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "save_steps": 1, "max_steps": 5}, save_total_limit=3))
+    names = [p.name for p in complete_checkpoints(out)]
+    assert names == ["step-00000003", "step-00000004", "step-00000005"]
+    info = read_marker(out / "checkpoints" / "step-00000005")
+    assert info["step"] == 5 and info["skipped_steps"] == 0
+    assert {"model.safetensors", "optimizer.bin"} <= set(info["files"])  # the manifest
+
+
+def _fake_checkpoint(root, step, files=None, marker=True):
+    d = root / "checkpoints" / f"step-{step:08d}"
+    d.mkdir(parents=True)
+    files = files or {"model.safetensors": b"x" * 10, "optimizer.bin": b"y" * 5}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    if marker:
+        manifest = {k: len(v) for k, v in files.items()}
+        (d / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": manifest}))
+    return d
+
+
+def test_truncated_or_missing_files_make_a_checkpoint_incomplete(tmp_path):
+    good = _fake_checkpoint(tmp_path, 2)
+    truncated = _fake_checkpoint(tmp_path, 4)
+    (truncated / "model.safetensors").write_bytes(b"x" * 3)  # torn write on a filesystem without atomic rename
+    missing = _fake_checkpoint(tmp_path, 6)
+    (missing / "optimizer.bin").unlink()
+    assert is_complete(good) and not is_complete(truncated) and not is_complete(missing)
+    assert find_latest_checkpoint(tmp_path) == good
+    with pytest.raises(ResumeError, match="incomplete or corrupt"):
+        read_marker(truncated)
+
+
+def test_corrupt_or_absent_marker_is_skipped(tmp_path):
+    good = _fake_checkpoint(tmp_path, 2)
+    bad = _fake_checkpoint(tmp_path, 4)
+    (bad / COMPLETE_MARKER).write_text('{"step": 4, "fi')  # killed while writing the marker itself
+    _fake_checkpoint(tmp_path, 6, marker=False)
+    (tmp_path / "checkpoints" / ".tmp-step-00000008").mkdir()
+    assert find_latest_checkpoint(tmp_path) == good
+    with pytest.raises(ResumeError, match=r"no prefzoo_checkpoint\.json"):
+        read_marker(tmp_path / "checkpoints" / "step-00000006")
+    with pytest.raises(ResumeError, match="no such checkpoint"):
+        read_marker(tmp_path / "checkpoints" / "step-00000099")
+
+
+def test_resume_auto_with_only_incomplete_checkpoints_starts_fresh(tmp_path, tiny_dir, pairs_file, capsys):
+    out = tmp_path / "run"
+    _fake_checkpoint(out, 4, marker=False)
+    res = run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "max_steps": 2}, resume="auto"))
+    assert res.global_step == 2
+    assert "resumed from" not in capsys.readouterr().out
