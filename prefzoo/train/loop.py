@@ -196,8 +196,13 @@ def _trackers(cfg: TrainConfig) -> list[str] | None:
     return ["tensorboard"]
 
 
-def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None) -> TrainResult:
+def train(
+    cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None, *, on_epoch_end: Any = None
+) -> TrainResult:
     """Train ``cfg.model`` on preference pairs with ``cfg.loss``; datasets given here override ``cfg.dataset``.
+
+    ``on_epoch_end(epoch, model)``, if given, is called after each completed epoch (1-based, after the epoch's
+    evaluation) with the unwrapped causal LM, e.g. to generate from it; it must leave the weights unchanged.
 
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``); a failed or
     hung peer process raises :class:`PeerFailureError`; too many non-finite steps in a row raise
@@ -205,7 +210,7 @@ def train(cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None)
     """
     with PreemptionHandler() as preemption:
         try:
-            return _train(cfg, train_dataset, eval_dataset, preemption)
+            return _train(cfg, train_dataset, eval_dataset, preemption, on_epoch_end)
         except TrainingAborted:
             raise
         except Exception as e:
@@ -229,7 +234,9 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _train(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: PreemptionHandler) -> TrainResult:
+def _train(
+    cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: PreemptionHandler, on_epoch_end: Any = None
+) -> TrainResult:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -469,6 +476,8 @@ def _train(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, preemption: 
                 f"prefzoo train: epoch {epoch + 1}: eval reward accuracy "
                 f"{ev['eval/reward_accuracy']:.3f}, eval loss {ev['eval/loss']:.4f}"
             )
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, accelerator.unwrap_model(policy).lm)
     bar.close()
     result.global_step = global_step
     result.skipped_steps = guard.skipped
