@@ -1,0 +1,130 @@
+"""Worker side of the distributed tests: each rank computes its shard's losses with a real all-gather.
+
+The batch is a deterministic function of a shared parameter θ (3 numbers), so
+gradients with respect to θ can be compared across ranks and with one process.
+Used by torch.multiprocessing.spawn (gloo) and as a script under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+
+F64 = torch.float64
+B_UNEVEN = 11  # split as 1 + 5 + 5 (3 ranks), 1 + 10 (2 ranks), 1 + 4 + 3 + 3 (4 ranks)
+
+
+def coupled_losses() -> list[str]:
+    import prefzoo
+
+    return [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).batch_coupled]
+
+
+def make_batch(theta: torch.Tensor, b: int, seed: int = 0):
+    """A PreferenceBatch whose policy log-probs depend on θ; references, lengths and token fields are constants."""
+    import prefzoo
+
+    g = torch.Generator().manual_seed(seed)
+    aw, al = torch.randn(b, 3, generator=g, dtype=F64), torch.randn(b, 3, generator=g, dtype=F64)
+    scale = torch.randint(1, 50, (b,), generator=g).to(F64)
+    pw = -torch.nn.functional.softplus(aw @ theta) * scale  # (B,)
+    pl = -torch.nn.functional.softplus(al @ theta) * scale
+    rw = -torch.rand(b, generator=g, dtype=F64) * 60
+    rl = -torch.rand(b, generator=g, dtype=F64) * 60
+    rl[3 % b] = rw[3 % b] - 1.0  # a tie in the reference margins' neighbourhood
+    lw, ll = torch.randint(1, 40, (b,), generator=g), torch.randint(1, 40, (b,), generator=g)
+    t = 5
+    mask = torch.arange(t)[None, :] < torch.randint(1, t + 1, (b,), generator=g)[:, None]
+    tok = -torch.rand(b, t, generator=g, dtype=F64) * mask * (1 + theta[0] ** 2)
+    ent = torch.rand(b, t, generator=g, dtype=F64) * mask * (1 + theta[1] ** 2)
+    return prefzoo.PreferenceBatch(pw, pl, rw, rl, lw, ll, tok, tok.flip(0) * 1.0, ent, ent.flip(0) * 1.0, mask,
+                                   mask.flip(0))
+
+
+def theta0() -> torch.Tensor:
+    return torch.tensor([0.3, -0.7, 1.1], dtype=F64)
+
+
+def rank_results(rank: int, world: int, gather, b: int, sizes: list[int]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per loss: this rank's per-example losses and ∇θ Σ_shard L and ∇θ mean_shard L."""
+    import prefzoo
+    from prefzoo.testing import shard_batch
+
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name in coupled_losses():
+        theta = theta0().requires_grad_()
+        shard = shard_batch(make_batch(theta, b), sizes)[rank]
+        losses = prefzoo.get_loss(name)(shard, gather=gather).losses  # (B_rank,)
+        (g_sum,) = torch.autograd.grad(losses.sum(), theta, retain_graph=True)
+        (g_mean,) = torch.autograd.grad(losses.mean(), theta)
+        out[name] = {"losses": losses.detach(), "grad_sum": g_sum, "grad_mean": g_mean}
+    return out
+
+
+def single_process(b: int) -> dict[str, dict[str, torch.Tensor]]:
+    return rank_results(0, 1, lambda t: t, b, [b])
+
+
+def gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """torch.multiprocessing.spawn target: uneven shards and equal shards, gloo all-gather, all-reduce of gradients."""
+    import torch.distributed as dist
+
+    from prefzoo.testing import gloo_gather, split_sizes
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = {}
+        for kind, b, sizes in (("uneven", B_UNEVEN, split_sizes(B_UNEVEN, world)),
+                               ("equal", 3 * world, [3] * world)):
+            res = rank_results(rank, world, gloo_gather, b, sizes)
+            for v in res.values():
+                dist.all_reduce(v["grad_sum"])  # Σ over ranks of ∇Σ_shard = ∇Σ_all
+                dist.all_reduce(v["grad_mean"])
+                v["grad_mean"] /= world  # rank-averaged gradient of each shard's mean loss
+                v["losses"] = gloo_gather(v["losses"])  # per-example losses in rank order
+            result[kind] = {"sizes": sizes, "b": b, "res": res}
+        if rank == 0:
+            torch.save(result, os.path.join(out_dir, f"gloo_{world}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def accelerate_main(out_dir: str) -> None:
+    """Under `accelerate launch` (several CPU processes): accelerate's pad_across_processes + gather as the hook."""
+    from accelerate import Accelerator
+    from accelerate.utils import gather, pad_across_processes
+
+    from prefzoo.testing import split_sizes
+
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    world, rank = acc.num_processes, acc.process_index
+
+    def hook(t: torch.Tensor) -> torch.Tensor:
+        n = gather(torch.tensor([t.shape[0]])).tolist()  # (P,) sizes per rank
+        padded = pad_across_processes(t.detach().contiguous(), dim=0)
+        allt = gather(padded)  # (P·max, ...)
+        m = max(n)
+        return torch.cat([allt[i * m : i * m + k] for i, k in enumerate(n)])
+
+    sizes = split_sizes(B_UNEVEN, world)
+    res = rank_results(rank, world, hook, B_UNEVEN, sizes)
+    for v in res.values():
+        v["losses"] = hook(v["losses"])
+        v["grad_sum"] = gather(v["grad_sum"][None]).sum(0)
+    if acc.is_main_process:
+        torch.save({"world": world, "distributed_type": str(acc.distributed_type), "sizes": sizes, "res": res},
+                   os.path.join(out_dir, f"accelerate_{world}.pt"))
+    acc.wait_for_everyone()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    accelerate_main(sys.argv[1])
