@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["fusable_head", "head_logps"]
+__all__ = ["MAX_CHUNK_ELEMENTS", "fusable_head", "head_logps"]
+
+MAX_CHUNK_ELEMENTS = 1 << 24  # at most 16M logits (64 MB float32) per chunk: 341 positions of a 49k vocabulary
 
 
 def fusable_head(head: nn.Module) -> bool:
@@ -126,5 +128,6 @@ def head_logps(
     if h.shape[0] == 0:
         empty = h.new_zeros(0, dtype=torch.float32)
         return empty, (empty if want_entropy else None)
+    chunk_size = max(1, min(chunk_size, MAX_CHUNK_ELEMENTS // w.shape[0]))  # bound the (m, V) temporaries
     lp, ent = _HeadLogps.apply(h, w, targets, chunk_size, want_entropy)
     return lp, (ent if want_entropy else None)
