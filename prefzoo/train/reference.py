@@ -130,6 +130,11 @@ def _cache_file(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"ref-logps-{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
 
 
+def _digest(logps: Tensor) -> str:
+    """sha256 of the table's float32 bytes: a tampered or bit-rotted cache is recomputed, never used."""
+    return hashlib.sha256(logps.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
 def _read_cache(path: Path, key: str, ids: list[str]) -> dict[str, tuple[float, float]] | None:
     from safetensors import safe_open
 
@@ -146,7 +151,8 @@ def _read_cache(path: Path, key: str, ids: list[str]) -> dict[str, tuple[float, 
     if meta.get("key") != key or sorted(cached_ids) != sorted(ids) or tuple(logps.shape) != (len(cached_ids), 2):
         log.warning("reference cache %s does not match this dataset/model/tokenization: recomputing", path)
         return None
-    if not bool(torch.isfinite(logps).all()):
+    if meta.get("sha256") != _digest(logps) or not bool(torch.isfinite(logps).all()):
+        log.warning("reference cache %s failed its checksum or holds non-finite values: recomputing", path)
         return None
     return {i: (float(a), float(b)) for i, (a, b) in zip(cached_ids, logps.tolist(), strict=True)}
 
@@ -176,6 +182,7 @@ def load_or_compute_reference_table(
         path.parent.mkdir(parents=True, exist_ok=True)
         logps = torch.tensor([table[i] for i in ids], dtype=torch.float32)  # (n, 2)
         with _atomic_path(path) as tmp:
-            save_file({"logps": logps}, str(tmp), metadata={"key": key, "ids": json.dumps(ids)})
+            meta = {"key": key, "ids": json.dumps(ids), "sha256": _digest(logps)}
+            save_file({"logps": logps}, str(tmp), metadata=meta)
     accelerator.wait_for_everyone()
     return table, False
