@@ -110,6 +110,14 @@ def build_registry(extra_plugins: list[tuple[str, Any]] | None = None, autoload:
             failed.append(PluginLoadError(pname, f"prefzoo_register_losses raised {type(e).__name__}: {e}"))
             warnings.warn(f"prefzoo plugin {pname!r}: prefzoo_register_losses raised {e}", stacklevel=2)
             continue
+        if specs is not None and not isinstance(specs, list | tuple):  # e.g. one LossSpec instead of a list
+            failed.append(PluginLoadError(pname, f"returned {type(specs).__name__}, expected a list of LossSpec"))
+            warnings.warn(
+                f"prefzoo plugin {pname!r}: prefzoo_register_losses returned {type(specs).__name__}, "
+                "expected a list of prefzoo.LossSpec",
+                stacklevel=2,
+            )
+            continue
         for spec in specs or []:
             if not isinstance(spec, LossSpec):
                 failed.append(PluginLoadError(pname, f"registered {spec!r}, which is not a prefzoo.LossSpec"))

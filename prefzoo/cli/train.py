@@ -84,6 +84,7 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from prefzoo.data.formats import DataFormatError
+    from prefzoo.spec import LossOutputError
     from prefzoo.train.checkpoint import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         DeepSpeedMissingError,
         FileNotFoundError,
         TrainingAborted,  # non-finite steps in a row, a dead or hung peer: one line saying why and how to resume
+        LossOutputError,  # a plugin loss broke the LossOutput contract (the message names the plugin)
     ) as e:
         raise CLIError(str(e)) from None
 
