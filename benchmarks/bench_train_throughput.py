@@ -301,6 +301,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default=str(HERE / ".cache"), help="where the model folder is built once")
     p.add_argument("--out", default=str(HERE / "results" / "train_throughput"), help="results .json/.md prefix")
     p.add_argument("--write-page", default=None, help="markdown page whose bench block is replaced")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="run nothing: render (and --write-page) the union of earlier results files",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.workloads = args.workloads or ["ultrafeedback"]
@@ -324,8 +331,26 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def merge_results(paths: list[str]) -> dict[str, Any]:
+    """The cases of several results files in order; meta of the first, with each file's command and date."""
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    meta = dict(loaded[0]["meta"])
+    meta["command"] = "`; `".join(r["meta"]["command"] for r in loaded)
+    meta["date"] = ", ".join(dict.fromkeys(r["meta"]["date"] for r in loaded))
+    meta["repeats"] = "/".join(str(r["meta"]["repeats"]) for r in loaded)
+    meta["steps"] = "/".join(str(r["meta"]["steps"]) for r in loaded)
+    return {"cases": [c for r in loaded for c in r["cases"]], "meta": meta}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        results = merge_results(args.merge)
+        table = markdown(results)
+        print(table)
+        if args.write_page:
+            write_page(Path(args.write_page), table)
+        return 0
     results = run_benchmark(args)
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
