@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "monotonicity, shift invariance, sharded gather, ...) on a registered loss with Hypothesis and print "
         "one line per property. Exit status 0 when all hold, 1 when any fails (with its falsifying example).",
     )
-    p.add_argument("name", nargs="+", help="registered loss name(s), e.g. dpo or cal-dpo; 'all' for every loss")
+    p.add_argument("name", nargs="+", help="registered loss name(s), e.g. dpo or cal-dpo; 'all' for every loss, "
+                   "'plugins' for every loss registered by a third-party plugin")
     p.add_argument("--max-examples", type=int, default=50, metavar="N",
                    help="Hypothesis examples per property (default 50; the 'thorough' profile uses 1000)")
     p.add_argument("--property", action="append", dest="properties", metavar="NAME",
@@ -46,7 +47,15 @@ def run(args: argparse.Namespace) -> int:
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or not dtypes:
         raise CLIError(f"--dtypes: unknown dtype {bad[0] if bad else '(none)'!r}; choose from {', '.join(DTYPES)}")
-    names = list_losses() if args.name == ["all"] else args.name
+    if args.name == ["all"]:
+        names = list_losses()
+    elif args.name == ["plugins"]:
+        names = [n for n in list_losses() if not loss_spec(n).plugin.startswith("prefzoo.")]
+        if not names:
+            raise CLIError("'plugins': no loss is registered by a third-party plugin; install one (pip install "
+                           "./plugins/prefzoo-caldpo) and check PREFZOO_DISABLE_PLUGIN_AUTOLOAD is unset")
+    else:
+        names = args.name
     for n in names:
         loss_spec(n)  # unknown names fail here, with suggestions (exit 2)
     for failed in get_registry().failed:

@@ -39,7 +39,7 @@ def test_mean_equals_mean_of_micro_batch_means(name):
         micro = [grads(loss, cast_batch(h)) for h in halves]
         mean_of_means = sum(o.losses.detach().mean() for o, _ in micro) / 2
         torch.testing.assert_close(mean_of_means, out.losses.detach().mean(), rtol=1e-12, atol=1e-12)
-        for k in g:  # gradient of the mean: accumulated micro-batch gradients, each scaled by 1/(number of micro-batches)
+        for k in g:  # gradient of the mean = accumulated micro-batch mean gradients / number of micro-batches
             acc = torch.cat([gm[k] for _, gm in micro]) / 2 / (n // 2)
             torch.testing.assert_close(acc, g[k] / n, rtol=1e-12, atol=1e-15)
 

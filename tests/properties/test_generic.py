@@ -9,6 +9,7 @@ in float64 whatever they are given, run in the float64 selection only.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ import prefzoo
 from prefzoo.testing import GENERIC_PROPERTIES, check_loss, dtypes_from_env, preference_batches
 
 DTYPES = dtypes_from_env()
+# examples per (loss, property); default: the Hypothesis profile's.  tox sets it to keep ~300 tests under budget.
+EXAMPLES = int(os.environ["PREFZOO_GENERIC_EXAMPLES"]) if os.environ.get("PREFZOO_GENERIC_EXAMPLES") else None
 DTYPE_DEPENDENT = {"finite", "monotone", "shape", "detached-rewards"}
 LOW_PRECISION = tuple(d for d in DTYPES if d != "float64")
 
@@ -45,7 +48,7 @@ def test_property(name, prop):
         if name not in REFERENCES or not prefzoo.loss_spec(name).plugin.startswith("prefzoo.losses"):
             pytest.skip(f"no float64 reference formula in prefzoo.testing.reference for {name!r}")
     dts = LOW_PRECISION if prop == "low-precision" else DTYPES
-    report = check_loss(name, properties=[prop], dtypes=dts)
+    report = check_loss(name, properties=[prop], dtypes=dts, max_examples=EXAMPLES)
     report.raise_if_failed()
 
 

@@ -28,13 +28,15 @@ batches = preference_batches(dtypes=("float64",), reference=True, lengths=True)
 
 
 def _rewards(batch, p):
-    return p.reward_epsilon + p.beta * batch.ref_chosen_logps.double(), p.rejected_reward + p.beta * batch.ref_rejected_logps.double()
+    R_w = p.reward_epsilon + p.beta * batch.ref_chosen_logps.double()
+    R_l = p.rejected_reward + p.beta * batch.ref_rejected_logps.double()
+    return R_w, R_l
 
 
 @given(batch=batches, params=loss_params(prefzoo.loss_spec("mmpo")))
 def test_normalized_rewards_lie_in_unit_interval(batch, params):
     R_w, R_l = _rewards(batch, params)
-    nw, nl, lo, hi = minmax_normalize(R_w, R_l, lambda t: t, params.norm_eps)
+    nw, nl, _, _ = minmax_normalize(R_w, R_l, lambda t: t, params.norm_eps)
     both = torch.cat((nw, nl))
     assert bool((both >= 0).all()) and bool((both <= 1).all()), both
     # and what the loss adds to log π is exactly that R̂ (s = log π + R̂)
@@ -48,7 +50,8 @@ def test_common_shift_of_reference_logps(batch, params, c):
     b = leaves64(batch)
     for name in COUPLED:
         # mmpo-length-norm normalizes log π_ref/|y|: its invariance is to log π_ref(y) + c·|y|
-        cw, cl = (c * b.chosen_lengths.double(), c * b.rejected_lengths.double()) if name == "mmpo-length-norm" else (c, c)
+        avg = name == "mmpo-length-norm"
+        cw, cl = (c * b.chosen_lengths.double(), c * b.rejected_lengths.double()) if avg else (c, c)
         shifted = b.replace(ref_chosen_logps=b.ref_chosen_logps + cw, ref_rejected_logps=b.ref_rejected_logps + cl)
         loss = prefzoo.Loss(prefzoo.loss_spec(name), params)
         base, moved = loss(b), loss(shifted)
@@ -123,7 +126,7 @@ def test_permutation_equivariant(batch, params, seed):
 
 @given(batch=batches, params=loss_params(prefzoo.loss_spec("mmpo-no-aux")))
 def test_depends_on_others_only_through_min_and_max(batch, params):
-    """Pair i's loss in the full batch equals its loss in the batch {i, the pair holding min R, the one holding max R}."""
+    """Pair i's loss in the full batch equals its loss in the batch {i, the pair with min R, the pair with max R}."""
     b = leaves64(batch)
     for name in COUPLED:
         loss = prefzoo.Loss(prefzoo.loss_spec(name), params)

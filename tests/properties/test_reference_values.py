@@ -25,9 +25,10 @@ def run(name, pw=-2.0, pl=-4.0, rw=-3.0, rl=-3.0, lw=1, ll=1, **params):
 
 CASES = [
     # (loss, params, batch overrides, expected, derivation)
-    ("dpo", {"beta": 0.5}, {}, nls(1.0), "−log σ(βΔ) = log(1 + e^{−1}) = 0.31326"),
+    ("dpo", {"beta": 0.5}, {}, nls(1.0), "−log σ(βΔ) = log(1 + e^{−1})"),
     ("dpo", {"beta": 0.1}, {"pw": -3.0, "pl": -3.0}, math.log(2), "policy = reference: −log σ(0) = log 2"),
-    ("cdpo", {"beta": 0.5, "label_smoothing": 0.1}, {}, 0.9 * nls(1) + 0.1 * nls(-1), "0.9·log(1+e^{−1}) + 0.1·log(1+e)"),
+    ("cdpo", {"beta": 0.5, "label_smoothing": 0.1}, {}, 0.9 * nls(1) + 0.1 * nls(-1),
+     "0.9·log(1+e^{−1}) + 0.1·log(1+e)"),
     ("robust", {"beta": 0.5, "label_smoothing": 0.1}, {}, (0.9 * nls(1) - 0.1 * nls(-1)) / 0.8,
      "(0.9·log(1+e^{−1}) − 0.1·log(1+e)) / 0.8"),
     ("hinge", {"beta": 0.5}, {}, 0.0, "max(0, 1 − 1) = 0"),
