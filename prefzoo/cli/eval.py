@@ -167,22 +167,26 @@ def run(args: argparse.Namespace) -> int:
             data = task.eval if args.dataset is None else load_preference_dataset(args.dataset, args.split)
         except DataFormatError as e:
             raise CLIError(str(e)) from None
-        ref_path = args.reference or baseline_path
+        assert loss is not None
+        ref_path: str = args.reference or baseline_path or ""  # need_task guarantees a baseline when one is needed
         ref = _load(ref_path)[0] if Need.REFERENCE in loss.needs else None
         try:
-            ra = reward_accuracy(
+            ra: dict[str, Any] = reward_accuracy(
                 model, tok, data, loss, reference=ref, batch_size=args.batch_size,
                 max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
             )  # fmt: skip
         except (ValueError, DataFormatError) as e:
             raise CLIError(f"--reward-accuracy: {e}") from None
-        ra.update(loss=args.loss, dataset=args.dataset or "default-task:eval", reference=ref_path if ref else None)
+        ra.update(
+            loss=args.loss, dataset=args.dataset or "default-task:eval", reference=ref_path if ref is not None else None
+        )
         if ref is not None and Path(ref_path).resolve() == Path(model_path).resolve():
             ra["note"] = "the model is its own reference: every reward is 0 (pass --model or a reference-free --loss)"
         results["reward_accuracy"] = ra
         _print_block(f"reward accuracy ({args.loss})", ra)
 
     if "win_rate" in modes:
+        assert baseline_path is not None  # need_task guarantees it for --win-rate
         baseline, baseline_tok = _load(baseline_path)
         if args.prompts is None and (args.judge or "oracle") == "oracle" and not args.sample:
             wr: dict[str, Any] = task.evaluate_policy(model, tok, baseline, batch_size=args.batch_size)

@@ -110,7 +110,7 @@ def build_judge_registry(
     for impl in pm.hook.prefzoo_register_judges.get_hookimpls():
         pname = pm.get_name(impl.plugin) or repr(impl.plugin)
         try:
-            specs = impl.function()
+            specs: Any = impl.function()
         except Exception as e:  # a broken plugin is reported, the rest keeps working
             failed.append(PluginLoadError(pname, f"prefzoo_register_judges raised {type(e).__name__}: {e}"))
             continue

@@ -100,7 +100,7 @@ def win_rate(
         raise ValueError("win_rate: the prompt set is empty; pass at least one prompt")
     if isinstance(judge, str):
         judge = get_judge(judge)
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "do_sample": do_sample,
+    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "do_sample": do_sample,
           "temperature": temperature, "seed": seed}  # fmt: skip
     pol = generate(policy, tokenizer, prompts, **kw)
     base = generate(baseline, baseline_tokenizer or tokenizer, prompts, **kw)
