@@ -80,6 +80,7 @@ class DefaultTask:
     recommended: dict[str, Any]  # train settings sized for well under 2 min on 2 CPU cores
     seed: int = 0
     warmup_stats: dict[str, Any] = field(default_factory=dict)  # what the warm-up measured (from the cache)
+    _start_completions: tuple[list[str], list[str]] | None = field(default=None, repr=False, compare=False)
 
     def load_model(self) -> Any:
         """A fresh copy of the starting policy (LlamaForCausalLM, eval mode, float32)."""
@@ -106,26 +107,35 @@ class DefaultTask:
         ``model``, ``malformed`` (share of unparseable answers), and the same three
         skill numbers for the baseline, prefixed ``baseline_``.
         """
-        from prefzoo.eval.generation import generate
         from prefzoo.eval.judges import get_judge
-        from prefzoo.eval.winrate import win_rate
+        from prefzoo.eval.winrate import judge_completions
 
-        if baseline_model is None:
-            baseline_model = self.load_model()
-        res = win_rate(
-            model, baseline_model, tokenizer, self.heldout_prompts, get_judge("oracle"),
-            max_new_tokens=6, batch_size=batch_size,
-        )  # fmt: skip
+        if baseline_model is None:  # the starting policy: greedy, so its completions are computed once per task
+            if self._start_completions is None:
+                self._start_completions = self._completions(self.load_model(), tokenizer, batch_size)
+            base_add, base_rev = self._start_completions
+        else:
+            base_add, base_rev = self._completions(baseline_model, tokenizer, batch_size)
+        pol_add, pol_rev = self._completions(model, tokenizer, batch_size)
+        res = judge_completions(self.heldout_prompts, pol_add, base_add, get_judge("oracle"), tokenizer)
         out = {k: float(v) for k, v in res.summary().items()}
-        out.update(_skill_scores(res.policy_completions, self.heldout_prompts))
-        base = _skill_scores(res.baseline_completions, self.heldout_prompts)
-        for name, m in (("", model), ("baseline_", baseline_model)):
-            rev = generate(m, tokenizer, self.retention_prompts, max_new_tokens=7, batch_size=batch_size)
-            out[f"{name}retention"] = sum(
-                r.strip() == t for r, t in zip(rev, self.retention_targets, strict=True)
-            ) / len(rev)
-        out.update({f"baseline_{k}": v for k, v in base.items()})
+        out.update(_skill_scores(pol_add, self.heldout_prompts))
+        out["retention"] = self._retention(pol_rev)
+        out["baseline_retention"] = self._retention(base_rev)
+        out.update({f"baseline_{k}": v for k, v in _skill_scores(base_add, self.heldout_prompts).items()})
         return out
+
+    def _completions(self, model: Any, tokenizer: Any, batch_size: int) -> tuple[list[str], list[str]]:
+        """Greedy completions of the held-out addition prompts (≤ 6 tokens) and the reversal prompts (≤ 7)."""
+        from prefzoo.eval.generation import generate
+
+        add = generate(model, tokenizer, self.heldout_prompts, max_new_tokens=6, batch_size=batch_size)
+        rev = generate(model, tokenizer, self.retention_prompts, max_new_tokens=7, batch_size=batch_size)
+        return add, rev
+
+    def _retention(self, completions: list[str]) -> float:
+        hits = sum(c.strip() == t for c, t in zip(completions, self.retention_targets, strict=True))
+        return hits / len(completions)
 
 
 def _skill_scores(completions: list[str], prompts: list[str]) -> dict[str, float]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WinRateResult", "length_controlled_win_rate", "win_rate"]
+__all__ = ["WinRateResult", "judge_completions", "length_controlled_win_rate", "win_rate"]
 
 
 @dataclass
@@ -104,6 +104,21 @@ def win_rate(
           "temperature": temperature, "seed": seed}  # fmt: skip
     pol = generate(policy, tokenizer, prompts, **kw)
     base = generate(baseline, baseline_tokenizer or tokenizer, prompts, **kw)
+    return judge_completions(prompts, pol, base, judge, tokenizer)
+
+
+def judge_completions(
+    prompts: Sequence[str], policy_completions: Sequence[str], baseline_completions: Sequence[str], judge: Any,
+    tokenizer: Any,
+) -> WinRateResult:  # fmt: skip
+    """Judge completions already generated (e.g. cached baseline completions); lengths in ``tokenizer`` tokens."""
+    from prefzoo.eval.judges import get_judge
+
+    if isinstance(judge, str):
+        judge = get_judge(judge)
+    prompts, pol, base = list(prompts), list(policy_completions), list(baseline_completions)
+    if not len(prompts) == len(pol) == len(base):
+        raise ValueError(f"judge_completions: {len(prompts)} prompts, {len(pol)} and {len(base)} completions")
     prefs = [float(v) for v in judge(prompts, pol, base)]
     if len(prefs) != len(prompts):
         raise ValueError(
