@@ -80,7 +80,10 @@ class DefaultTask:
     recommended: dict[str, Any]  # train settings sized for well under 2 min on 2 CPU cores
     seed: int = 0
     warmup_stats: dict[str, Any] = field(default_factory=dict)  # what the warm-up measured (from the cache)
-    _start_completions: tuple[list[str], list[str]] | None = field(default=None, repr=False, compare=False)
+    # greedy completions of the starting policy, keyed by the prompt sets (dataclasses.replace starts afresh)
+    _start_cache: dict[Any, tuple[list[str], list[str]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def load_model(self) -> Any:
         """A fresh copy of the starting policy (LlamaForCausalLM, eval mode, float32)."""
@@ -111,9 +114,10 @@ class DefaultTask:
         from prefzoo.eval.winrate import judge_completions
 
         if baseline_model is None:  # the starting policy: greedy, so its completions are computed once per task
-            if self._start_completions is None:
-                self._start_completions = self._completions(self.load_model(), tokenizer, batch_size)
-            base_add, base_rev = self._start_completions
+            key = (tuple(self.heldout_prompts), tuple(self.retention_prompts))
+            if key not in self._start_cache:
+                self._start_cache[key] = self._completions(self.load_model(), tokenizer, batch_size)
+            base_add, base_rev = self._start_cache[key]
         else:
             base_add, base_rev = self._completions(baseline_model, tokenizer, batch_size)
         pol_add, pol_rev = self._completions(model, tokenizer, batch_size)

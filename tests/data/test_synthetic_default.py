@@ -152,3 +152,15 @@ def test_preference_training_improves_the_oracle_win_rate(loss_name: str) -> Non
     res = t.evaluate_policy(policy, tok)
     assert res["win_rate"] > 0.55, res
     assert res["addition_accuracy"] > res["baseline_addition_accuracy"], res
+
+
+def test_starting_policy_completions_are_cached_per_prompt_set(tiny_task) -> None:
+    import dataclasses
+
+    m, tok = tiny_task.load_model(), tiny_task.load_tokenizer()
+    full = tiny_task.evaluate_policy(m, tok)
+    assert full["n"] == 200 and len(tiny_task._start_cache) == 1
+    small = dataclasses.replace(tiny_task, heldout_prompts=tiny_task.heldout_prompts[:10])
+    assert small._start_cache == {}
+    res = small.evaluate_policy(m, tok)
+    assert res["n"] == 10 and res["win_rate"] == 0.5
