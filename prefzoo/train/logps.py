@@ -28,21 +28,19 @@ class CompletionLogps(dict):
     optional ``token_logps`` / ``token_entropies`` (N, T_c), 0 at padding, and ``token_mask`` (N, T_c) bool.
     """
 
-    def __init__(
-        self,
-        logps: Tensor,
-        lengths: Tensor,
-        token_logps: Tensor | None = None,
-        token_entropies: Tensor | None = None,
-        token_mask: Tensor | None = None,
-    ) -> None:
-        super().__init__(
-            logps=logps,
-            lengths=lengths,
-            token_logps=token_logps,
-            token_entropies=token_entropies,
-            token_mask=token_mask,
-        )
+    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask")
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        # CompletionLogps(logps, lengths, ...) or CompletionLogps(mapping): accelerate rebuilds outputs as
+        # type(out)({k: v ...}) when it converts mixed-precision outputs back to float32
+        if len(args) == 1 and isinstance(args[0], dict) and not fields:
+            fields = dict(args[0])
+        else:
+            fields = {**dict(zip(self._FIELDS, args, strict=False)), **fields}
+        missing = [k for k in ("logps", "lengths") if fields.get(k) is None]
+        if missing:
+            raise TypeError(f"CompletionLogps needs {missing}")
+        super().__init__({**dict.fromkeys(self._FIELDS), **fields})
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -61,3 +61,15 @@ def test_gradient_matches_naive(setup):
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, g_naive[n], atol=1e-5, rtol=1e-4)
     model.zero_grad()
+
+
+def test_completion_logps_survives_accelerate_output_conversion(setup):
+    """accelerate rebuilds dict outputs as type(out)(mapping) under mixed precision (convert_to_fp32)."""
+    from accelerate.utils.operations import convert_to_fp32
+
+    model, b = setup
+    out = PolicyLogps(model)(b["input_ids"], b["attention_mask"], b["completion_mask"])
+    half = type(out)({k: (v.to(torch.bfloat16) if k == "logps" else v) for k, v in out.items()})
+    back = convert_to_fp32(half)
+    assert type(back) is type(out) and back.logps.dtype == torch.float32
+    assert torch.equal(back.lengths, out.lengths) and back.token_logps is None
