@@ -11,6 +11,7 @@ from typing import Any
 
 from prefzoo.cli.main import CLIError
 
+_COUNTS = frozenset({"wins", "ties", "losses", "n", "pairs", "dropped"})  # printed as integers
 _HELP = "Evaluate a model: reward accuracy, win-rate against a baseline with a judge, lm-eval harness tasks."
 
 
@@ -110,7 +111,9 @@ def _load(path: str) -> tuple[Any, Any]:
 def _print_block(title: str, values: dict[str, Any]) -> None:
     print(f"== {title}")
     for k, v in values.items():
-        if isinstance(v, float) and not math.isnan(v):
+        if k in _COUNTS and isinstance(v, float) and v.is_integer():
+            print(f"  {k:28s} {int(v)}")
+        elif isinstance(v, float) and not math.isnan(v):
             print(f"  {k:28s} {v:.4f}")
         elif not isinstance(v, dict):
             print(f"  {k:28s} {v}")
