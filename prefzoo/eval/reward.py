@@ -29,7 +29,7 @@ def reward_accuracy(
     needs a reference model gets ``reference`` (a causal LM), else a ValueError says to pass one.  A tie
     counts as wrong, as in TRL.  Batch-coupled losses (``mmpo``) normalise within each batch of
     ``batch_size`` pairs; that is monotone, so the within-pair comparison does not depend on it.
-    Returns ``reward_accuracy``, ``ties``, ``mean_margin``, ``mean_loss``, ``pairs`` and ``dropped``.
+    Returns ``reward_accuracy``, ``tie_rate``, ``mean_margin``, ``mean_loss``, ``pairs`` and ``dropped``.
     """
     import torch
 
@@ -97,7 +97,7 @@ def reward_accuracy(
     acc = torch.cat(correct).float()  # (N,)
     return {
         "reward_accuracy": float(acc.mean()),
-        "ties": float(torch.cat(ties).float().mean()),
+        "tie_rate": float(torch.cat(ties).float().mean()),
         "mean_margin": float(torch.cat(margins).mean()),
         "mean_loss": float(torch.cat(losses).mean()),
         "pairs": float(acc.numel()),

@@ -47,7 +47,7 @@ def test_reward_accuracy_reference_free_and_with_reference(causal_dirs, files, t
     args = ["eval", "--model", pol, "--reference", base, *data, "--loss", "dpo", "--loss-param", "beta=0.5"]
     assert main([*args, "--output", str(out)]) == 0
     ra = json.loads(out.read_text())["reward_accuracy"]
-    assert ra["reference"] == base and ra["ties"] == 0.0
+    assert ra["reference"] == base and ra["tie_rate"] == 0.0
 
 
 def test_lm_eval_on_a_local_task(causal_dirs, tmp_path) -> None:

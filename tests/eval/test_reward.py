@@ -59,9 +59,9 @@ def test_dpo_against_its_own_reference_is_all_ties_and_against_another_is_not() 
     model, tok = make_causal_lm(0)
     other, _ = make_causal_lm(1)
     same = reward_accuracy(model, tok, _pairs(), "dpo", reference=model)
-    assert same["reward_accuracy"] == 0.0 and same["ties"] == 1.0 and same["mean_margin"] == 0.0
+    assert same["reward_accuracy"] == 0.0 and same["tie_rate"] == 1.0 and same["mean_margin"] == 0.0
     diff = reward_accuracy(model, tok, _pairs(), "dpo", reference=other)
-    assert diff["ties"] == 0.0 and 0 < diff["reward_accuracy"] < 1
+    assert diff["tie_rate"] == 0.0 and 0 < diff["reward_accuracy"] < 1
 
 
 def test_reference_loss_without_reference_is_a_clear_error() -> None:
