@@ -111,6 +111,14 @@ class PreferenceBatch:
                 continue
             _check_tensor(name, t, (b,), ref)
             if name.endswith("lengths"):
+                integral = not t.is_complex() and t.dtype != torch.bool
+                if integral and t.is_floating_point():
+                    integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
+                if not integral:
+                    raise PreferenceBatchError(
+                        f"PreferenceBatch.{name} must hold whole token counts (an integer tensor), got {t.dtype} "
+                        f"values {t.flatten()[:4].tolist()}; pass completion_mask.sum(-1)"
+                    )
                 if not bool((t > 0).all()):
                     bad = int(torch.nonzero(t <= 0)[0, 0])
                     raise PreferenceBatchError(
