@@ -72,6 +72,7 @@ class TrainConfig:
     stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
     max_consecutive_skips: int = 10  # stop (with a checkpoint) after this many non-finite steps in a row; 0 = never
     dist_timeout: float = 1800.0  # seconds a collective may wait for a peer before the run fails (hung/dead process)
+    trust_remote_code: bool = False  # run a model folder's own Python code (auto_map); only for models you trust
     eval_at_start: bool = False  # also evaluate before the first step (reward accuracy of the starting policy)
     progress: bool = True  # tqdm bar on the main process
     report_to: str | None = "auto"  # 'tensorboard', 'none', or 'auto' (tensorboard when installed)

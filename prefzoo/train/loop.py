@@ -251,7 +251,7 @@ def _train(
     faults = FaultPlan.from_env()  # empty unless a test sets PREFZOO_FAULTS
     rank = accelerator.process_index
     set_seed(cfg.seed)
-    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model)
+    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     identity = model_identity(lm, cfg.model)
     if resume_info and resume_info.get("model_identity") != identity:
         raise ResumeError(
@@ -302,7 +302,7 @@ def _train(
     elif Need.REFERENCE in loss.needs and cfg.lora and not has_adapter:
         reference = AdapterDisabledReference(policy)
     elif Need.REFERENCE in loss.needs:  # ZeRO-3: load the reference again, partitioned like the policy
-        ref_lm, _, _ = load_model_and_tokenizer(cfg.model)
+        ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         reference = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
     if reference is not None and cfg.precompute_ref:

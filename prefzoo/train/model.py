@@ -15,8 +15,15 @@ class LoRATargetError(ValueError):
     """LoRA target modules not present in the model."""
 
 
-def load_model_and_tokenizer(name: str, dtype: Any = None) -> tuple[nn.Module, Any, bool]:
-    """(model, tokenizer, has_adapter) from a hub name or local folder; a folder with an adapter loads base+adapter."""
+def load_model_and_tokenizer(
+    name: str, dtype: Any = None, trust_remote_code: bool = False
+) -> tuple[nn.Module, Any, bool]:
+    """(model, tokenizer, has_adapter) from a hub name or local folder; a folder with an adapter loads base+adapter.
+
+    ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
+    code (``auto_map``) is never run otherwise.
+    """
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -25,12 +32,12 @@ def load_model_and_tokenizer(name: str, dtype: Any = None) -> tuple[nn.Module, A
     if (path / "adapter_config.json").is_file():
         from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, dtype=dtype)
+        model = AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, dtype=dtype, **remote)
         base_name = model.peft_config["default"].base_model_name_or_path
         tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base_name
-        return model, AutoTokenizer.from_pretrained(tok_src), True
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    return model, AutoTokenizer.from_pretrained(name), False
+        return model, AutoTokenizer.from_pretrained(tok_src, **remote), True
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote)
+    return model, AutoTokenizer.from_pretrained(name, **remote), False
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:

@@ -74,6 +74,20 @@ def test_model_folder_with_custom_code_is_not_executed(tmp_path, tiny_dir):
     except Exception:
         pass  # refusing is fine; running the code is not
     assert not proof.exists()
+    # the opt-in really is the gate: with --trust-remote-code the folder's code runs
+    try:
+        load_model_and_tokenizer(str(evil), trust_remote_code=True)
+    except Exception:
+        pass  # evil.py defines no classes
+    assert proof.exists()
+
+
+def test_trust_remote_code_is_an_explicit_off_by_default_flag():
+    from prefzoo.cli.main import build_parser
+    from prefzoo.train.config import TrainConfig
+
+    assert TrainConfig().trust_remote_code is False
+    assert "--trust-remote-code" in build_parser()._subparsers._group_actions[0].choices["train"].format_help()
 
 
 class _CountingReference(Reference):
