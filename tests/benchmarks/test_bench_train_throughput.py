@@ -63,6 +63,7 @@ def test_tiny_prefzoo_run(bench, tmp_path):
 
 @pytest.mark.slow
 def test_tiny_run_both_sides(bench, tmp_path):
+    pytest.importorskip("trl")
     res, page = _run(bench, tmp_path, ["prefzoo", "trl"])
     (case,) = res["cases"]
     assert set(case["sides"]) == {"prefzoo", "trl"}
