@@ -23,7 +23,7 @@ def load_model_and_tokenizer(
     ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
     code (``auto_map``) is never run otherwise.
     """
-    remote = {"trust_remote_code": True} if trust_remote_code else {}
+    remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
