@@ -85,7 +85,7 @@ class _HeadLogps(torch.autograd.Function):
         if ctx.has_e and not ctx.needs_input_grad[1]:  # frozen head: closed form from the stored E, F
             e_sum = rest[0]
             grad_h = g_lp.unsqueeze(-1) * (w[targets].float() - e_sum)  # (M, H)
-            if use_ent and ctx.has_f:
+            if g_ent is not None and use_ent and ctx.has_f:
                 grad_h = grad_h - g_ent.unsqueeze(-1) * rest[1]  # (M, H)
             return grad_h.to(h.dtype), None, None, None, None
         dev, enabled, dtype = ctx.autocast

@@ -10,7 +10,7 @@ last prompt position.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -65,7 +65,7 @@ def shared_prompt_select(
         raise SharedPromptError("share_prompt: every pair needs at least one prompt token to predict from")
     pos = torch.arange(t, device=segments.device).expand(b, t)  # (B, T)
     position_ids = torch.where(segments == REJECTED, pos - w_len[:, None], pos).masked_fill(segments == PAD, 0)
-    embed_dtype = backbone.get_input_embeddings().weight.dtype
+    embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(input_ids.device.type):
         embed_dtype = torch.get_autocast_dtype(input_ids.device.type)
     mask = _attention_mask_for(config, shared_prompt_mask(segments), embed_dtype)
