@@ -525,8 +525,9 @@ def _load_state(accelerator: Any, path: Path) -> None:
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ResumeError(
-            f"--resume {path}: the checkpoint's state files cannot be loaded safely ({type(e).__name__}: {first}); "
-            "prefzoo only reads safetensors and torch.load(weights_only=True) data. Resume from another checkpoint"
+            f"--resume {path}: the checkpoint's state files cannot be loaded ({type(e).__name__}: {first}); prefzoo "
+            "reads only safetensors and torch.load(weights_only=True) data, so pickled objects are refused. Resume "
+            "from another checkpoint"
         ) from e
 
 

@@ -97,3 +97,39 @@ def test_resume_auto_with_only_incomplete_checkpoints_starts_fresh(tmp_path, tin
     res = run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "max_steps": 2}, resume="auto"))
     assert res.global_step == 2
     assert "resumed from" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_and_resume_auto_until_done_equals_uninterrupted(tmp_path, tiny_dir, pairs_file):
+    import random
+    import time
+
+    from _run import logged_steps
+
+    kw = {**KW, "save_steps": 1, "max_steps": 10, "save_total_limit": 2}
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, **kw)
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(12):
+        log = tmp_path / f"attempt{attempt}.log"
+        proc = start_cli({**cfg, "resume": "auto"}, log, PREFZOO_FAULTS="sleep_step@0", PREFZOO_FAULT_SLEEP="0.15")
+        if kills < 4:
+            start, t0 = logged_steps(out), time.time()
+            while logged_steps(out) <= start and proc.poll() is None and time.time() - t0 < 240:
+                time.sleep(0.05)  # wait until this attempt made progress (or finished)
+            time.sleep(rng.uniform(0.0, 0.6))  # anywhere: mid-step, mid-save_state, mid-rename, mid-pruning
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                kills += 1
+                latest = find_latest_checkpoint(out)
+                assert latest is None or is_complete(latest)
+                continue
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        break
+    assert kills == 4 and (out / "final").is_dir()
+    full = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **kw))
+    assert full.global_step == 10
+    diff = max_diff(final_weights(tmp_path / "full"), final_weights(out))
+    assert diff < 1e-6, diff
