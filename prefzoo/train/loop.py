@@ -176,6 +176,15 @@ def _build_reference(loss: Loss, cfg: TrainConfig, lm: Any, has_adapter: bool) -
     return FrozenReference(lm, cfg.logp_chunk_size), "frozen copy of the starting model"
 
 
+def _train_order(cfg: TrainConfig, train_tok: Any) -> dict[str, Any]:
+    """DataLoader ordering: plain shuffling, or length-grouped batches (``group_by_length``) that pad less."""
+    if not cfg.group_by_length:
+        return {"shuffle": True}
+    from prefzoo.train.fastpath_batching import LengthGroupedSampler, pair_lengths
+
+    return {"sampler": LengthGroupedSampler(pair_lengths(train_tok), cfg.per_device_batch_size, cfg.seed)}
+
+
 def _zero3_enabled() -> bool:
     try:
         from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -281,7 +290,7 @@ def _train(
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, tuple(cfg.adam_betas), cfg.weight_decay)
     collate = PreferenceCollator(tokenizer.pad_token_id, share_prompt=cfg.share_prompt)
     train_dl = torch.utils.data.DataLoader(
-        train_tok, batch_size=cfg.per_device_batch_size, shuffle=True, collate_fn=collate
+        train_tok, batch_size=cfg.per_device_batch_size, collate_fn=collate, **_train_order(cfg, train_tok)
     )
     eval_dl = (
         torch.utils.data.DataLoader(eval_tok, batch_size=cfg.per_device_batch_size, collate_fn=collate)
