@@ -17,6 +17,7 @@ __all__ = [
     "END",
     "ablation_check",
     "aggregate",
+    "beta_sensitivity",
     "identity_check",
     "peak_tables",
     "plot_trajectories",
@@ -97,6 +98,28 @@ def peak_tables(agg: dict[tuple[str, float, int], dict[str, dict[str, float]]], 
             e_ret = max(pts, key=lambda e: (pts[e]["retention"]["mean"], pts[e]["win_rate"]["mean"], -e))
             out.append({"loss": loss, "beta": beta, "win_epoch": e_win, "win": pts[e_win], "ret_epoch": e_ret,
                         "ret": pts[e_ret]})  # fmt: skip
+    return out
+
+
+def beta_sensitivity(agg: dict, methods: Sequence[str]) -> list[dict[str, Any]]:
+    """Per method and metric (peak win-rate, last-epoch win-rate, last-epoch retention): the range of the seed-means
+    over β and the largest seed std among those points; a range above twice that std is called a β effect."""
+    out = []
+    for m in methods:
+        betas = sorted({b for (lo, b, _e) in agg if lo == m})
+        last = max((e for (lo, _b, e) in agg if lo == m), default=0)
+        if len(betas) < 2 or last == 0:
+            continue
+        peak = {t["beta"]: t["win"]["win_rate"] for t in peak_tables(agg, [m])}
+        for label, pts in (
+            ("peak win-rate", [peak[b] for b in betas]),
+            (f"win-rate at epoch {last}", [agg[(m, b, last)]["win_rate"] for b in betas]),
+            (f"retention at epoch {last}", [agg[(m, b, last)]["retention"] for b in betas]),
+        ):
+            means = [p["mean"] for p in pts]
+            rng, noise = max(means) - min(means), max(p["std"] for p in pts)
+            out.append({"method": m, "what": label, "by_beta": dict(zip(betas, means, strict=True)), "range": rng,
+                        "noise": noise, "effect": rng > 2 * noise and rng > 0})  # fmt: skip
     return out
 
 
@@ -287,6 +310,21 @@ def render_block(
             f"| {t['loss']} | {t['beta']:g} | {_pm(t['win']['win_rate'])} ({t['win_epoch']}) | "
             f"{_pm(t['win']['retention'])} | {_pm(t['win']['lc_win_rate'])} | {_pm(t['ret']['retention'])} "
             f"({t['ret_epoch']}) | {_pm(t['ret']['win_rate'])} |"
+        )
+    lines += [
+        "",
+        "β sensitivity: the range over β of the seed-means, against the largest seed std among those points",
+        "",
+    ]
+    lines += [
+        "| method | quantity | by β | range over β | max seed std | range > 2 × std? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in beta_sensitivity(agg, methods):
+        by = ", ".join(f"{b:g}: {v:.3f}" for b, v in r["by_beta"].items())
+        lines.append(
+            f"| {r['method']} | {r['what']} | {by} | {r['range']:.3f} | {r['noise']:.3f} | "
+            f"{'yes' if r['effect'] else 'no'} |"
         )
     lines += ["", f"Ablations at β = {ablation_beta:g}:", ""]
     lines += [

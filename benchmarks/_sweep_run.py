@@ -38,7 +38,7 @@ class SweepConfig:
     epochs: int = 5  # the paper traces 5 epochs
     pairs: int = 300  # training pairs per epoch (the first N of task.train's 600): 300 / 8 = 38 steps per epoch
     eval_prompts: int = 200  # held-out addition prompts for the win-rate and reversal prompts for retention (all)
-    seeds: tuple[int, ...] = (0, 1, 2)  # training seeds: data order only (the starting policy is the same)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)  # training seeds: data order only (the starting policy is the same)
     lr: float = 3e-4  # peak AdamW lr, cosine with 10% warm-up over all 5 epochs (190 steps)
     batch_size: int = 8  # pairs per optimizer step (1 process, no accumulation)
     task_seed: int = 0  # the default task (starting policy, splits, pairs) is the same for every run

@@ -1,6 +1,6 @@
 """The paper's β study in miniature: mmpo/dpo/simpo × β × epochs (+ MMPO ablations) on the embedded default task.
 
-    python benchmarks/bench_beta_sweep.py            # full: 3 seeds × (9 + 4) runs × 5 epochs -> docs/results/
+    python benchmarks/bench_beta_sweep.py            # full: 5 seeds × (9 + 4) runs × 5 epochs -> docs/results/
     python benchmarks/bench_beta_sweep.py --quick    # CI smoke: 1 seed, 2 epochs, 96 pairs -> runs/beta-sweep-quick/
 
 Every run starts from the same warmed-up policy (task seed 0); the training seed changes only the data order.  After

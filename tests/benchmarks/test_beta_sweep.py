@@ -95,6 +95,9 @@ def test_csv_roundtrip_and_page_keeps_hand_written_text(sweep, tmp_path):
     assert "old" not in text and "- wall time: 1 s" in text and "![t](x.png)" in text
     assert "| mmpo | 0.01 | 0.700 ± 0.000 (2) | 0.800 ± 0.000 |" in text  # peak win-rate row
     assert "| mmpo-no-aux | 0.600 ± 0.000 (1) |" in text  # ablation row
+    # β sensitivity: mmpo's seed-means differ over β (0.05 is flat), dpo's two β coincide; std is 0 here
+    assert "| mmpo | peak win-rate | 0.01: 0.700, 0.05: 0.600, 0.5: 0.700 | 0.100 | 0.000 | yes |" in text
+    assert "| dpo | peak win-rate | 0.01: 0.700, 0.5: 0.700 | 0.000 | 0.000 | no |" in text
     # identity table: dpo's two β share metrics (not weights); mmpo's β = 0.05 rows differ from its other two
     assert "| dpo | 1 | yes | no |" in text and "| mmpo | 1 | no | no |" in text
 
