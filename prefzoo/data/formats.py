@@ -186,6 +186,12 @@ def load_preference_dataset(source: str, split: str = "train", fmt: str | None =
             located = locate_file_error(path)
             why = f"--dataset {source}: cannot be read as {builder}: {_first_line(e)}"
             raise (located or DataFormatError(why)) from e
+        if any(type(f).__name__ == "Json" for f in ds.features.values()):
+            # a column with mixed types is kept as JSON values, and the string "0" comes back as the number 0:
+            # name the line whose type differs instead of blaming a good row later
+            located = locate_file_error(path)
+            if located is not None:
+                raise located
     elif path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             loaded = datasets.load_from_disk(str(path))

@@ -85,6 +85,14 @@ def check_messages(value: Any, row_id: str, field: str) -> list[dict[str, str]]:
     return out
 
 
+def _family(kind: str) -> str:
+    """'int 3' and 'float 4.5' are one family (a number): the type, without the value."""
+    if kind.startswith("a "):
+        return kind
+    name = kind.split(" ", 1)[0]
+    return "a number" if name in ("int", "float") else name
+
+
 def _walk_strings(value: Any, path: str) -> tuple[str, str] | None:
     """The first (path, text) in a parsed JSON value whose text is not encodable as UTF-8."""
     if isinstance(value, str):
@@ -134,8 +142,10 @@ def locate_file_error(path: str | Path) -> Exception | None:
     """A DataFormatError naming the first bad line of a JSON/JSON-lines file, or None if no line is at fault.
 
     Called only after a loader failed, so good files pay nothing.  Finds undecodable bytes, invalid JSON, lines that
-    are not objects, strings with lone surrogates, and a field whose type differs from the same field on an earlier
-    line (pyarrow cannot store mixed types in one column).
+    are not objects, strings with lone surrogates, and a field whose type differs between lines (arrow cannot store
+    mixed types in one column; ``datasets`` falls back to JSON values, which turns the text "0" into the number 0).
+    Of two conflicting lines it names the one holding a type that is never valid (a number, a mapping), else the one
+    against the majority.
     """
     p = Path(path)
     if p.suffix.lower() not in (".json", ".jsonl"):
@@ -147,7 +157,7 @@ def locate_file_error(path: str | Path) -> Exception | None:
         return _error(f"--dataset {path}: invalid UTF-8 at byte {e.start}; re-encode the file as UTF-8")
     except Exception as e:  # the DataFormatError built above
         return e
-    first_kind: dict[str, tuple[str, int]] = {}
+    kinds: dict[str, list[tuple[int, str]]] = {}  # field -> [(line, kind)], nulls left out
     for n, row in rows:
         if not isinstance(row, dict):
             return _error(f"--dataset {path}: line {n}: expected a JSON object (one pair per line), got {_kind(row)}")
@@ -158,13 +168,20 @@ def locate_file_error(path: str | Path) -> Exception | None:
                 "such as \\ud800); fix the encoding of the data"
             )
         for k, v in row.items():
-            kind = _kind(v)
-            if kind == "null":
-                continue
-            seen = first_kind.setdefault(k, (kind, n))
-            if seen[0] != kind:
-                return _error(
-                    f"--dataset {path}: line {n}: field {k!r} is {kind} but on line {seen[1]} it is {seen[0]}; "
-                    "one column must hold one type (see the formats in docs/training.md)"
-                )
+            if v is not None:
+                kinds.setdefault(k, []).append((n, _kind(v)))
+    for field, seq in kinds.items():
+        if len({_family(k) for _, k in seq}) < 2:
+            continue
+        fams = [_family(k) for _, k in seq]
+        majority = max(set(fams), key=lambda f: (fams.count(f), f in ("a string", "a list")))
+        # blame a value that is never valid first (a number, a mapping), else one against the majority
+        n, kind = next(((n, k) for n, k in seq if _family(k) not in ("a string", "a list")), None) or next(
+            (n, k) for n, k in seq if _family(k) != majority
+        )
+        m, other = next((m, k) for m, k in seq if _family(k) != _family(kind))
+        return _error(
+            f"--dataset {path}: line {n}: field {field!r} is {kind}, but line {m} has {other}; one column must hold "
+            "one type: text, or a list of {role, content} messages (see the formats in docs/training.md)"
+        )
     return None

@@ -9,6 +9,7 @@ profile: ``ci`` in CI (fixed), ``thorough`` for long runs (``--hypothesis-profil
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,9 @@ def _write(path: Path, rows: list[Row]) -> Path:
 
 def _names_a_bad_row(msg: str, bad: list[Row]) -> bool:
     for r in bad:
-        row_named = f"example r{r.index}" in msg or f"line {r.index + 1}:" in msg or f"example {r.index}:" in msg
+        # a type conflict names both lines ("line 2: field 'prompt' is int 5, but line 1 has a string")
+        in_lines = re.search(rf"\bline {r.index + 1}\b", msg) is not None
+        row_named = f"example r{r.index}" in msg or in_lines or f"example {r.index}:" in msg
         if row_named:
             return True
     # a dataset-level message (format detection) must still name a column
@@ -194,6 +197,11 @@ def test_malformed_rows_error_clearly_or_are_counted_skips(tmp_path_factory, cha
         (b'{"prompt": "a", "chosen": "x", "rejected": "y"}\n{"prompt": "a", "chosen": \n', r"line 2: invalid JSON"),
         (b'{"prompt": "a\\ud800", "chosen": "x", "rejected": "y"}\n', r"line 1: field 'prompt' is not valid Unicode"),
         (b'{"prompt": "a", "chosen": "x", "rejected": "y"}\n[1, 2]\n', r"line 2: expected a JSON object"),
+        # found by the fuzzer: a mixed column is kept as JSON values; the good row's "0" came back as 0, blamed
+        (
+            b'{"prompt": "0", "chosen": "x", "rejected": "y"}\n{"prompt": 12345, "chosen": "x", "rejected": "y"}\n',
+            r"line 2: field 'prompt' is int 12345, but line 1 has a string",
+        ),
     ],
 )
 def test_file_level_errors_name_the_line(tmp_path, content, match):
