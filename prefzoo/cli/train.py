@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from typing import Any
 
@@ -170,9 +171,9 @@ def _run_default(values: dict[str, Any]) -> int:
         "dataset": None,
     }
     cfg = TrainConfig.from_dict(merged, where="prefzoo train")
-    from accelerate import PartialState
-
-    main = PartialState().is_main_process
+    # The launcher's RANK, not PartialState(): creating the state here would start the process group before
+    # train() can give it --dist-timeout.
+    main = os.environ.get("RANK", "0") == "0"
     if main:
         print(
             f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "
