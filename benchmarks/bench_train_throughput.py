@@ -122,6 +122,19 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _entry(workload: str, case: str, per_side: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per-side spreads of every run summary and, with both sides, the per-repeat prefzoo / TRL ratios."""
+    entry: dict[str, Any] = {"workload": workload, "case": case, "sides": {}}
+    for side, runs in per_side.items():
+        entry["sides"][side] = {k: _spread([x[k] for x in runs]) for k in runs[0] if k != "steps"}
+        entry["sides"][side]["runs"] = runs
+    if set(per_side) == {"prefzoo", "trl"}:
+        pairs_ = list(zip(per_side["prefzoo"], per_side["trl"], strict=True))
+        entry["speed_ratio"] = _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs_])
+        entry["memory_ratio"] = _spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in pairs_])
+    return entry
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     shape = TINY_SHAPE if args.tiny else ModelShape()
     model_dir = build_model_dir(Path(args.cache) / ("tiny-llama" if args.tiny else "llama-12m"), shape)
@@ -177,16 +190,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                         f"eff {summ['efficiency']:.0%} (wall {time.time() - t0:.0f} s)",
                         flush=True,
                     )
-            entry: dict[str, Any] = {"workload": wl_name, "case": case_name, "sides": {}}
-            for side, runs in per_side.items():
-                entry["sides"][side] = {k: _spread([x[k] for x in runs]) for k in runs[0] if k != "steps"}
-                entry["sides"][side]["runs"] = runs
-            if set(args.sides) == {"prefzoo", "trl"}:
-                pz, trl = per_side["prefzoo"], per_side["trl"]
-                pairs_ = list(zip(pz, trl, strict=True))
-                entry["speed_ratio"] = _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs_])
-                entry["memory_ratio"] = _spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in pairs_])
-            results["cases"].append(entry)
+            results["cases"].append(_entry(wl_name, case_name, per_side))
     return results
 
 
@@ -339,7 +343,13 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
     meta["date"] = ", ".join(dict.fromkeys(r["meta"]["date"] for r in loaded))
     meta["repeats"] = "/".join(str(r["meta"]["repeats"]) for r in loaded)
     meta["steps"] = "/".join(str(r["meta"]["steps"]) for r in loaded)
-    return {"cases": [c for r in loaded for c in r["cases"]], "meta": meta}
+    grouped: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in loaded:  # the same (workload, case) from several files: its repeats are pooled
+        for c in r["cases"]:
+            sides = grouped.setdefault((c["workload"], c["case"]), {})
+            for side, data in c["sides"].items():
+                sides.setdefault(side, []).extend(data["runs"])
+    return {"cases": [_entry(wl, case, sides) for (wl, case), sides in grouped.items()], "meta": meta}
 
 
 def main(argv: list[str] | None = None) -> int:
