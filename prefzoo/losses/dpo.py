@@ -124,10 +124,15 @@ def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOut
 
 
 def robust_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> LossOutput:
-    """Robust DPO (Chowdhury et al. 2024, arXiv:2403.00409).  L = (−(1−ε)log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)."""
+    """Robust DPO (Chowdhury et al. 2024, arXiv:2403.00409).  L = (−(1−ε)log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε).
+
+    Evaluated as the algebraically equal −log σ(z) − ε/(1 − 2ε)·z with z = βΔ (log σ(−z) = log σ(z) − z): the
+    listed form cancels in the numerator and divides the rounding error by 1 − 2ε, which is tiny as ε → 0.5.
+    """
     d, rw, rl = _delta(batch, p)
     e = p.label_smoothing
-    losses = (-(1 - e) * F.logsigmoid(p.beta * d) + e * F.logsigmoid(-p.beta * d)) / (1 - 2 * e)
+    z = p.beta * d
+    losses = -F.logsigmoid(z) - (e / (1 - 2 * e)) * z
     return _out(losses, rw, rl, p.beta)
 
 

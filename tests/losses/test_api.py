@@ -145,3 +145,15 @@ def test_broken_loss_output_is_named():
     )
     with pytest.raises(LossOutputError, match=r"loss 'bad' \(plugin 'my-plugin'\) returned losses of shape \(\)"):
         Loss(spec, DPOParams())(full_batch())
+
+
+def test_robust_stays_accurate_in_float32_as_label_smoothing_nears_half():
+    """Regression (found by the low-precision property): the listed form divided a cancelled numerator by 1 − 2ε."""
+    b = PreferenceBatch(
+        policy_chosen_logps=torch.zeros(1),
+        policy_rejected_logps=torch.zeros(1),
+        ref_chosen_logps=torch.zeros(1),
+        ref_rejected_logps=torch.zeros(1),
+    )
+    out = prefzoo.get_loss("robust", label_smoothing=0.49476783957680515)(b)
+    assert abs(out.losses.item() - 0.6931471805599453) < 2e-7
