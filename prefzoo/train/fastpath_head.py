@@ -2,11 +2,13 @@
 
 ``head_logps(h, W, targets)`` returns log π(target) (and optionally the entropy) of M selected positions.  The
 autograd path of :mod:`prefzoo.train.logps` saves every chunk's (m, V) float32 log-softmax for backward (M·V·4 bytes,
-~400 MB for 2,000 completion tokens of a 49k vocabulary).  This Function saves only h (M, H), the log-normalizer
-(M,) and, when the head is frozen, two (M, H) tensors:
+~400 MB for 2,000 completion tokens of a 49k vocabulary) plus the temporaries of two backward kernels.  This
+Function saves only h (M, H), the log-normalizer (M,) and, when the head is frozen, two (M, H) tensors:
 
 - trainable head (full fine-tuning): backward recomputes each chunk's logits z = h W^T and uses
-  ∂ log p_y / ∂z = e_y − p, ∂H / ∂z = −p ⊙ (log p + H), so one (m, V) buffer exists at a time;
+  ∂ log p_y / ∂z = e_y − p, ∂H / ∂z = −p ⊙ (log p + H), so one (m, V) buffer exists at a time.  When the float32
+  log p of all M positions fits in ``MAX_KEEP_BYTES`` (512 MiB) the forward keeps it instead and the backward skips
+  the recomputation (one GEMM per chunk, ~9% of a DPO step measured) and works in place, without allocations;
 - frozen head (LoRA): the forward already holds p, so it stores E = p W and F = (p ⊙ (log p + H)) W (each (M, H));
   backward is then grad_h = g_lp · (W[y] − E) − g_H · F with no recomputation at all.
 """
@@ -18,9 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MAX_CHUNK_ELEMENTS", "fusable_head", "head_logps"]
+__all__ = ["MAX_CHUNK_ELEMENTS", "MAX_KEEP_BYTES", "fusable_head", "head_logps"]
 
 MAX_CHUNK_ELEMENTS = 1 << 24  # at most 16M logits (64 MB float32) per chunk: 341 positions of a 49k vocabulary
+MAX_KEEP_BYTES = 512 << 20  # trainable head: keep the float32 log p for backward when it fits here, else recompute
 
 
 def fusable_head(head: nn.Module) -> bool:
@@ -41,7 +44,7 @@ def _chunk_logp_all(h_c: Tensor, w: Tensor) -> Tensor:
 class _HeadLogps(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, h: Tensor, w: Tensor, targets: Tensor, chunk_size: int, want_entropy: bool
+        ctx: Any, h: Tensor, w: Tensor, targets: Tensor, chunk_size: int, want_entropy: bool, keep: bool
     ) -> tuple[Tensor, Tensor]:
         m_total = h.shape[0]
         lp = torch.empty(m_total, dtype=torch.float32, device=h.device)  # (M,)
@@ -51,6 +54,7 @@ class _HeadLogps(torch.autograd.Function):
         need_h = h.requires_grad
         e_sum = h.new_zeros(m_total, h.shape[1], dtype=torch.float32) if frozen and need_h else None  # (M, H)
         f_sum = h.new_zeros(m_total, h.shape[1], dtype=torch.float32) if frozen and need_h and want_entropy else None
+        kept: list[Tensor] | None = [] if keep and not frozen else None  # log p chunks for backward (no recompute)
         for s in range(0, m_total, chunk_size):
             z = _chunk_logp_all(h[s : s + chunk_size], w)  # (m, V)
             tgt = targets[s : s + chunk_size]  # (m,)
@@ -58,6 +62,8 @@ class _HeadLogps(torch.autograd.Function):
             lse[s : s + chunk_size] = lse_c
             logp_all = z.sub_(lse_c.unsqueeze(-1))  # (m, V) in place: log p
             lp[s : s + chunk_size] = logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            if kept is not None:
+                kept.append(logp_all)  # not modified below: the in-place entropy product is frozen-head only
             if want_entropy or e_sum is not None:
                 p = logp_all.exp()  # (m, V)
                 if want_entropy:
@@ -73,6 +79,7 @@ class _HeadLogps(torch.autograd.Function):
         dev = h.device.type
         ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         ctx.has_e, ctx.has_f = e_sum is not None, f_sum is not None
+        ctx.kept = kept
         if not want_entropy:
             ctx.mark_non_differentiable(ent)
         return lp, ent
@@ -87,7 +94,7 @@ class _HeadLogps(torch.autograd.Function):
             grad_h = g_lp.unsqueeze(-1) * (w[targets].float() - e_sum)  # (M, H)
             if g_ent is not None and use_ent and ctx.has_f:
                 grad_h = grad_h - g_ent.unsqueeze(-1) * rest[1]  # (M, H)
-            return grad_h.to(h.dtype), None, None, None, None
+            return grad_h.to(h.dtype), None, None, None, None, None
         dev, enabled, dtype = ctx.autocast
         with torch.autocast(device_type=dev, dtype=dtype, enabled=enabled):  # recompute as the forward computed
             return _HeadLogps._recompute_backward(ctx, h, w, targets, lse, ent, g_lp, g_ent if use_ent else None)
@@ -101,9 +108,13 @@ class _HeadLogps(torch.autograd.Function):
         grad_h = torch.empty_like(h) if need_h else None  # (M, H)
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # (V, H)
         cs = ctx.chunk_size
-        for s in range(0, m_total, cs):
+        kept, ctx.kept = ctx.kept, None  # consumed in place below; a second backward recomputes
+        for k, s in enumerate(range(0, m_total, cs)):
             h_c, tgt = h[s : s + cs], targets[s : s + cs]  # (m, H), (m,)
-            logp_all = _chunk_logp_all(h_c, w).sub_(lse[s : s + cs].unsqueeze(-1))  # (m, V) log p, recomputed
+            if kept is not None:
+                logp_all, kept[k] = kept[k], None  # (m, V) log p kept by the forward
+            else:
+                logp_all = _chunk_logp_all(h_c, w).sub_(lse[s : s + cs].unsqueeze(-1))  # (m, V) log p, recomputed
             g = g_lp[s : s + cs]  # (m,)
             if g_ent is not None:
                 p = logp_all.exp()  # (m, V)
@@ -118,16 +129,18 @@ class _HeadLogps(torch.autograd.Function):
                 grad_h[s : s + cs] = (grad_z @ w).to(h.dtype)  # (m, H)
             if grad_w is not None:
                 grad_w += (grad_z.t() @ h_c).float()  # (V, H)
-        return grad_h, (grad_w.to(w.dtype) if grad_w is not None else None), None, None, None
+        return grad_h, (grad_w.to(w.dtype) if grad_w is not None else None), None, None, None, None
 
 
 def head_logps(
-    h: Tensor, w: Tensor, targets: Tensor, chunk_size: int, want_entropy: bool
+    h: Tensor, w: Tensor, targets: Tensor, chunk_size: int, want_entropy: bool, keep_bytes: int | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """(log π(target) (M,), entropy (M,) or None) for hidden states h (M, H) under LM-head weight w (V, H)."""
     if h.shape[0] == 0:
         empty = h.new_zeros(0, dtype=torch.float32)
         return empty, (empty if want_entropy else None)
     chunk_size = max(1, min(chunk_size, MAX_CHUNK_ELEMENTS // w.shape[0]))  # bound the (m, V) temporaries
-    lp, ent = _HeadLogps.apply(h, w, targets, chunk_size, want_entropy)
+    keep_bytes = MAX_KEEP_BYTES if keep_bytes is None else keep_bytes
+    keep = torch.is_grad_enabled() and h.shape[0] * w.shape[0] * 4 <= keep_bytes  # small: keep log p, skip recompute
+    lp, ent = _HeadLogps.apply(h, w, targets, chunk_size, want_entropy, keep)
     return lp, (ent if want_entropy else None)

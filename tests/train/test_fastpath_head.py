@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -26,14 +28,15 @@ def _grads(fn, h, w, targets, chunk, want_entropy, g_lp, g_ent):
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 @pytest.mark.parametrize("want_entropy", [False, True])
 @pytest.mark.parametrize("frozen", [False, True])
-def test_values_and_gradients_equal_plain_path(chunk, want_entropy, frozen):
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 30])  # recompute in backward / keep log p from the forward
+def test_values_and_gradients_equal_plain_path(chunk, want_entropy, frozen, keep_bytes):
     g = torch.Generator().manual_seed(chunk + 2 * want_entropy + 4 * frozen)
     m, hid, v = 13, 8, 50
     h = torch.randn(m, hid, generator=g, dtype=torch.float64)
     w = torch.randn(v, hid, generator=g, dtype=torch.float64).requires_grad_(not frozen)
     targets = torch.randint(0, v, (m,), generator=g)
     g_lp, g_ent = torch.randn(m, generator=g, dtype=torch.float64), torch.randn(m, generator=g, dtype=torch.float64)
-    fast = _grads(head_logps, h, w, targets, chunk, want_entropy, g_lp, g_ent)
+    fast = _grads(partial(head_logps, keep_bytes=keep_bytes), h, w, targets, chunk, want_entropy, g_lp, g_ent)
     plain = _grads(_plain, h, w, targets, chunk, want_entropy, g_lp, g_ent)
     for a, b in zip(fast, plain, strict=True):
         if b is None:
@@ -49,6 +52,17 @@ def test_float32_agrees_with_float64():
     lp32, _ = head_logps(h, w, targets, 7, False)
     lp64 = torch.log_softmax(h.double() @ w.detach().double().t(), -1).gather(-1, targets[:, None]).squeeze(-1)
     torch.testing.assert_close(lp32.double(), lp64, atol=1e-4, rtol=1e-5)
+
+
+def test_second_backward_recomputes_when_log_p_was_kept():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 4, generator=g).requires_grad_(True)
+    w = torch.randn(20, 4, generator=g).requires_grad_(True)
+    lp, _ = head_logps(h, w, torch.randint(0, 20, (6,), generator=g), 4, False, keep_bytes=1 << 30)
+    first = torch.autograd.grad(lp.sum(), (h, w), retain_graph=True)
+    second = torch.autograd.grad(lp.sum(), (h, w))  # the kept chunks were consumed in place by the first
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_fusable_head_only_for_plain_bias_free_linear():
