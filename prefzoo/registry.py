@@ -86,12 +86,16 @@ def _load_entry_points(pm: pluggy.PluginManager, failed: list[PluginLoadError]) 
             warnings.warn(f"prefzoo plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
 
 
-def build_registry(extra_plugins: list[tuple[str, Any]] | None = None, autoload: bool | None = None) -> Registry:
-    """Build a fresh plugin manager: hookspecs, entry points, built-ins, extras."""
+def plugin_manager(
+    builtin_modules: tuple[str, ...],
+    extra_plugins: list[tuple[str, Any]] | None,
+    autoload: bool | None,
+    failed: list[PluginLoadError],
+) -> pluggy.PluginManager:
+    """A fresh plugin manager: hookspecs, built-in modules, entry points (unless disabled), extras; checked."""
     pm = pluggy.PluginManager("prefzoo")
     pm.add_hookspecs(hookspecs)
-    failed: list[PluginLoadError] = []
-    for mod in BUILTIN_MODULES:
+    for mod in builtin_modules:
         pm.register(importlib.import_module(mod), name=mod)
     if autoload is None:
         autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
@@ -100,36 +104,55 @@ def build_registry(extra_plugins: list[tuple[str, Any]] | None = None, autoload:
     for name, plugin in extra_plugins or []:
         pm.register(plugin, name=name)
     pm.check_pending()
+    return pm
 
-    losses: dict[str, LossSpec] = {}
-    for impl in pm.hook.prefzoo_register_losses.get_hookimpls():
+
+def collect_specs(
+    pm: pluggy.PluginManager, hook: str, spec_type: type[Any], kind: str, failed: list[PluginLoadError]
+) -> dict[str, Any]:
+    """name -> spec from every implementation of ``hook``, each stamped with its plugin's name.
+
+    A hook that raises, returns something other than a list, or lists something other than ``spec_type`` is
+    reported by plugin name and skipped; two plugins claiming one name is a RegistryError naming both.
+    """
+    out: dict[str, Any] = {}
+    for impl in getattr(pm.hook, hook).get_hookimpls():
         pname = _plugin_name(pm, impl)
         try:
             specs: Any = impl.function()
         except Exception as e:
-            failed.append(PluginLoadError(pname, f"prefzoo_register_losses raised {type(e).__name__}: {e}"))
-            warnings.warn(f"prefzoo plugin {pname!r}: prefzoo_register_losses raised {e}", stacklevel=2)
+            failed.append(PluginLoadError(pname, f"{hook} raised {type(e).__name__}: {e}"))
+            warnings.warn(f"prefzoo plugin {pname!r}: {hook} raised {e}", stacklevel=3)
             continue
-        if specs is not None and not isinstance(specs, list | tuple):  # e.g. one LossSpec instead of a list
-            failed.append(PluginLoadError(pname, f"returned {type(specs).__name__}, expected a list of LossSpec"))
+        if specs is not None and not isinstance(specs, list | tuple):  # e.g. one spec instead of a list
+            failed.append(
+                PluginLoadError(pname, f"returned {type(specs).__name__}, expected a list of {spec_type.__name__}")
+            )
             warnings.warn(
-                f"prefzoo plugin {pname!r}: prefzoo_register_losses returned {type(specs).__name__}, "
-                "expected a list of prefzoo.LossSpec",
-                stacklevel=2,
+                f"prefzoo plugin {pname!r}: {hook} returned {type(specs).__name__}, expected a list of "
+                f"{spec_type.__name__}",
+                stacklevel=3,
             )
             continue
         for spec in specs or []:
-            if not isinstance(spec, LossSpec):
-                failed.append(PluginLoadError(pname, f"registered {spec!r}, which is not a prefzoo.LossSpec"))
-                warnings.warn(f"prefzoo plugin {pname!r} registered a malformed loss spec: {spec!r}", stacklevel=2)
+            if not isinstance(spec, spec_type):
+                failed.append(PluginLoadError(pname, f"registered {spec!r}, which is not a {spec_type.__name__}"))
+                warnings.warn(f"prefzoo plugin {pname!r} registered a malformed {kind} spec: {spec!r}", stacklevel=3)
                 continue
-            if spec.name in losses:
-                other = losses[spec.name].plugin
+            if spec.name in out:
                 raise RegistryError(
-                    f"loss name {spec.name!r} is registered by two plugins: {other!r} and {pname!r}; "
-                    f"uninstall one or set {DISABLE_AUTOLOAD_ENV}=1 and register explicitly"
+                    f"{kind} name {spec.name!r} is registered by two plugins: {out[spec.name].plugin!r} and "
+                    f"{pname!r}; uninstall one or set {DISABLE_AUTOLOAD_ENV}=1 and register explicitly"
                 )
-            losses[spec.name] = replace(spec, plugin=pname)
+            out[spec.name] = replace(spec, plugin=pname)
+    return out
+
+
+def build_registry(extra_plugins: list[tuple[str, Any]] | None = None, autoload: bool | None = None) -> Registry:
+    """Build a fresh loss registry: hookspecs, built-ins, entry points, extras."""
+    failed: list[PluginLoadError] = []
+    pm = plugin_manager(BUILTIN_MODULES, extra_plugins, autoload, failed)
+    losses = collect_specs(pm, "prefzoo_register_losses", LossSpec, "loss", failed)
     return Registry(pm=pm, losses=losses, failed=failed)
 
 

@@ -25,17 +25,14 @@ and ``[project.entry-points.prefzoo] my_judges = "my_package.judges"``.
 from __future__ import annotations
 
 import difflib
-import importlib
-import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pluggy
 
-from prefzoo import hookspecs
-from prefzoo.registry import DISABLE_AUTOLOAD_ENV, PluginLoadError, RegistryError, _load_entry_points
+from prefzoo.registry import PluginLoadError, collect_specs, plugin_manager
 
 __all__ = [
     "BUILTIN_JUDGE_MODULES",
@@ -94,36 +91,9 @@ def build_judge_registry(
     extra_plugins: list[tuple[str, Any]] | None = None, autoload: bool | None = None
 ) -> JudgeRegistry:
     """A fresh plugin manager (same hookspecs and entry-point group as the loss registry) holding the judges."""
-    pm = pluggy.PluginManager("prefzoo")
-    pm.add_hookspecs(hookspecs)
     failed: list[PluginLoadError] = []
-    for mod in BUILTIN_JUDGE_MODULES:
-        pm.register(importlib.import_module(mod), name=mod)
-    if autoload is None:
-        autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
-    if autoload:
-        _load_entry_points(pm, failed)
-    for name, plugin in extra_plugins or []:
-        pm.register(plugin, name=name)
-    pm.check_pending()
-    judges: dict[str, JudgeSpec] = {}
-    for impl in pm.hook.prefzoo_register_judges.get_hookimpls():
-        pname = pm.get_name(impl.plugin) or repr(impl.plugin)
-        try:
-            specs: Any = impl.function()
-        except Exception as e:  # a broken plugin is reported, the rest keeps working
-            failed.append(PluginLoadError(pname, f"prefzoo_register_judges raised {type(e).__name__}: {e}"))
-            continue
-        for spec in specs or []:
-            if not isinstance(spec, JudgeSpec):
-                failed.append(PluginLoadError(pname, f"registered {spec!r}, which is not a prefzoo.eval.JudgeSpec"))
-                continue
-            if spec.name in judges:
-                raise RegistryError(
-                    f"judge name {spec.name!r} is registered by two plugins: {judges[spec.name].plugin!r} and "
-                    f"{pname!r}; uninstall one or set {DISABLE_AUTOLOAD_ENV}=1 and register explicitly"
-                )
-            judges[spec.name] = replace(spec, plugin=pname)
+    pm = plugin_manager(BUILTIN_JUDGE_MODULES, extra_plugins, autoload, failed)
+    judges = collect_specs(pm, "prefzoo_register_judges", JudgeSpec, "judge", failed)
     return JudgeRegistry(pm=pm, judges=judges, failed=failed)
 
 
