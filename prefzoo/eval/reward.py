@@ -6,6 +6,7 @@ Uses the trainer's tokenization (:func:`prefzoo.data.tokenize.tokenize_pairs`), 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 __all__ = ["reward_accuracy"]
@@ -33,11 +34,12 @@ def reward_accuracy(
     """
     import torch
 
-    from prefzoo import PreferenceBatch, get_loss
+    from prefzoo import get_loss
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
     from prefzoo.eval.generation import unwrap_model
     from prefzoo.train.logps import PolicyLogps
+    from prefzoo.train.loop import preference_batch
     from prefzoo.types import Need
 
     loss_fn = get_loss(loss) if isinstance(loss, str) else loss
@@ -52,7 +54,12 @@ def reward_accuracy(
     collate = PreferenceCollator(tokenizer.pad_token_id)
     policy = PolicyLogps(unwrap_model(model))
     ref = PolicyLogps(unwrap_model(reference)) if Need.REFERENCE in needs else None
-    want_tok, want_ent = Need.TOKEN_LOGPS in needs, Need.TOKEN_ENTROPIES in needs
+
+    def ref_pair(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,) reference log-probs
+        assert ref is not None
+        rw, rl = ref(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]).split()
+        return rw["logps"], rl["logps"]
+
     device = next(policy.parameters()).device
     modes = [(m, m.training) for m in (policy, ref) if m is not None]
     for m, _ in modes:
@@ -63,29 +70,10 @@ def reward_accuracy(
             for start in range(0, len(enc), batch_size):
                 rows = [enc[i] for i in range(start, min(start + batch_size, len(enc)))]
                 batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in collate(rows).items()}
-                args = (batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
-                w, l = policy(*args, token_logps=want_tok, token_entropies=want_ent).split()
-                fields: dict[str, Any] = {
-                    "policy_chosen_logps": w["logps"],  # (B,)
-                    "policy_rejected_logps": l["logps"],  # (B,)
-                    "chosen_lengths": w["lengths"],  # (B,)
-                    "rejected_lengths": l["lengths"],  # (B,)
-                    "example_ids": tuple(batch["ids"]),
-                }
-                if want_tok or want_ent:
-                    fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c)
-                if want_tok:
-                    fields.update(
-                        policy_chosen_token_logps=w["token_logps"], policy_rejected_token_logps=l["token_logps"]
-                    )
-                if want_ent:
-                    fields.update(
-                        chosen_token_entropies=w["token_entropies"], rejected_token_entropies=l["token_entropies"]
-                    )
-                if ref is not None:
-                    rw, rl = ref(*args).split()
-                    fields.update(ref_chosen_logps=rw["logps"], ref_rejected_logps=rl["logps"])  # (B,), (B,)
-                out = loss_fn(PreferenceBatch(**fields))
+                pb = preference_batch(
+                    loss_fn, policy, ref_pair if ref is not None else None, batch, contextlib.nullcontext
+                )
+                out = loss_fn(pb)
                 margin = out.chosen_rewards - out.rejected_rewards  # (B,)
                 correct.append(margin > 0)
                 ties.append(margin == 0)

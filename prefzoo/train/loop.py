@@ -66,11 +66,11 @@ class TrainResult:
     tokenizer: Any = None
 
 
-def _preference_batch(
+def preference_batch(
     loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
 ) -> PreferenceBatch:
     """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
-    return PreferenceBatch(**_batch_fields(loss, policy, reference, batch, autocast))
+    return PreferenceBatch(**batch_fields(loss, policy, reference, batch, autocast))
 
 
 _FLOAT_FIELDS = (
@@ -85,7 +85,7 @@ _FLOAT_FIELDS = (
 )
 
 
-def _batch_fields(
+def batch_fields(
     loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
 ) -> dict[str, Any]:
     """The PreferenceBatch fields of a collated batch (not yet validated: the loop checks finiteness first)."""
@@ -127,7 +127,7 @@ def evaluate(
     policy.eval()
     correct, losses = [], []
     for batch in dataloader:
-        pb = _preference_batch(loss, policy, reference, batch, accelerator.autocast)
+        pb = preference_batch(loss, policy, reference, batch, accelerator.autocast)
         out = loss(pb, gather=gather)
         correct.append(accelerator.gather_for_metrics((out.chosen_rewards > out.rejected_rewards).float()))
         losses.append(accelerator.gather_for_metrics(out.losses.detach().float()))
@@ -382,7 +382,7 @@ def _train(
                 if not step_bad:  # once a step is bad, its remaining micro-batches are not computed
                     ids = [str(i) for i in batch["ids"]]
                     step_ids += ids
-                    fields = _batch_fields(loss, policy, reference, batch, accelerator.autocast)
+                    fields = batch_fields(loss, policy, reference, batch, accelerator.autocast)
                     fields["policy_chosen_logps"] = faults.poison_logps(
                         fields["policy_chosen_logps"], global_step + 1, rank
                     )
