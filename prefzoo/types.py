@@ -45,6 +45,17 @@ NEED_FIELDS: dict[Need, tuple[str, ...]] = {
     Need.TOKEN_ENTROPIES: ("chosen_token_entropies", "rejected_token_entropies", "chosen_mask", "rejected_mask"),
 }
 
+# Every floating-point tensor field of a PreferenceBatch (masks and lengths are not).
+FLOAT_FIELDS = (
+    "policy_chosen_logps",
+    "policy_rejected_logps",
+    "ref_chosen_logps",
+    "ref_rejected_logps",
+    "policy_chosen_token_logps",
+    "policy_rejected_token_logps",
+    "chosen_token_entropies",
+    "rejected_token_entropies",
+)
 _PER_EXAMPLE = (
     "policy_chosen_logps",
     "policy_rejected_logps",

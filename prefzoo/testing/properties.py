@@ -23,7 +23,7 @@ from torch import Tensor
 
 from prefzoo.spec import Loss, LossParamError, LossSpec, param_infos
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
-from prefzoo.types import LossOutput, Need, PreferenceBatch
+from prefzoo.types import FLOAT_FIELDS, LossOutput, Need, PreferenceBatch
 
 __all__ = [
     "GENERIC_PROPERTIES",
@@ -46,17 +46,7 @@ __all__ = [
 
 U32 = 2.0**-24  # float32 unit roundoff
 U64 = 2.0**-53
-_FLOAT_FIELDS = (
-    "policy_chosen_logps",
-    "policy_rejected_logps",
-    "ref_chosen_logps",
-    "ref_rejected_logps",
-    "policy_chosen_token_logps",
-    "policy_rejected_token_logps",
-    "chosen_token_entropies",
-    "rejected_token_entropies",
-)
-_GRAD_FIELDS = tuple(f for f in _FLOAT_FIELDS if not f.startswith("ref_"))
+_GRAD_FIELDS = tuple(f for f in FLOAT_FIELDS if not f.startswith("ref_"))
 
 
 class PropertyFailure(AssertionError):
@@ -70,7 +60,7 @@ def _fail(msg: str) -> None:
 def cast_batch(batch: PreferenceBatch, dtype: torch.dtype | None = None, requires_grad: bool = True) -> PreferenceBatch:
     """A copy whose float fields are fresh leaves (of ``dtype`` if given); differentiable fields require grad."""
     ch: dict[str, Any] = {}
-    for name in _FLOAT_FIELDS:
+    for name in FLOAT_FIELDS:
         t = getattr(batch, name)
         if t is None:
             continue
@@ -209,7 +199,7 @@ def _sensitivity(loss: Loss, b64: PreferenceBatch, u: float, draws: int = 8) -> 
     worst = torch.zeros_like(base)
     for k in range(draws):
         ch = {}
-        for name in _FLOAT_FIELDS:
+        for name in FLOAT_FIELDS:
             t = getattr(b64, name)
             if t is not None:
                 sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1

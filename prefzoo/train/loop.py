@@ -42,7 +42,7 @@ from prefzoo.train.reference import (
 )
 from prefzoo.train.runcard import write_final_model
 from prefzoo.train.signals import PreemptionHandler
-from prefzoo.types import Need, PreferenceBatch
+from prefzoo.types import FLOAT_FIELDS, Need, PreferenceBatch
 
 __all__ = ["TrainResult", "evaluate", "train"]
 
@@ -71,18 +71,6 @@ def preference_batch(
 ) -> PreferenceBatch:
     """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
     return PreferenceBatch(**batch_fields(loss, policy, reference, batch, autocast))
-
-
-_FLOAT_FIELDS = (
-    "policy_chosen_logps",
-    "policy_rejected_logps",
-    "ref_chosen_logps",
-    "ref_rejected_logps",
-    "policy_chosen_token_logps",
-    "policy_rejected_token_logps",
-    "chosen_token_entropies",
-    "rejected_token_entropies",
-)
 
 
 def batch_fields(
@@ -386,7 +374,7 @@ def _train(
                     fields["policy_chosen_logps"] = faults.poison_logps(
                         fields["policy_chosen_logps"], global_step + 1, rank
                     )
-                    local_bad = nonfinite_ids(ids, *(fields.get(k) for k in _FLOAT_FIELDS))
+                    local_bad = nonfinite_ids(ids, *(fields.get(k) for k in FLOAT_FIELDS))
                     out = None
                     if not guard.any_rank(bool(local_bad)):  # every rank agrees before the loss gathers
                         pb = PreferenceBatch(**fields)
