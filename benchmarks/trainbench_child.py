@@ -103,8 +103,6 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
         grad_accum=1,
         warmup_ratio=0.0,
         eval_fraction=0.0,
-        max_prompt_length=4096,
-        max_completion_length=4096,
         lora=spec.get("lora", False),
         precompute_ref=spec.get("precompute", False),
         ref_cache_dir=str(workdir / "refcache"),

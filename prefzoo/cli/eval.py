@@ -11,7 +11,8 @@ from typing import Any
 
 from prefzoo.cli.main import CLIError
 
-_COUNTS = frozenset({"wins", "ties", "losses", "n", "pairs", "dropped"})  # printed as integers
+_COUNTS = frozenset({"wins", "ties", "losses", "n", "pairs", "dropped", "max_prompt_length", "max_completion_length",
+                     "context_truncated", "prompts_truncated"})  # fmt: skip  # printed as integers
 _HELP = "Evaluate a model: reward accuracy, win-rate against a baseline with a judge, lm-eval harness tasks."
 
 
@@ -41,8 +42,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--loss", default="dpo", help="registered loss whose rewards score the pairs (default: dpo)")
     g.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE",
                    help="loss parameter, repeatable, e.g. beta=0.1 (default: the loss's defaults)")  # fmt: skip
-    g.add_argument("--max-prompt-length", type=int, default=1800, help="prompt tokens kept, from the end (1800)")
-    g.add_argument("--max-completion-length", type=int, default=512, help="completion tokens kept (512)")
+    g.add_argument("--max-prompt-length", type=int, default=None, help="prompt tokens kept, from the end "
+                   "(default: 1800, fitted to the model's context)")  # fmt: skip
+    g.add_argument("--max-completion-length", type=int, default=None, help="completion tokens kept, from the start "
+                   "(default: 512, fitted to the model's context)")  # fmt: skip
 
     g = p.add_argument_group("win-rate")
     g.add_argument("--win-rate", action="store_true", help="generate from --model and --baseline and judge")

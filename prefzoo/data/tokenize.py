@@ -28,6 +28,7 @@ class TokenizeStats:
     completion_truncated: int
     identical: int = 0  # chosen == rejected token ids after truncation: no preference signal, never trained on
     oversized: int = 0  # a field longer than MAX_TEXT_CHARS characters: skipped before tokenization
+    context_truncated: int = 0  # pairs truncated only because the limits were lowered to the model's context
 
 
 def ensure_pad_token(tokenizer: Any) -> str | None:
@@ -72,8 +73,15 @@ def tokenize_pairs(
     max_prompt_length: int = 1800,
     max_completion_length: int = 512,
     num_proc: int | None = None,
+    *,
+    requested: tuple[int, int] | None = None,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
-    """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted."""
+    """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted.
+
+    ``requested`` = the (prompt, completion) limits before they were lowered to the model's context: pairs that
+    only the lower limits truncate are counted in ``context_truncated``.
+    """
+    req_prompt, req_completion = requested or (max_prompt_length, max_completion_length)
     if max_prompt_length < 1 or max_completion_length < 1:
         raise DataFormatError(
             f"max_prompt_length={max_prompt_length} and max_completion_length={max_completion_length} must be >= 1"
@@ -96,18 +104,22 @@ def tokenize_pairs(
                 "keep": False,
                 "identical": False,
                 "oversized": True,
+                "context_truncated": False,
             }
         prompt = render_prompt(tokenizer, row["prompt"])
         chosen = _completion_ids(tokenizer, row["chosen"])
         rejected = _completion_ids(tokenizer, row["rejected"])
         identical = len(chosen) > 0 and chosen[:max_completion_length] == rejected[:max_completion_length]
+        longest = max(len(chosen), len(rejected))
+        cut = len(prompt) > max_prompt_length or longest > max_completion_length
         return {
             "id": row["id"],
             "prompt_ids": prompt[-max_prompt_length:],  # the prompt keeps its END (the question nearest the answer)
             "chosen_ids": chosen[:max_completion_length],  # completions keep their START
             "rejected_ids": rejected[:max_completion_length],
             "prompt_truncated": len(prompt) > max_prompt_length,
-            "completion_truncated": max(len(chosen), len(rejected)) > max_completion_length,
+            "completion_truncated": longest > max_completion_length,
+            "context_truncated": cut and len(prompt) <= req_prompt and longest <= req_completion,
             "keep": len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0 and not identical,
             "identical": identical,
             "oversized": False,
@@ -125,6 +137,7 @@ def tokenize_pairs(
         completion_truncated=int(sum(enc["completion_truncated"])),
         identical=int(sum(enc["identical"])),
         oversized=int(sum(enc["oversized"])),
+        context_truncated=int(sum(enc["context_truncated"])),
     )
     if stats.kept == 0:
         raise DataFormatError(
@@ -142,5 +155,7 @@ def tokenize_pairs(
             stats.identical,
             stats.oversized,
         )
-    enc = enc.remove_columns(["keep", "prompt_truncated", "completion_truncated", "identical", "oversized"])
+    enc = enc.remove_columns(
+        ["keep", "prompt_truncated", "completion_truncated", "identical", "oversized", "context_truncated"]
+    )
     return enc, stats

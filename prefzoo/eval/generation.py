@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-__all__ = ["generate", "unwrap_model"]
+__all__ = ["generate", "prompt_budget", "unwrap_model"]
+
+log = logging.getLogger(__name__)
 
 
 def unwrap_model(model: Any) -> Any:
@@ -12,6 +15,24 @@ def unwrap_model(model: Any) -> Any:
     while hasattr(model, "module") and not hasattr(model, "generate"):
         model = model.module
     return model
+
+
+def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int | None, str]:
+    """(prompt tokens that fit beside ``max_new_tokens`` in the model's context or None when it declares none, why).
+
+    ``max_new_tokens`` that leaves no room for a prompt is a ValueError naming both numbers.
+    """
+    from prefzoo.train.context import model_context
+
+    context, source = model_context(unwrap_model(model), tokenizer)
+    if context is None:
+        return None, source
+    if max_new_tokens >= context:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens "
+            f"({source}); lower it below {context}"
+        )
+    return context - max_new_tokens, f"the model's context of {context} tokens ({source})"
 
 
 def generate(
@@ -25,6 +46,7 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
+    report: dict[str, Any] | None = None,
 ) -> list[str]:
     """Completions (decoded, special tokens dropped) for ``prompts``, in order.
 
@@ -32,7 +54,9 @@ def generate(
     ``do_sample=True`` each batch ``i`` samples under ``torch.manual_seed(seed + i)``
     inside a forked RNG, so a run is reproducible and the caller's RNG state is
     untouched.  Prompts are left-padded; the model is put in eval mode and
-    restored afterwards.
+    restored afterwards.  A prompt longer than the model's context minus ``max_new_tokens`` keeps its end (as in
+    training); how many were cut is logged and, when ``report`` is a dict, stored in ``report["prompts_truncated"]``
+    with the budget in ``report["prompt_budget"]``.
     """
     import torch
 
@@ -44,6 +68,8 @@ def generate(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("generate: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+    budget, why = prompt_budget(model, tokenizer, max_new_tokens)
+    truncated = 0
     device = next(model.parameters()).device
     was_training, old_side = model.training, tokenizer.padding_side
     model.eval()
@@ -53,6 +79,9 @@ def generate(
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i : i + batch_size]
             enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
+            if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the last columns are the ends
+                truncated += int((enc["attention_mask"].sum(dim=1) > budget).sum())
+                enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)
             kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
             if do_sample:
                 kw.update(temperature=temperature, top_p=top_p, top_k=0)
@@ -68,4 +97,11 @@ def generate(
     finally:
         tokenizer.padding_side = old_side
         model.train(was_training)
+    if truncated:
+        log.warning(
+            "generate: %d of %d prompts cut to their last %d tokens so that prompt + max_new_tokens=%d fits %s",
+            truncated, len(prompts), budget, max_new_tokens, why,
+        )  # fmt: skip
+    if report is not None:
+        report.update(prompts_truncated=truncated, prompt_budget=budget)
     return out

@@ -20,8 +20,8 @@ def reward_accuracy(
     *,
     reference: Any = None,
     batch_size: int = 16,
-    max_prompt_length: int = 1800,
-    max_completion_length: int = 512,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
 ) -> dict[str, float]:
     """mean(chosen_reward > rejected_reward) over ``dataset`` (columns id, prompt, chosen, rejected).
 
@@ -30,7 +30,10 @@ def reward_accuracy(
     needs a reference model gets ``reference`` (a causal LM), else a ValueError says to pass one.  A tie
     counts as wrong, as in TRL.  Batch-coupled losses (``mmpo``) normalise within each batch of
     ``batch_size`` pairs; that is monotone, so the within-pair comparison does not depend on it.
-    Returns ``reward_accuracy``, ``tie_rate``, ``mean_margin``, ``mean_loss``, ``pairs`` and ``dropped``.
+    Token limits unset are 1800 / 512 fitted to the model's (and reference's) context, as in training; an explicit
+    one that does not fit is a ValueError naming both numbers.
+    Returns ``reward_accuracy``, ``tie_rate``, ``mean_margin``, ``mean_loss``, ``pairs``, ``dropped``, the token
+    limits used and ``context_truncated`` (pairs truncated only because of the context).
     """
     import torch
 
@@ -38,6 +41,7 @@ def reward_accuracy(
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
     from prefzoo.eval.generation import unwrap_model
+    from prefzoo.train.context import fit_to_context
     from prefzoo.train.logps import PolicyLogps
     from prefzoo.train.loop import preference_batch
     from prefzoo.types import Need
@@ -50,7 +54,15 @@ def reward_accuracy(
             "default the --baseline), or pick a reference-free loss such as simpo"
         )
     ensure_pad_token(tokenizer)
-    enc, stats = tokenize_pairs(dataset, tokenizer, max_prompt_length, max_completion_length)
+    fitted = [
+        fit_to_context(max_prompt_length, max_completion_length, unwrap_model(m), tokenizer)
+        for m in (model, reference if Need.REFERENCE in needs else None)
+        if m is not None
+    ]
+    limits = min(fitted, key=lambda f: f.max_prompt_length + f.max_completion_length)  # the shorter context wins
+    enc, stats = tokenize_pairs(
+        dataset, tokenizer, limits.max_prompt_length, limits.max_completion_length, requested=limits.requested
+    )
     collate = PreferenceCollator(tokenizer.pad_token_id)
     policy = PolicyLogps(unwrap_model(model))
     ref = PolicyLogps(unwrap_model(reference)) if Need.REFERENCE in needs else None
@@ -90,4 +102,7 @@ def reward_accuracy(
         "mean_loss": float(torch.cat(losses).mean()),
         "pairs": float(acc.numel()),
         "dropped": float(stats.dropped),
+        "max_prompt_length": float(limits.max_prompt_length),
+        "max_completion_length": float(limits.max_completion_length),
+        "context_truncated": float(stats.context_truncated),
     }

@@ -30,6 +30,7 @@ class WinRateResult:
     preferences: list[float]
     policy_lengths: list[int]  # completion tokens
     baseline_lengths: list[int]
+    prompts_truncated: int = 0  # prompts cut (keeping their end) to fit the context beside max_new_tokens
 
     def summary(self) -> dict[str, float]:
         n = len(self.preferences)
@@ -44,6 +45,7 @@ class WinRateResult:
             "lc_win_rate": length_controlled_win_rate(self.preferences, self.policy_lengths, self.baseline_lengths),
             "mean_policy_length": sum(self.policy_lengths) / n,
             "mean_baseline_length": sum(self.baseline_lengths) / n,
+            "prompts_truncated": self.prompts_truncated,
         }
 
 
@@ -90,7 +92,8 @@ def win_rate(
 
     ``judge`` is a :class:`prefzoo.eval.judges.Judge` (``get_judge("oracle")``) or a
     registered judge name.  Lengths for the length control are completion tokens
-    under ``tokenizer``.
+    under ``tokenizer``.  Each model's prompts are cut (keeping their end) to fit its context beside
+    ``max_new_tokens``; ``prompts_truncated`` counts them (the larger of the two models' counts).
     """
     from prefzoo.eval.generation import generate
     from prefzoo.eval.judges import get_judge
@@ -102,9 +105,13 @@ def win_rate(
         judge = get_judge(judge)
     kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "do_sample": do_sample,
           "temperature": temperature, "seed": seed}  # fmt: skip
-    pol = generate(policy, tokenizer, prompts, **kw)
-    base = generate(baseline, baseline_tokenizer or tokenizer, prompts, **kw)
-    return judge_completions(prompts, pol, base, judge, tokenizer)
+    pol_report: dict[str, Any] = {}
+    base_report: dict[str, Any] = {}
+    pol = generate(policy, tokenizer, prompts, report=pol_report, **kw)
+    base = generate(baseline, baseline_tokenizer or tokenizer, prompts, report=base_report, **kw)
+    result = judge_completions(prompts, pol, base, judge, tokenizer)
+    result.prompts_truncated = max(pol_report["prompts_truncated"], base_report["prompts_truncated"])
+    return result
 
 
 def judge_completions(

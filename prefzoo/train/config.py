@@ -32,8 +32,8 @@ class TrainConfig:
     train_split: str = "train"  # the split of --dataset to train on
     eval_split: str | None = None  # a split name; None = the 'test'/'validation' split if any, else eval_fraction
     eval_fraction: float = 0.05  # held out from train when there is no eval split (0 disables evaluation)
-    max_prompt_length: int = 1800  # prompt tokens kept, from the END of the prompt
-    max_completion_length: int = 512  # completion tokens kept, from the START (eos included)
+    max_prompt_length: int | None = None  # prompt tokens kept, from the END; unset = 1800, fitted to the context
+    max_completion_length: int | None = None  # completion tokens kept, from the START (eos incl.); unset = 512, fitted
     dataset_num_proc: int | None = None  # processes for tokenization (datasets.map num_proc; pays off on large data)
     # optimization
     lr: float = 5e-7  # peak learning rate (paper: 5e-7 full fine-tuning of small models)
@@ -49,6 +49,7 @@ class TrainConfig:
     mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate autocast)
     seed: int = 42
     # model surgery
+    keep_dropout: bool = False  # keep the model's dropout on (off by default, as TRL's disable_dropout: see docs)
     lora: bool = False  # train a LoRA adapter; the reference is the same model with adapters disabled
     lora_r: int = 64  # paper: r = 64
     lora_alpha: int = 64  # paper: α = 64 (scale α/r = 1)
@@ -83,9 +84,10 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
+        for name in ("max_prompt_length", "max_completion_length"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1 (or unset to fit the model's context)")
         positive = (
-            "max_prompt_length",
-            "max_completion_length",
             "epochs",
             "per_device_batch_size",
             "grad_accum",

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefzoo.data.formats import DataFormatError, load_preference_dataset, normalize
 from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
+from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
 __all__ = ["prepare_datasets"]
 
@@ -17,8 +18,18 @@ def _prefix_ids(ds: Any, prefix: str) -> Any:
     return ds.map(lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
 
 
-def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = None) -> tuple[Any, Any, dict[str, Any]]:
-    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``."""
+def prepare_datasets(
+    cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = None, limits: ContextLimits | None = None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``.
+
+    ``limits``: the token limits fitted to the model's context (default: ``cfg``'s, unset ones at their defaults).
+    """
+    if limits is None:
+        p = cfg.max_prompt_length or DEFAULT_MAX_PROMPT_LENGTH
+        c = cfg.max_completion_length or DEFAULT_MAX_COMPLETION_LENGTH
+        limits = ContextLimits(p, c, (p, c), None, "not fitted to a model")
+    lengths = (limits.max_prompt_length, limits.max_completion_length)
     if train is None:
         if cfg.dataset is None:
             raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
@@ -40,27 +51,25 @@ def prepare_datasets(cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = N
         split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
         train, eval_ = split["train"], split["test"]
     train_tok, train_stats = tokenize_pairs(
-        _prefix_ids(train, "train"), tokenizer, cfg.max_prompt_length, cfg.max_completion_length, cfg.dataset_num_proc
+        _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
     )
     stats: dict[str, Any] = {"train": vars(train_stats)}
     eval_tok = None
     if eval_ is not None and len(eval_) > 0:
         eval_tok, eval_stats = tokenize_pairs(
-            _prefix_ids(eval_, "eval"),
-            tokenizer,
-            cfg.max_prompt_length,
-            cfg.max_completion_length,
-            cfg.dataset_num_proc,
+            _prefix_ids(eval_, "eval"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():
         st = TokenizeStats(**s)
         log.info(
-            "%s pairs: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated",
+            "%s pairs: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated "
+            "(%d pairs only because of the model's context)",
             split_name,
             st.kept,
             st.dropped,
             st.prompt_truncated,
             st.completion_truncated,
+            st.context_truncated,
         )
     return train_tok, eval_tok, stats

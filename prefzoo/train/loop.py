@@ -32,6 +32,7 @@ from prefzoo.train.faults import (
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
+from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.reference import (
     AdapterDisabledReference,
     FrozenReference,
@@ -64,6 +65,7 @@ class TrainResult:
     checkpoint: Path | None = None  # the newest checkpoint this run wrote
     model: Any = None
     tokenizer: Any = None
+    model_defaults: Any = None  # ModelDefaults: the dropout turned off (or kept) and the token limits used
 
 
 def preference_batch(
@@ -260,14 +262,18 @@ def _train(
     if pad_note:
         accelerator.print(f"prefzoo train: {pad_note}")
         lm.config.pad_token_id = tokenizer.pad_token_id
+    defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
+    for line in defaults.lines():
+        accelerator.print(f"prefzoo train: {line}")
     with accelerator.main_process_first():
-        train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset)
+        train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset, defaults.limits)
     for split_name, s in data_stats.items():
         accelerator.print(
             f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
             f"({s.get('identical', 0)} with chosen identical to rejected, {s.get('oversized', 0)} oversized, the "
             f"rest with no completion token left), {s['prompt_truncated']} prompts / "
-            f"{s['completion_truncated']} completions truncated"
+            f"{s['completion_truncated']} completions truncated ({s['context_truncated']} pairs only because of the "
+            "model's context)"
         )
     reference, ref_kind = _build_reference(loss, cfg, lm, has_adapter)
     if cfg.lora and not has_adapter:
@@ -333,7 +339,7 @@ def _train(
         global_step = int(resume_info["step"])
         guard.skipped = int(resume_info.get("skipped_steps", 0))
         accelerator.print(f"prefzoo train: resumed from {resume_path} at step {global_step}")
-    result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer)
+    result = TrainResult(global_step=global_step, data_stats=data_stats, tokenizer=tokenizer, model_defaults=defaults)
     acc = MetricsAccumulator()
     bar = tqdm(
         total=total_steps,

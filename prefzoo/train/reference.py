@@ -85,8 +85,13 @@ class AdapterDisabledReference(Reference):
     @torch.no_grad()
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         inner = self._inner()
-        with inner.lm.disable_adapter():
-            out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        was_training = inner.training
+        inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
+        try:
+            with inner.lm.disable_adapter():
+                out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        finally:
+            inner.train(was_training)
         b = out.logps.shape[0] // 2
         return out.logps[:b].detach(), out.logps[b:].detach()
 

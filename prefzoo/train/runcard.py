@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shutil
@@ -38,12 +39,15 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
             shutil.rmtree(tmp)
         sd = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
         is_peft = hasattr(lm, "peft_config")
-        if is_peft and cfg.merge_lora:
-            import copy
+        defaults = getattr(result, "model_defaults", None)
+        # the saved config keeps the model's own dropout rates (the run set them to 0 in memory only)
+        with defaults.dropout.config_restored() if defaults is not None else contextlib.nullcontext():
+            if is_peft and cfg.merge_lora:
+                import copy
 
-            copy.deepcopy(lm).merge_and_unload().save_pretrained(tmp)
-        else:
-            lm.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+                copy.deepcopy(lm).merge_and_unload().save_pretrained(tmp)
+            else:
+                lm.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         card = {
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -54,6 +58,7 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
             "steps": result.global_step,
             "versions": versions(),
             "data": result.data_stats,
+            "model_defaults": defaults.as_dict() if defaults is not None else {},
             "final_metrics": result.history[-1] if result.history else {},
             "evals": result.evals,
         }
@@ -63,6 +68,7 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
             "",
             f"- saved: {card['saved']}",
             f"- steps: {result.global_step}, global batch {card['global_batch_pairs']} pairs",
+            *([f"- {line}" for line in defaults.lines()] if defaults is not None else []),
             *(f"- {k}: {v:.4f}" for k, v in card["final_metrics"].items() if isinstance(v, float)),
             *(f"- epoch {int(e['epoch'])} eval reward accuracy: {e['eval/reward_accuracy']:.4f}" for e in result.evals),
             "",
