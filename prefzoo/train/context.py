@@ -7,6 +7,7 @@ the default limits (1800 + 512 tokens) to the context, and refuses, in one line,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = [
     "ContextLengthError",
     "ContextLimits",
     "fit_to_context",
+    "model_configs",
     "model_context",
 ]
 
@@ -32,17 +34,23 @@ class ContextLengthError(ConfigError):
     """An explicit token limit does not fit in the model's context (the message names both numbers)."""
 
 
-def _configs(model: Any) -> list[Any]:
-    """The model's config and its nested text configs (multimodal models keep the decoder's in ``text_config``)."""
-    cfg = getattr(model, "config", None)
-    out, todo = [], [cfg] if cfg is not None else []
+def _is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type")
+
+
+def model_configs(model: Any) -> Iterator[tuple[str, Any]]:
+    """(dotted prefix, config) for each config of the model and its modules, nested ones too ("text_config.")."""
+    todo = [("", m.config) for m in model.modules() if _is_config(getattr(m, "config", None))]
+    if not todo and _is_config(getattr(model, "config", None)):
+        todo = [("", model.config)]
+    seen: set[int] = set()
     while todo:
-        c = todo.pop()
-        if any(c is o for o in out):
+        prefix, cfg = todo.pop(0)
+        if id(cfg) in seen:
             continue
-        out.append(c)
-        todo += [v for v in vars(c).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
-    return out
+        seen.add(id(cfg))
+        yield prefix, cfg
+        todo += [(f"{prefix}{k}.", v) for k, v in list(vars(cfg).items()) if _is_config(v)]
 
 
 def model_context(model: Any, tokenizer: Any = None) -> tuple[int | None, str]:
@@ -52,7 +60,7 @@ def model_context(model: Any, tokenizer: Any = None) -> tuple[int | None, str]:
     tokenizer's ``model_max_length`` when that is a real value rather than the "no limit" sentinel.
     """
     found: list[tuple[int, str]] = []
-    for cfg in _configs(model):
+    for _, cfg in model_configs(model):
         for key in _CONFIG_KEYS:
             value = getattr(cfg, key, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:

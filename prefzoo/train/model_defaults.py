@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from prefzoo.train.context import ContextLimits, fit_to_context
+from prefzoo.train.context import ContextLimits, fit_to_context, model_configs
 
 __all__ = ["DropoutReport", "ModelDefaults", "apply_model_defaults", "disable_dropout"]
 
@@ -100,17 +100,9 @@ class DropoutReport:
 
 def _config_rates(model: nn.Module) -> Iterator[tuple[Any, str, str, float]]:
     """(config object, key, dotted name, rate) for every positive dropout rate in the model's configs."""
-    seen: set[int] = set()
-    todo = [(m.config, "") for m in model.modules() if hasattr(getattr(m, "config", None), "to_dict")]
-    while todo:
-        cfg, prefix = todo.pop()
-        if id(cfg) in seen:
-            continue
-        seen.add(id(cfg))
+    for prefix, cfg in model_configs(model):
         for key, value in list(vars(cfg).items()):
-            if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a nested config (text_config, ...)
-                todo.append((value, f"{prefix}{key}."))
-            elif _is_rate(key, value) and value > 0:
+            if _is_rate(key, value) and value > 0:
                 yield cfg, key, prefix + key, float(value)
 
 

@@ -1,4 +1,4 @@
-"""Issue 25: dropout off in the policy by default (TRL's disable_dropout) and every row fitted to the model's context."""
+"""Issue 25: dropout off in the policy by default (TRL's disable_dropout); every row fitted to the model's context."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_first_step_is_log2_with_zero_rewards_by_default_and_not_with_keep_dropo
     which, gpt2_dir, llama_dir, pairs_file, tmp_path, capsys
 ):
     model_dir = gpt2_dir if which == "gpt2" else llama_dir
-    first, result = _first_step(model_dir, pairs_file, tmp_path / "off")
+    first, _ = _first_step(model_dir, pairs_file, tmp_path / "off")
     log = capsys.readouterr().out
     # policy (train mode) and reference (eval mode) log-probs are bit-identical: β·0 rewards, −log σ(0) = log 2
     assert first["rewards/chosen"] == 0.0 and first["rewards/rejected"] == 0.0 and first["rewards/margins"] == 0.0
@@ -205,3 +205,22 @@ def test_win_rate_generation_and_reward_accuracy_respect_the_context():
         win_rate(policy, baseline, tok, prompts, lambda p, a, b: [0.5] * len(p), max_new_tokens=128)
     ra = reward_accuracy(policy, tok, datasets.Dataset.from_list(_long_pairs(4)), "simpo", batch_size=2)
     assert ra["max_prompt_length"] == 64 and ra["context_truncated"] == 4 and ra["pairs"] == 4
+
+
+def test_adapter_disabled_reference_scores_in_eval_mode_even_with_kept_dropout():
+    import torch
+
+    from prefzoo.train.logps import PolicyLogps
+    from prefzoo.train.model import apply_lora
+    from prefzoo.train.reference import AdapterDisabledReference
+
+    lm, _ = llama(attention_dropout=0.5)
+    policy = PolicyLogps(apply_lora(lm, 4, 4, 0.3, ["q_proj"]))
+    policy.train()  # --keep-dropout: the policy trains with its dropout on
+    ids = torch.randint(4, 40, (4, 12))  # (2B, T): chosen rows then rejected rows
+    completion = torch.ones_like(ids, dtype=torch.bool)
+    completion[:, :6] = False
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": completion}
+    first, second = AdapterDisabledReference(policy)(batch), AdapterDisabledReference(policy)(batch)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])  # no dropout noise
+    assert policy.training  # the policy's mode is restored
