@@ -40,9 +40,8 @@ def _is_config(value: Any) -> bool:
 
 def model_configs(model: Any) -> Iterator[tuple[str, Any]]:
     """(dotted prefix, config) for each config of the model and its modules, nested ones too ("text_config.")."""
-    todo = [("", m.config) for m in model.modules() if _is_config(getattr(m, "config", None))]
-    if not todo and _is_config(getattr(model, "config", None)):
-        todo = [("", model.config)]
+    modules = model.modules() if hasattr(model, "modules") else [model]
+    todo = [("", m.config) for m in modules if _is_config(getattr(m, "config", None))]
     seen: set[int] = set()
     while todo:
         prefix, cfg = todo.pop(0)
