@@ -20,6 +20,16 @@ from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch, Prefer
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """Lazy re-exports: ``prefzoo.sequence_logps`` loads the log-prob module only when used."""
+    if name == "sequence_logps":
+        from prefzoo.train.logps import sequence_logps
+
+        return sequence_logps
+    raise AttributeError(f"module 'prefzoo' has no attribute {name!r}")
+
+
 __all__ = [
     "CombinedLoss",
     "Loss",
@@ -45,4 +55,5 @@ __all__ = [
     "param",
     "param_infos",
     "reset_registry",
+    "sequence_logps",
 ]

@@ -64,6 +64,7 @@ class TrainConfig:
     logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
     fused_head: bool = True  # LM head recomputed per chunk in backward: no (positions × vocab) tensor kept for it
     share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once
+    logps_fallback: bool = False  # log-prob self-check fails: use the model's own forward (slower) instead of stopping
     group_by_length: bool = False  # batches of pairs of similar length (less padding), in a seeded random order
     # bookkeeping
     output_dir: str = "runs/prefzoo"  # checkpoints/, metrics.jsonl, final model and run card

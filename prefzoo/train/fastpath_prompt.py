@@ -6,6 +6,12 @@ mask is causal except that y_l queries never attend to y_w keys.  Every hidden s
 plain [x, y_w] row's, and every hidden state of y_l equals the plain [x, y_l] row's: the log-probs are the same
 while the prompt is processed once instead of twice.  The first token of y_w and of y_l are both predicted from the
 last prompt position.
+
+Layers with a sliding window (``config.layer_types`` / ``config.sliding_window``, :mod:`prefzoo.train.arch`) get
+the window applied in the plain row's coordinates (the position ids: y_l restarts at the prompt end), so a y_l query
+at plain position q sees prompt and y_l keys k with q − k < window, as in the plain [x, y_l] row.  A decoder that
+mixes full and sliding layers receives a {layer type: mask} dict; an architecture whose attention the mask cannot
+express (recurrent layers, chunked attention, ALiBi, one mask for mixed layers) is refused with one line.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SharedPromptError", "shared_prompt_mask", "shared_prompt_select"]
+from prefzoo.train.arch import attention_layer_types, shared_prompt_refusal, sliding_window
+
+__all__ = ["SharedPromptError", "shared_prompt_mask", "shared_prompt_select", "unshare_rows"]
 
 PAD, PROMPT, CHOSEN, REJECTED = 0, 1, 2, 3  # segment ids written by PreferenceCollator(share_prompt=True)
 
@@ -35,6 +43,33 @@ def shared_prompt_mask(segments: Tensor) -> Tensor:
     return allowed[:, None]  # (B, 1, T, T)
 
 
+def windowed(allowed: Tensor, position_ids: Tensor, window: int) -> Tensor:
+    """``allowed`` (B, 1, T, T) restricted to keys less than ``window`` plain positions behind the query."""
+    q, k = position_ids[:, :, None], position_ids[:, None, :]  # (B, T, 1), (B, 1, T)
+    t = allowed.shape[-1]
+    eye = torch.eye(t, dtype=torch.bool, device=allowed.device)  # a padding query keeps its own key
+    return allowed & ((q - k < window) | eye)[:, None]  # (B, 1, T, T)
+
+
+def unshare_rows(input_ids: Tensor, segments: Tensor, pad_token_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """The plain layout of a shared-layout batch: (input_ids, attention_mask, completion_mask bool), (2B, T') rows
+    [x, y_w] then [x, y_l], right-padded; the inverse of ``PreferenceCollator(share_prompt=True)``."""
+    rows, comp = [], []
+    for seg_kind in (CHOSEN, REJECTED):
+        for ids, seg in zip(input_ids, segments, strict=True):
+            keep = (seg == PROMPT) | (seg == seg_kind)
+            rows.append(ids[keep])
+            comp.append(seg[keep] == seg_kind)
+    t = max(len(r) for r in rows)
+    n = len(rows)
+    out_ids = input_ids.new_full((n, t), pad_token_id)
+    attn = torch.zeros(n, t, dtype=torch.long, device=input_ids.device)
+    mask = torch.zeros(n, t, dtype=torch.bool, device=input_ids.device)
+    for i, (r, c) in enumerate(zip(rows, comp, strict=True)):
+        out_ids[i, : len(r)], attn[i, : len(r)], mask[i, : len(r)] = r, 1, c
+    return out_ids, attn, mask
+
+
 def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype) -> Tensor:
     impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
     if impl == "sdpa":
@@ -49,10 +84,24 @@ def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype) -> Ten
     )
 
 
+def layer_masks(backbone: nn.Module, config: Any, allowed: Tensor, position_ids: Tensor) -> Tensor | dict[str, Tensor]:
+    """The boolean mask(s) the decoder takes: one (B, 1, T, T) tensor, or {layer type: tensor} for mixed layers."""
+    refusal = shared_prompt_refusal(backbone, config)
+    if refusal is not None:
+        raise SharedPromptError(refusal)
+    types = set(attention_layer_types(config))
+    masks: dict[str, Tensor] = {}
+    for kind in types:
+        window = sliding_window(config) if kind == "sliding_attention" else None
+        masks[kind] = windowed(allowed, position_ids, window) if window is not None else allowed
+    return masks.popitem()[1] if len(masks) == 1 else masks
+
+
 def shared_prompt_select(
-    backbone: nn.Module, config: Any, input_ids: Tensor, segments: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Run the backbone on the shared layout; (h_sel (M, H), targets (M,), row (M,), col (M,), lengths (2B,)).
+    backbone: nn.Module, config: Any, input_ids: Tensor, segments: Tensor, **forward_kw: Any
+) -> tuple[Any, tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
+    """Run the backbone on the shared layout; (its output, (h_sel (M, H), targets (M,), row (M,), col (M,),
+    lengths (2B,))).
 
     ``row`` is the output row (b for y_w of pair b, B + b for its y_l) and ``col`` the token index within that
     completion, the same conventions as the plain (2B, T) layout.
@@ -68,10 +117,13 @@ def shared_prompt_select(
     embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(input_ids.device.type):
         embed_dtype = torch.get_autocast_dtype(input_ids.device.type)
-    mask = _attention_mask_for(config, shared_prompt_mask(segments), embed_dtype)
-    hidden = backbone(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state  # (B, T, H)
+    bool_masks = layer_masks(backbone, config, shared_prompt_mask(segments), position_ids)
+    if isinstance(bool_masks, dict):
+        mask: Any = {k: _attention_mask_for(config, v, embed_dtype) for k, v in bool_masks.items()}
+    else:
+        mask = _attention_mask_for(config, bool_masks, embed_dtype)
+    out = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw)
+    hidden = out.last_hidden_state  # (B, T, H)
     wb, wt = (segments == CHOSEN).nonzero(as_tuple=True)  # (M_w,), row-major: pair by pair, in order
     lb, lt = (segments == REJECTED).nonzero(as_tuple=True)  # (M_l,)
     first_l = lt == p_len[lb] + w_len[lb]  # the first y_l token is predicted from the last prompt position
@@ -80,4 +132,4 @@ def shared_prompt_select(
     targets = torch.cat([input_ids[wb, wt], input_ids[lb, lt]])  # (M,)
     row = torch.cat([wb, lb + b])  # (M,)
     col = torch.cat([wt - p_len[wb], lt - p_len[lb] - w_len[lb]])  # (M,)
-    return h_sel, targets, row, col, torch.cat([w_len, l_len])
+    return out, (h_sel, targets, row, col, torch.cat([w_len, l_len]))

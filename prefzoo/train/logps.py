@@ -1,4 +1,6 @@
-"""Completion log-probs of a causal LM: one chosen+rejected forward, LM head and float32 log-softmax in chunks.
+"""Completion log-probs of a causal LM (:func:`sequence_logps`, the one computation every part of prefzoo uses).
+
+One chosen+rejected forward, LM head, the model's logit transform and float32 log-softmax in chunks.
 
 The backbone runs once over the (2B, T) batch; only hidden states at positions that predict a completion token are
 kept, and the LM head + log-softmax run over those in chunks of ``chunk_size`` positions, so no full-vocabulary
@@ -14,10 +16,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo.train.arch import LogitTransform, logit_transform, text_config
 from prefzoo.train.fastpath_head import fusable_head, head_logps
-from prefzoo.train.fastpath_prompt import shared_prompt_select
+from prefzoo.train.fastpath_prompt import shared_prompt_select, unshare_rows
+from prefzoo.train.moe import router_aux_loss
 
-__all__ = ["CompletionLogps", "PolicyLogps", "completion_logps_naive", "unwrap_causal_lm"]
+__all__ = [
+    "CompletionLogps",
+    "PolicyLogps",
+    "completion_logps_naive",
+    "is_shared_layout",
+    "sequence_logps",
+    "unwrap_causal_lm",
+]
 
 
 class CompletionLogps(dict):
@@ -25,10 +36,11 @@ class CompletionLogps(dict):
 
     A dict so that DDP and DeepSpeed ZeRO-3 find the output tensors for their backward hooks.
     ``logps`` (N,) Σ_t log π(y_t | x, y_<t) over completion tokens; ``lengths`` (N,) completion token counts;
-    optional ``token_logps`` / ``token_entropies`` (N, T_c), 0 at padding, and ``token_mask`` (N, T_c) bool.
+    optional ``token_logps`` / ``token_entropies`` (N, T_c), 0 at padding, and ``token_mask`` (N, T_c) bool;
+    ``aux_loss`` () the mixture-of-experts router term to add to the loss (coef × aux), or None.
     """
 
-    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask")
+    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask", "aux_loss")
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # CompletionLogps(logps, lengths, ...) or CompletionLogps(mapping): accelerate rebuilds outputs as
@@ -54,8 +66,9 @@ class CompletionLogps(dict):
     def split(self) -> tuple[dict[str, Tensor | None], dict[str, Tensor | None]]:
         """(chosen half, rejected half) of every field."""
         b = self["logps"].shape[0] // 2
-        chosen = {k: (v[:b] if v is not None else None) for k, v in self.items()}
-        rejected = {k: (v[b:] if v is not None else None) for k, v in self.items()}
+        rows = [k for k in self._FIELDS if k != "aux_loss"]
+        chosen = {k: (self[k][:b] if self[k] is not None else None) for k in rows}
+        rejected = {k: (self[k][b:] if self[k] is not None else None) for k in rows}
         return chosen, rejected
 
 
@@ -66,12 +79,19 @@ def unwrap_causal_lm(model: nn.Module) -> nn.Module:
 
 
 def _chunked_head_logps(
-    head: nn.Module, h: Tensor, targets: Tensor, chunk_size: int, want_entropy: bool
+    head: Any,
+    h: Tensor,
+    targets: Tensor,
+    chunk_size: int,
+    want_entropy: bool,
+    transform: LogitTransform | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log π(target) and optionally entropy for M selected positions; h (M, H), targets (M,)."""
+    transform = transform or LogitTransform()
     logps, ents = [], []
     for start in range(0, h.shape[0], chunk_size):
-        logits = head(h[start : start + chunk_size]).float()  # (m, V) float32, m ≤ chunk_size
+        a = head(h[start : start + chunk_size])  # (m, V) head outputs, m ≤ chunk_size
+        logits = transform(a.to(torch.promote_types(a.dtype, torch.float32)))  # (m, V) float32 (float64 stays)
         logp_all = torch.log_softmax(logits, dim=-1)  # (m, V)
         tgt = targets[start : start + chunk_size]  # (m,)
         logps.append(logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1))  # (m,)
@@ -82,17 +102,151 @@ def _chunked_head_logps(
     return lp, ent
 
 
-class PolicyLogps(nn.Module):
-    """Wraps a causal LM so that ``forward(batch)`` returns completion log-probs (what accelerate prepares).
+def is_shared_layout(completion_mask: Tensor) -> bool:
+    """Segment ids of the shared-prompt layout (int, values 0..3 with completions 2 and 3), not a 0/1 mask."""
+    if completion_mask.dtype == torch.bool or completion_mask.is_floating_point():
+        return False
+    return bool((completion_mask > 1).any())
 
-    Wrapping keeps DDP/DeepSpeed gradient hooks on the module actually called.
+
+def _plain_select(
+    hidden: Tensor, input_ids: Tensor, completion_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(h_sel (M, ...), targets (M,), row (M,), col (M,), lengths (N,)) of (N, T) rows [x, y]."""
+    # position t predicts token t+1: completion tokens at t+1 select hidden states (or logits) at t
+    predict = completion_mask[:, 1:].bool()  # (N, T-1)
+    h_sel = hidden[:, :-1][predict]  # (M, ...), M = completion tokens in the batch, row-major
+    targets = input_ids[:, 1:][predict]  # (M,)
+    n = input_ids.shape[0]
+    row = torch.arange(n, device=input_ids.device).unsqueeze(1).expand_as(predict)[predict]  # (M,)
+    col = torch.cumsum(predict.long(), dim=1)[predict] - 1  # (M,) index within the row's completion
+    return h_sel, targets, row, col, predict.sum(dim=1)
+
+
+def _router_aux(causal: nn.Module, out: Any, attention_mask: Tensor) -> Tensor | None:
+    """coef × the architecture's own load-balancing loss of this forward, or None (not an MoE / not enabled)."""
+    router_logits = getattr(out, "router_logits", None)
+    if router_logits is None:
+        return None
+    aux = getattr(out, "aux_loss", None)  # the CausalLM forward (fallback path) computed it itself
+    if aux is None:
+        aux = router_aux_loss(causal, router_logits, attention_mask)
+    coef = float(getattr(text_config(causal.config), "router_aux_loss_coef", 0.0) or 0.0)
+    return coef * aux
+
+
+def _model_forward(
+    causal: nn.Module, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, router: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The model's own ``forward(...).logits`` at the completion positions: (logits (M, V), targets, row, col,
+    lengths, aux term); shared-layout batches are first rebuilt as plain rows."""
+    if is_shared_layout(completion_mask):
+        input_ids, attention_mask, completion_mask = unshare_rows(input_ids, completion_mask)
+    kw = {"output_router_logits": True} if router else {}
+    out = causal(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+    logits, targets, row, col, lengths = _plain_select(out.logits, input_ids, completion_mask)
+    aux = _router_aux(causal, out, attention_mask) if router else None
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)), targets, row, col, lengths, aux
+
+
+def sequence_logps(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_mask: Tensor,
+    *,
+    token_logps: bool = False,
+    token_entropies: bool = False,
+    chunk_size: int = 1024,
+    fused_head: bool = True,
+    path: str = "fast",
+    router_aux: bool = False,
+) -> CompletionLogps:
+    """Summed completion log-probs Σ_t log π(y_t | x, y_<t) of rows [x, y] of any Hugging Face causal LM.
+
+    ``input_ids``/``attention_mask`` (N, T) right-padded rows; ``completion_mask`` (N, T) 0/1 or bool, 1 on the
+    completion tokens y (or the shared-prompt layout's (B, T) segment ids: 0 pad, 1 x, 2 y_w, 3 y_l, giving
+    N = 2B outputs, chosen rows first).  Returns a :class:`CompletionLogps`: ``logps`` (N,) float32 and
+    ``lengths`` (N,); ``token_logps``/``token_entropies`` add (N, T_c) per-token tensors and ``token_mask``.
+
+    ``path="fast"`` runs the decoder once, keeps only the hidden states that predict a completion token, and
+    applies the LM head and the model's logit transform (soft-capping, scaling: :mod:`prefzoo.train.arch`)
+    with a float32 log-softmax in chunks of ``chunk_size`` positions, fused (``fused_head``: nothing of size
+    positions × vocabulary kept for backward) when the head is a plain bias-free linear layer.  ``path="model"``
+    uses the model's own ``forward(...).logits`` instead (slower, for architectures the fast path does not
+    reproduce).  ``router_aux`` adds ``aux_loss`` (scalar): ``router_aux_loss_coef`` × the mixture-of-experts
+    load-balancing loss, when the model's config enables ``output_router_logits``.
+    """
+    if path not in ("fast", "model"):
+        raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
+    causal = unwrap_causal_lm(model)
+    router = router_aux and bool(getattr(text_config(causal.config), "output_router_logits", False))
+    aux: Tensor | None = None
+    if path == "model":
+        logits, targets, row, col, lengths, aux = _model_forward(
+            causal, input_ids, attention_mask, completion_mask, router
+        )
+        n = lengths.shape[0]
+        logp_all = torch.log_softmax(logits, dim=-1)  # (M, V)
+        tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
+        tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
+    else:
+        backbone = causal.get_decoder()
+        head = causal.get_output_embeddings()
+        kw: dict[str, Any] = {"output_router_logits": True} if router else {}
+        if not is_shared_layout(completion_mask):  # plain layout: (N, T) rows
+            out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+            h_sel, targets, row, col, lengths = _plain_select(out.last_hidden_state, input_ids, completion_mask)
+            row_mask = attention_mask
+        else:  # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
+            out, (h_sel, targets, row, col, lengths) = shared_prompt_select(
+                backbone, causal.config, input_ids, completion_mask, **kw
+            )
+            row_mask = (completion_mask != 0).long()
+        if router:
+            aux = _router_aux(causal, out, row_mask)
+        n = lengths.shape[0]
+        transform = logit_transform(causal.config)
+        if fused_head and fusable_head(head):
+            tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, token_entropies, transform=transform)
+        else:
+            tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, token_entropies, transform)
+    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    result = CompletionLogps(logps=logps, lengths=lengths, aux_loss=aux)
+    if token_logps or token_entropies:
+        t_c = max(int(lengths.max()), 1)
+        mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
+        mask[row, col] = True  # (N, T_c)
+        result.token_mask = mask
+        if token_logps:
+            result.token_logps = tok_lp.new_zeros(n, t_c).index_put((row, col), tok_lp)  # (N, T_c)
+        if token_entropies:
+            assert tok_ent is not None
+            result.token_entropies = tok_ent.new_zeros(n, t_c).index_put((row, col), tok_ent)  # (N, T_c)
+    return result
+
+
+class PolicyLogps(nn.Module):
+    """Wraps a causal LM so that ``forward(batch)`` returns :func:`sequence_logps` (what accelerate prepares).
+
+    Wrapping keeps DDP/DeepSpeed gradient hooks on the module actually called.  The trainer, the reference and
+    evaluation all compute log-probs through this one function.
     """
 
-    def __init__(self, lm: nn.Module, chunk_size: int = 1024, fused_head: bool = True) -> None:
+    def __init__(
+        self,
+        lm: nn.Module,
+        chunk_size: int = 1024,
+        fused_head: bool = True,
+        path: str = "fast",
+        router_aux: bool = False,
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
         self.fused_head = fused_head  # recompute-in-backward LM head (fastpath_head) when the head allows it
+        self.path = path  # 'fast' or 'model' (the model's own forward: the self-check's fallback)
+        self.router_aux = router_aux  # add coef × the MoE router loss as ``aux_loss`` (the policy, in training)
 
     def forward(
         self,
@@ -102,40 +256,18 @@ class PolicyLogps(nn.Module):
         token_logps: bool = False,
         token_entropies: bool = False,
     ) -> CompletionLogps:
-        causal = unwrap_causal_lm(self.lm)
-        backbone = causal.get_decoder()
-        head = causal.get_output_embeddings()
-        if completion_mask.dtype == torch.bool:  # plain layout: (2B, T) rows, chosen rows first
-            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-            # position t predicts token t+1: completion tokens at t+1 select hidden states at t
-            predict = completion_mask[:, 1:]  # (N, T-1) bool
-            h_sel = hidden[:, :-1][predict]  # (M, H), M = completion tokens in the batch, row-major
-            targets = input_ids[:, 1:][predict]  # (M,)
-            n = input_ids.shape[0]
-            row = torch.arange(n, device=input_ids.device).unsqueeze(1).expand_as(predict)[predict]  # (M,)
-            col = torch.cumsum(predict.long(), dim=1)[predict] - 1  # (M,) index within the row's completion
-            lengths = predict.sum(dim=1)  # (N,)
-        else:  # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
-            selected = shared_prompt_select(backbone, causal.config, input_ids, completion_mask)
-            h_sel, targets, row, col, lengths = selected
-            n = lengths.shape[0]
-        if self.fused_head and fusable_head(head):
-            tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, self.chunk_size, token_entropies)
-        else:
-            tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, self.chunk_size, token_entropies)
-        logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
-        out = CompletionLogps(logps=logps, lengths=lengths)
-        if token_logps or token_entropies:
-            t_c = max(int(lengths.max()), 1)
-            mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
-            mask[row, col] = True  # (N, T_c)
-            out.token_mask = mask
-            if token_logps:
-                out.token_logps = tok_lp.new_zeros(n, t_c).index_put((row, col), tok_lp)  # (N, T_c)
-            if token_entropies:
-                assert tok_ent is not None
-                out.token_entropies = tok_ent.new_zeros(n, t_c).index_put((row, col), tok_ent)  # (N, T_c)
-        return out
+        return sequence_logps(
+            self.lm,
+            input_ids,
+            attention_mask,
+            completion_mask,
+            token_logps=token_logps,
+            token_entropies=token_entropies,
+            chunk_size=self.chunk_size,
+            fused_head=self.fused_head,
+            path=self.path,
+            router_aux=self.router_aux and self.training,
+        )
 
 
 def completion_logps_naive(lm: Any, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor) -> Tensor:

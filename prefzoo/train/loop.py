@@ -33,6 +33,7 @@ from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
 from prefzoo.train.model_defaults import apply_model_defaults
+from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.reference import (
     AdapterDisabledReference,
     FrozenReference,
@@ -42,6 +43,7 @@ from prefzoo.train.reference import (
     model_identity,
 )
 from prefzoo.train.runcard import write_final_model
+from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.signals import PreemptionHandler
 from prefzoo.types import FLOAT_FIELDS, Need, PreferenceBatch
 
@@ -72,7 +74,9 @@ def preference_batch(
     loss: Loss, policy: Any, reference: Reference | None, batch: dict[str, Any], autocast: Any
 ) -> PreferenceBatch:
     """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
-    return PreferenceBatch(**batch_fields(loss, policy, reference, batch, autocast))
+    fields = batch_fields(loss, policy, reference, batch, autocast)
+    fields.pop("aux_loss", None)  # the router loss is a training term, not a batch field
+    return PreferenceBatch(**fields)
 
 
 def batch_fields(
@@ -95,6 +99,8 @@ def batch_fields(
         "rejected_lengths": l["lengths"],  # (B,)
         "example_ids": tuple(batch["ids"]),
     }
+    if out.get("aux_loss") is not None:
+        fields["aux_loss"] = out["aux_loss"]  # () MoE router term; popped by the loop before PreferenceBatch
     if want_tokens or want_ent:
         fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c) bool
     if want_tokens:
@@ -278,7 +284,7 @@ def _train(
     reference, ref_kind = _build_reference(loss, cfg, lm, has_adapter)
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head)
+    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
     policy.train()
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, tuple(cfg.adam_betas), cfg.weight_decay)
@@ -308,6 +314,9 @@ def _train(
         ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         reference = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
+    if not _zero3_enabled():  # the fast path against the model's own forward, before any reference is cached
+        check_batch = first_pairs(train_tok, collate, accelerator.device)
+        run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     if reference is not None and cfg.precompute_ref:
         reference, ref_kind = _precompute(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
     gather = make_gather(accelerator)
@@ -377,6 +386,7 @@ def _train(
                     ids = [str(i) for i in batch["ids"]]
                     step_ids += ids
                     fields = batch_fields(loss, policy, reference, batch, accelerator.autocast)
+                    aux = fields.pop("aux_loss", None)  # () MoE router term (coef × aux) or None
                     fields["policy_chosen_logps"] = faults.poison_logps(
                         fields["policy_chosen_logps"], global_step + 1, rank
                     )
@@ -395,8 +405,10 @@ def _train(
                         accelerator.backward(sum((p * 0.0).sum() for p in trainable))
                     else:
                         loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
+                        loss_value = add_router_loss(loss_value, aux)
                         accelerator.backward(loss_value)
-                        acc.add(step_metrics(pb, out, loss_value), int(batch["attention_mask"].sum()))
+                        metrics_now = {**step_metrics(pb, out, loss_value), **router_metrics(aux)}
+                        acc.add(metrics_now, int(batch["attention_mask"].sum()))
                 if accelerator.sync_gradients and not step_bad:
                     faults.poison_grads(trainable, global_step + 1, rank)
                     grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)

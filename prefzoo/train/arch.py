@@ -1,0 +1,206 @@
+"""What a causal LM does around its decoder that prefzoo must reproduce: the logit transform and the attention pattern.
+
+prefzoo runs the decoder itself and applies its own LM head (:mod:`prefzoo.train.logps`), so it owns what each
+architecture's ``ForCausalLM.forward`` does to the head's output, and, in the masks it builds for prompt sharing,
+what each layer's attention pattern is.  Both are read from the config the way the architecture's forward reads them
+(transformers 5.x modeling files):
+
+- logit transform z = cap · tanh(s · (h Wᵀ) / cap) (cap = None: z = s · h Wᵀ), with s from
+
+  ============================================================  ============================  ===========
+  model types                                                   config field                  s
+  ============================================================  ============================  ===========
+  cohere, cohere2, cohere2_moe, cohere_compass                  ``logit_scale``               × value
+  granite, granite_swa, granitemoe(+_swa, hybrid, shared),      ``logits_scaling``            ÷ value
+  minicpm3 (divides the hidden state: the same for a bias-free head)
+  hyperclovax                                                   ``logits_scaling``            × value
+  falcon_h1                                                     ``lm_head_multiplier``        × value
+  muse_glimmer, muse_spark                                      ``output_multiplier``         × value
+  other transformers model types                                none (their forward scales nothing)
+  remote-code models (TRL's reading)                            ``logit_scale``, ``output_multiplier``,
+                                                                ``lm_head_multiplier`` ×; ``logits_scaling`` ÷
+  ============================================================  ============================  ===========
+
+  and cap from ``final_logit_softcapping`` (Gemma 2/3/3n/4, VaultGemma, nanochat, Mistral Large 4, Muse...),
+  ``logits_soft_cap`` (RecurrentGemma) or ``output_logit_soft_cap`` (xLSTM).  An architecture that does anything
+  else is caught by the run-start self-check (:mod:`prefzoo.train.selfcheck`).
+- attention pattern per layer: ``config.layer_types`` ("full_attention" / "sliding_attention", window
+  ``config.sliding_window``), or every layer sliding when the config has a ``sliding_window`` and no layer types.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["LogitTransform", "attention_layer_types", "logit_transform", "shared_prompt_refusal", "text_config"]
+
+_MUL, _DIV = "mul", "div"
+_SCALE_BY_TYPE: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("cohere", "cohere2", "cohere2_moe", "cohere_compass"), ("logit_scale", _MUL)),
+    **dict.fromkeys(
+        ("granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "minicpm3"),
+        ("logits_scaling", _DIV),
+    ),
+    "hyperclovax": ("logits_scaling", _MUL),
+    "falcon_h1": ("lm_head_multiplier", _MUL),
+    "muse_glimmer": ("output_multiplier", _MUL),
+    "muse_spark": ("output_multiplier", _MUL),
+}
+_GENERIC_SCALES = (("logit_scale", _MUL), ("output_multiplier", _MUL), ("lm_head_multiplier", _MUL))
+_GENERIC_DIVISORS = (("logits_scaling", _DIV),)
+_SOFTCAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+_ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config (a multimodal config's text part; the config itself otherwise)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """z = cap · tanh(scale · a / cap) for head outputs a = h Wᵀ; cap None = no soft-capping."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and self.softcap is None
+
+    def __call__(self, a: Tensor) -> Tensor:
+        """Transformed logits of head outputs ``a`` (any shape; float32 in, float32 out)."""
+        if self.scale != 1.0:
+            a = a * self.scale
+        if self.softcap is not None:
+            a = self.softcap * (a / self.softcap).tanh()
+        return a
+
+    def apply_(self, a: Tensor) -> Tensor:
+        """In place on a float32 buffer (the fused head's chunks)."""
+        if self.scale != 1.0:
+            a.mul_(self.scale)
+        if self.softcap is not None:
+            a.div_(self.softcap).tanh_().mul_(self.softcap)
+        return a
+
+    def derivative_(self, z: Tensor) -> Tensor:
+        """dz/da from the transformed logits z, in place: scale · (1 − (z/cap)²)."""
+        if self.softcap is None:
+            return z.fill_(self.scale)
+        return z.div_(self.softcap).square_().neg_().add_(1.0).mul_(self.scale)
+
+    def describe(self) -> str:
+        parts = ([f"× {self.scale:g}"] if self.scale != 1.0 else []) + (
+            [f"soft-cap {self.softcap:g}"] if self.softcap is not None else []
+        )
+        return ", ".join(parts) or "none"
+
+
+def _number(cfg: Any, key: str) -> float | None:
+    v = getattr(cfg, key, None)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)
+
+
+def logit_transform(config: Any) -> LogitTransform:
+    """The transform the architecture's own ``forward`` applies to its LM head's output (see the module table)."""
+    cfg = text_config(config)
+    kind = getattr(config, "model_type", None)
+    if kind in _SCALE_BY_TYPE:
+        rules = [_SCALE_BY_TYPE[kind]]
+    elif type(config).__module__.startswith("transformers."):
+        rules = []  # transformers' own modeling code: audited (the table); e.g. MPT's config has an unused logit_scale
+    else:
+        rules = [*_GENERIC_SCALES, *_GENERIC_DIVISORS]  # remote code: TRL's reading; the self-check has the last word
+    scale = 1.0
+    for key, how in rules:
+        v = _number(cfg, key)
+        if v is None:
+            v = _number(config, key)
+        if v is None:
+            continue
+        if how == _DIV and v == 0:
+            raise ValueError(f"model config {key}=0: the architecture divides its logits by it")
+        scale = scale * v if how == _MUL else scale / v
+    cap = None
+    for key in _SOFTCAP_KEYS:
+        v = _number(cfg, key)
+        if v is not None and v > 0:
+            cap = v
+            break
+    if not math.isfinite(scale):
+        raise ValueError(f"model config gives a non-finite logit scale ({scale}); check {rules}")
+    return LogitTransform(scale=scale, softcap=cap)
+
+
+def attention_layer_types(config: Any) -> list[str]:
+    """One entry per decoder layer: 'full_attention', 'sliding_attention', or the config's own name for others."""
+    cfg = text_config(config)
+    n = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, list | tuple) and types:
+        return [str(t) for t in types]
+    window = getattr(cfg, "sliding_window", None)
+    if isinstance(window, int) and window > 0 and getattr(cfg, "use_sliding_window", True) is not False:
+        return ["sliding_attention"] * n
+    return ["full_attention"] * n
+
+
+def sliding_window(config: Any) -> int | None:
+    window = getattr(text_config(config), "sliding_window", None)
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def takes_mask_per_layer_type(backbone: Any) -> bool:
+    """The decoder's forward accepts ``attention_mask`` as a {layer type: 4-D mask} dict (transformers 5.x)."""
+    try:
+        src = inspect.getsource(type(backbone).forward)
+    except (OSError, TypeError):
+        return False
+    return "isinstance(causal_mask_mapping := attention_mask, dict)" in src or "isinstance(attention_mask, dict)" in src
+
+
+def takes_position_ids(backbone: Any) -> bool:
+    """The decoder's forward has a ``position_ids`` parameter (learned positions from the input shape do not)."""
+    try:
+        return "position_ids" in inspect.signature(type(backbone).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def shared_prompt_refusal(backbone: Any, config: Any) -> str | None:
+    """Why prompt sharing cannot reproduce this model's attention (one line), or None when it can."""
+    cfg = text_config(config)
+    kind = getattr(config, "model_type", "?")
+    if not takes_position_ids(backbone):
+        return (
+            f"share_prompt: {kind}'s decoder takes no position_ids, so the rejected completion cannot restart at the "
+            "prompt end: turn share_prompt off"
+        )
+    types = attention_layer_types(config)
+    others = sorted(set(types) - set(_ATTENTION_TYPES))
+    if others:
+        return (
+            f"share_prompt: {kind} has {others} layers, which carry state across the whole row (the rejected "
+            "completion would see the chosen one): turn share_prompt off"
+        )
+    if "sliding_attention" in types and sliding_window(config) is None:
+        return f"share_prompt: {kind} has sliding-attention layers but no sliding_window in its config"
+    if len(set(types)) > 1 and not takes_mask_per_layer_type(backbone):
+        return (
+            f"share_prompt: {kind} mixes {sorted(set(types))} layers but its decoder takes one mask for all of them: "
+            "turn share_prompt off"
+        )
+    if getattr(cfg, "attention_chunk_size", None):
+        return f"share_prompt: {kind} uses chunked attention, which the shared mask does not express: turn it off"
+    if getattr(cfg, "alibi", False) or (kind in ("bloom", "mpt", "falcon") and getattr(cfg, "alibi", True)):
+        return f"share_prompt: {kind} derives positions from the key index (ALiBi), not position ids: turn it off"
+    return None

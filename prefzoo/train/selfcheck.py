@@ -1,0 +1,150 @@
+"""The run-start log-prob self-check: the fast path against the model's own ``forward(...).logits`` on a few rows.
+
+prefzoo computes log-probs itself (:func:`prefzoo.train.logps.sequence_logps`), reproducing what each architecture
+does after its decoder (:mod:`prefzoo.train.arch`).  An architecture nobody tested could do something else; so on the
+first batch of every run a few pairs go through both paths in float32 arithmetic, without dropout.  A disagreement
+stops the run with one line naming the architecture and the fix, or, with ``logps_fallback``, switches the policy
+and the reference to the model's own forward with a warning.  The router loss of a mixture-of-experts model is
+compared the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prefzoo.train.config import ConfigError
+from prefzoo.train.logps import PolicyLogps, is_shared_layout, sequence_logps, unwrap_causal_lm
+
+__all__ = ["LogpsSelfCheckError", "SelfCheck", "check_logps", "first_pairs", "run_self_check", "use_model_forward"]
+
+TOKEN_TOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # nats per completion token; 16-bit weights: 2e-2
+ROWS = 2  # pairs of the first batch that go through both paths
+
+
+class LogpsSelfCheckError(ConfigError):
+    """prefzoo's log-probs differ from the model's own forward for this architecture (message: which and the fix)."""
+
+
+@dataclass
+class SelfCheck:
+    """What the self-check measured: max |Δ| nats per sequence against its tolerance, and the router loss."""
+
+    architecture: str
+    max_error: float
+    tolerance: float
+    aux_error: float = 0.0
+    failure: str | None = None  # why the fast path could not run at all
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.max_error <= self.tolerance and self.aux_error <= self.tolerance
+
+
+def _first_rows(batch: dict[str, Any], k: int) -> tuple[Tensor, Tensor, Tensor]:
+    ids, attn, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    if is_shared_layout(cm):  # one row per pair
+        return ids[:k], attn[:k], cm[:k]
+    b = ids.shape[0] // 2
+    k = min(k, b)
+    pick = torch.cat([torch.arange(k), torch.arange(b, b + k)]).to(ids.device)  # chosen rows first
+    return ids[pick], attn[pick], cm[pick]
+
+
+def _architecture(lm: Any) -> str:
+    causal = unwrap_causal_lm(lm)
+    return f"{getattr(causal.config, 'model_type', '?')} ({type(causal).__name__})"
+
+
+def check_logps(policy: PolicyLogps, batch: dict[str, Any], rows: int = ROWS) -> SelfCheck:
+    """Compare ``policy``'s fast path with the model's own forward on the first ``rows`` pairs of ``batch``."""
+    lm = policy.lm
+    arch = _architecture(lm)
+    ids, attn, cm = _first_rows(batch, rows)
+    dtype = next(lm.parameters()).dtype
+    lengths = (cm[:, 1:].bool() if not is_shared_layout(cm) else (cm > 1)).sum(1)
+    tol = TOKEN_TOL.get(dtype, 2e-2) * max(int(lengths.max()), 1) + 1e-5
+    was_training = lm.training
+    lm.eval()
+    no_autocast = torch.autocast(device_type=ids.device.type, enabled=False)
+    try:
+        with torch.no_grad(), no_autocast:
+            ref = sequence_logps(lm, ids, attn, cm, path="model", router_aux=True)
+            try:
+                fast = sequence_logps(
+                    lm, ids, attn, cm, chunk_size=policy.chunk_size, fused_head=policy.fused_head, router_aux=True
+                )
+            except Exception as e:  # whatever stops the fast path on this architecture is reported, not raised
+                return SelfCheck(arch, float("inf"), tol, failure=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    finally:
+        lm.train(was_training)
+    err = float((fast.logps - ref.logps).abs().max()) if fast.logps.numel() else 0.0
+    if not torch.isfinite(fast.logps).all():
+        err = float("inf")
+    aux_err = 0.0
+    if ref.aux_loss is not None or fast.aux_loss is not None:
+        if ref.aux_loss is None or fast.aux_loss is None:
+            aux_err = float("inf")
+        else:
+            aux_err = float((fast.aux_loss - ref.aux_loss).abs())
+    return SelfCheck(arch, err, tol, aux_err)
+
+
+def _inner_policy(policy: Any) -> PolicyLogps:
+    m = policy
+    while not isinstance(m, PolicyLogps):
+        m = m.module
+    return m
+
+
+def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback: bool, say: Any = print) -> SelfCheck:
+    """The run-start check (called by the loop on the first batch); raises or switches both to the model's forward.
+
+    ``policy`` is the (possibly accelerate-wrapped) :class:`PolicyLogps`; ``reference`` a
+    :class:`prefzoo.train.reference.Reference` or None; ``say`` prints one line on the main process.
+    """
+    inner = _inner_policy(policy)
+    result = check_logps(inner, batch)
+    if result.ok:
+        say(
+            f"prefzoo train: log-prob self-check passed for {result.architecture}: fast path within "
+            f"{result.max_error:.2g} nats/sequence of the model's own forward (tolerance {result.tolerance:.2g})"
+        )
+        return result
+    what = (
+        f"the fast path failed ({result.failure})"
+        if result.failure
+        else f"the fast path differs from the model's own forward by {result.max_error:.3g} nats/sequence "
+        f"(tolerance {result.tolerance:.2g})"
+        + (f", router aux loss by {result.aux_error:.3g}" if result.aux_error > result.tolerance else "")
+    )
+    if not fallback:
+        raise LogpsSelfCheckError(
+            f"log-prob self-check failed for {result.architecture}: {what}. Rerun with --logps-fallback "
+            "(logps_fallback: true) to use the model's own forward (slower, correct), and report the architecture"
+        )
+    say(
+        f"prefzoo train: WARNING: log-prob self-check failed for {result.architecture}: {what}; logps_fallback is "
+        "set, so the policy and the reference use the model's own forward (slower)"
+    )
+    use_model_forward(policy, reference)
+    return result
+
+
+def use_model_forward(policy: Any, reference: Any) -> None:
+    """Switch the policy (and a reference that computes log-probs) to the model's own forward."""
+    _inner_policy(policy).path = "model"
+    module = getattr(reference, "module", None)
+    with contextlib.suppress(AttributeError):
+        if module is not None:
+            _inner_policy(module).path = "model"
+
+
+def first_pairs(tokenized: Any, collate: Any, device: Any, k: int = ROWS) -> dict[str, Any]:
+    """A collated batch of the first ``k`` pairs of a tokenized split, on ``device`` (the loader is not touched)."""
+    batch = collate([tokenized[i] for i in range(min(k, len(tokenized)))])
+    return {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in batch.items()}
