@@ -24,9 +24,9 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     """Lazy re-exports: ``prefzoo.sequence_logps`` loads the log-prob module only when used."""
     if name == "sequence_logps":
-        from prefzoo.train.logps import sequence_logps
+        import importlib
 
-        return sequence_logps
+        return importlib.import_module("prefzoo.train.logps").sequence_logps
     raise AttributeError(f"module 'prefzoo' has no attribute {name!r}")
 
 

@@ -85,6 +85,14 @@ _SIZES: dict[str, Any] = {
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
     "first_k_dense_replace": 0,
+    "mamba_d_state": 8,  # hybrid SSM models: small state, heads and chunks (their reference kernels are slow)
+    "mamba_n_heads": 4,
+    "mamba_d_head": 8,
+    "mamba_d_ssm": 32,
+    "mamba_chunk_size": 8,
+    "mamba_head_dim": 8,
+    "ssm_state_size": 8,
+    "chunk_size": 8,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
@@ -94,6 +102,8 @@ _TRANSFORM_VALUES = {  # exaggerate each transform so a missed one shows (models
     "final_logit_softcapping": 5.0,
     "logit_scale": 0.25,
     "logits_scaling": 4.0,
+    "lm_head_multiplier": 0.5,
+    "output_multiplier": 0.5,
 }
 _MULTIMODAL = ("ForConditionalGeneration", "Git", "Fuyu", "Emu3", "Mllama", "Moshi", "Musicgen", "Whisper", "TrOCR")
 
@@ -285,22 +295,32 @@ def _class_name(model_type: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Print one line per architecture (or, with ``--markdown``, the table of docs/architectures.md)."""
+    import time
     import warnings
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    types = argv or causal_lm_types()
+    markdown = "--markdown" in argv
+    types = [a for a in argv if not a.startswith("--")] or causal_lm_types()
     counts: dict[str, int] = {}
-    import time
-
+    refused = 0
+    if markdown:
+        print("| model type | result | logit transform | layer types | max error (fused / shared) | notes |")
+        print("|---|---|---|---|---|---|")
     for t in types:
         t0 = time.perf_counter()
         r = check_architecture(t)
-        r.reason += f" ({time.perf_counter() - t0:.1f}s)"
         counts[r.status] = counts.get(r.status, 0) + 1
-        errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
-        print(f"{t:28s} {r.status:8s} [{r.transform}; {r.layer_types}] {errs} {r.reason}", flush=True)
-    print("counts:", counts)
+        refused += r.reason.startswith("sharing refused")
+        if markdown:
+            err = " / ".join(f"{r.errors[k]:.0e}" for k in ("fused", "shared") if k in r.errors)
+            print(f"| {t} | {r.status} | {r.transform} | {r.layer_types} | {err} | {r.reason} |", flush=True)
+        else:
+            errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
+            line = f"{t:28s} {r.status:5s} [{r.transform}; {r.layer_types}] {errs} {r.reason}"
+            print(f"{line} ({time.perf_counter() - t0:.1f}s)", flush=True)
+    print(f"\ncounts: {counts}; prompt sharing refused (with its reason) for {refused} of the passing ones")
     return 0
 
 

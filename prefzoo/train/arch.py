@@ -35,9 +35,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["LogitTransform", "attention_layer_types", "logit_transform", "shared_prompt_refusal", "text_config"]
+__all__ = [
+    "ATTENTION_TYPES",
+    "LogitTransform",
+    "attention_layer_types",
+    "logit_transform",
+    "logits_head",
+    "shared_prompt_refusal",
+    "text_config",
+]
 
 _MUL, _DIV = "mul", "div"
 _SCALE_BY_TYPE: dict[str, tuple[str, str]] = {
@@ -54,7 +62,8 @@ _SCALE_BY_TYPE: dict[str, tuple[str, str]] = {
 _GENERIC_SCALES = (("logit_scale", _MUL), ("output_multiplier", _MUL), ("lm_head_multiplier", _MUL))
 _GENERIC_DIVISORS = (("logits_scaling", _DIV),)
 _SOFTCAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
-_ATTENTION_TYPES = ("full_attention", "sliding_attention")
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+_STATELESS_TYPES = ("mlp", "moe")  # hybrid configs name their feed-forward-only layers too
 
 
 def text_config(config: Any) -> Any:
@@ -141,6 +150,20 @@ def logit_transform(config: Any) -> LogitTransform:
     return LogitTransform(scale=scale, softcap=cap)
 
 
+def logits_head(causal: Any) -> Any:
+    """The module that maps the decoder's last hidden state to logits (before the transform above).
+
+    Usually the output embedding (``lm_head``); BERT-style decoders wrap it in a prediction head (dense, activation,
+    norm, then the output embedding: ``cls`` / ``lm_head``), which is returned whole.
+    """
+    out_emb = causal.get_output_embeddings()
+    for name in ("lm_head", "cls"):
+        m = getattr(causal, name, None)
+        if isinstance(m, nn.Module) and m is not out_emb and any(x is out_emb for x in m.modules()):
+            return m
+    return out_emb
+
+
 def attention_layer_types(config: Any) -> list[str]:
     """One entry per decoder layer: 'full_attention', 'sliding_attention', or the config's own name for others."""
     cfg = text_config(config)
@@ -180,13 +203,19 @@ def shared_prompt_refusal(backbone: Any, config: Any) -> str | None:
     """Why prompt sharing cannot reproduce this model's attention (one line), or None when it can."""
     cfg = text_config(config)
     kind = getattr(config, "model_type", "?")
+    flags = {m.is_causal for m in backbone.modules() if isinstance(getattr(m, "is_causal", None), bool)}
+    if True not in flags or False in flags:
+        return (
+            f"share_prompt: {kind}'s attention modules do not all declare is_causal=True (an encoder-style or "
+            "bidirectional model), so the shared mask would change what they see: turn share_prompt off"
+        )
     if not takes_position_ids(backbone):
         return (
             f"share_prompt: {kind}'s decoder takes no position_ids, so the rejected completion cannot restart at the "
             "prompt end: turn share_prompt off"
         )
     types = attention_layer_types(config)
-    others = sorted(set(types) - set(_ATTENTION_TYPES))
+    others = sorted(set(types) - set(ATTENTION_TYPES) - set(_STATELESS_TYPES))
     if others:
         return (
             f"share_prompt: {kind} has {others} layers, which carry state across the whole row (the rejected "
@@ -194,9 +223,10 @@ def shared_prompt_refusal(backbone: Any, config: Any) -> str | None:
         )
     if "sliding_attention" in types and sliding_window(config) is None:
         return f"share_prompt: {kind} has sliding-attention layers but no sliding_window in its config"
-    if len(set(types)) > 1 and not takes_mask_per_layer_type(backbone):
+    attention = set(types) & set(ATTENTION_TYPES)
+    if len(attention) > 1 and not takes_mask_per_layer_type(backbone):
         return (
-            f"share_prompt: {kind} mixes {sorted(set(types))} layers but its decoder takes one mask for all of them: "
+            f"share_prompt: {kind} mixes {sorted(attention)} layers but its decoder takes one mask for all of them: "
             "turn share_prompt off"
         )
     if getattr(cfg, "attention_chunk_size", None):

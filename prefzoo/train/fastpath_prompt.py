@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import attention_layer_types, shared_prompt_refusal, sliding_window
+from prefzoo.train.arch import ATTENTION_TYPES, attention_layer_types, shared_prompt_refusal, sliding_window
 
 __all__ = ["SharedPromptError", "shared_prompt_mask", "shared_prompt_select", "unshare_rows"]
 
@@ -89,7 +89,7 @@ def layer_masks(backbone: nn.Module, config: Any, allowed: Tensor, position_ids:
     refusal = shared_prompt_refusal(backbone, config)
     if refusal is not None:
         raise SharedPromptError(refusal)
-    types = set(attention_layer_types(config))
+    types = set(attention_layer_types(config)) & set(ATTENTION_TYPES)
     masks: dict[str, Tensor] = {}
     for kind in types:
         window = sliding_window(config) if kind == "sliding_attention" else None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import LogitTransform, logit_transform, text_config
+from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, text_config
 from prefzoo.train.fastpath_head import fusable_head, head_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
@@ -179,7 +179,7 @@ def sequence_logps(
     """
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
-    causal = unwrap_causal_lm(model)
+    causal: Any = unwrap_causal_lm(model)
     router = router_aux and bool(getattr(text_config(causal.config), "output_router_logits", False))
     aux: Tensor | None = None
     if path == "model":
@@ -192,7 +192,7 @@ def sequence_logps(
         tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
     else:
         backbone = causal.get_decoder()
-        head = causal.get_output_embeddings()
+        head = logits_head(causal)
         kw: dict[str, Any] = {"output_router_logits": True} if router else {}
         if not is_shared_layout(completion_mask):  # plain layout: (N, T) rows
             out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)

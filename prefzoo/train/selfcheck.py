@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from prefzoo.train.config import ConfigError
+from prefzoo.train.fastpath_prompt import SharedPromptError
 from prefzoo.train.logps import PolicyLogps, is_shared_layout, sequence_logps, unwrap_causal_lm
 
 __all__ = ["LogpsSelfCheckError", "SelfCheck", "check_logps", "first_pairs", "run_self_check", "use_model_forward"]
@@ -78,6 +79,8 @@ def check_logps(policy: PolicyLogps, batch: dict[str, Any], rows: int = ROWS) ->
                 fast = sequence_logps(
                     lm, ids, attn, cm, chunk_size=policy.chunk_size, fused_head=policy.fused_head, router_aux=True
                 )
+            except SharedPromptError as e:  # prompt sharing refused for this architecture: its own one line
+                raise LogpsSelfCheckError(str(e)) from None
             except Exception as e:  # whatever stops the fast path on this architecture is reported, not raised
                 return SelfCheck(arch, float("inf"), tol, failure=f"{type(e).__name__}: {str(e).splitlines()[0]}")
     finally:

@@ -87,7 +87,7 @@ def test_a_refused_share_prompt_is_a_one_line_error():
 
 
 def test_train_runs_the_self_check(tiny_dir, pairs_file, tmp_path, capsys, monkeypatch):
-    """A run stops at the start when the fast path is wrong (here: prefzoo made to apply a logit scale the model does not have)."""
+    """A run stops at the start when the fast path is wrong (here prefzoo applies a scale the model lacks)."""
     from helpers import base_config, run_inprocess
 
     from prefzoo.train import logps as logps_mod
