@@ -83,3 +83,21 @@ def test_without_the_window_the_shared_layout_is_wrong(model_type, monkeypatch):
         bad = sequence_logps(model, shared["input_ids"], shared["attention_mask"], shared["completion_mask"])
     torch.testing.assert_close(good.logps, ref.logps, atol=1e-4, rtol=0)
     assert float((bad.logps - ref.logps).abs().max()) > 1e-3
+
+
+def test_public_function_takes_a_01_mask_and_imports_lazily():
+    import subprocess
+    import sys
+
+    from prefzoo import sequence_logps
+    from prefzoo.data.collate import PreferenceCollator
+
+    model = build_tiny("gemma2")
+    b = PreferenceCollator(0)(tiny_pairs(96))
+    with torch.no_grad():
+        as_bool = sequence_logps(model, b["input_ids"], b["attention_mask"], b["completion_mask"], token_logps=True)
+        as_int = sequence_logps(model, b["input_ids"], b["attention_mask"], b["completion_mask"].long())
+    torch.testing.assert_close(as_int.logps, as_bool.logps)
+    assert as_bool.logps.shape == (6,) and as_bool.token_logps.shape[0] == 6
+    code = "import sys, prefzoo; prefzoo.sequence_logps; assert 'transformers' not in sys.modules, 'transformers'"
+    subprocess.run([sys.executable, "-c", code], check=True)
