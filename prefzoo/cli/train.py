@@ -34,6 +34,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--config", metavar="RUN.yaml", help="YAML file with the same keys as these flags (default: none)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores the 1-minute load leaves free, "
+        "at least 1; the choice is printed at the start)",
+    )
     docs = field_docs()
     types = _field_types()
     for f in dataclasses.fields(TrainConfig):
@@ -84,6 +91,7 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prefzoo.cli.runtime import check_launcher, set_threads
     from prefzoo.data.formats import DataFormatError
     from prefzoo.spec import LossOutputError
     from prefzoo.train.checkpoint import ResumeError
@@ -93,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.model import LoRATargetError
 
     _quiet_libraries()
+    check_launcher()
+    threads = set_threads(getattr(args, "threads", None))
+    if _is_main():
+        print(f"prefzoo train: {threads}", flush=True)
     try:
         values, pairs = _collect(args)
         values["loss_params"] = _validate_loss(values, pairs)
@@ -108,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
 
         result = train(cfg)
         _print_summary(result)
+        if _is_main():
+            print(_produced(result, cfg))
         return 0
     except (
         ConfigError,
@@ -122,8 +136,17 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
 
 
+def _is_main() -> bool:
+    """The launcher's RANK, not PartialState(): creating the state here would start the process group before
+    train() can give it --dist-timeout."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _quiet_libraries() -> None:
-    """One progress bar (ours) instead of one per datasets.map and weight load."""
+    """One progress bar (ours) instead of one per datasets.map and weight load, and no warnings that are not."""
+    from prefzoo.cli.runtime import quiet_library_noise
+
+    quiet_library_noise()
     try:
         import datasets
         import transformers
@@ -146,8 +169,26 @@ def _print_summary(result: Any) -> None:
         return
     print(
         f"prefzoo train: {result.global_step} steps; final loss {last.get('loss', float('nan')):.4f}, "
-        f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}; model saved to {result.final_dir}"
+        f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}"
     )
+
+
+def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
+    """The last line of a run: everything it wrote, by path."""
+    from pathlib import Path
+
+    out = Path(cfg.output_dir)
+    parts = []
+    if result.final_dir is not None:
+        parts.append(f"final model {result.final_dir}")
+    if (out / "metrics.jsonl").exists():
+        parts.append(f"metrics {out / 'metrics.jsonl'}")
+    if (out / "tb").is_dir():
+        parts.append(f"TensorBoard {out / 'tb'}")
+    if result.checkpoint is not None:
+        parts.append(f"last checkpoint {result.checkpoint}")
+    when = f"done in {took:.1f} s" if took is not None else "done"
+    return f"prefzoo train: {when}; wrote " + (", ".join(parts) if parts else "nothing")
 
 
 def _run_default(values: dict[str, Any]) -> int:
@@ -160,7 +201,8 @@ def _run_default(values: dict[str, Any]) -> int:
 
     t0 = time.perf_counter()
     seed = int(values.get("seed", 0))
-    task = load_default_task(seed=seed)
+    main = _is_main()
+    task = load_default_task(seed=seed, progress=main)
     merged = {
         **task.recommended,
         "eval_at_start": True,
@@ -171,19 +213,23 @@ def _run_default(values: dict[str, Any]) -> int:
         "dataset": None,
     }
     cfg = TrainConfig.from_dict(merged, where="prefzoo train")
-    # The launcher's RANK, not PartialState(): creating the state here would start the process group before
-    # train() can give it --dist-timeout.
-    main = os.environ.get("RANK", "0") == "0"
     if main:
         print(
             f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "
             f"{len(task.eval)} held-out pairs, {len(task.heldout_prompts)} win-rate prompts)"
         )
     tokenizer = task.load_tokenizer()
+    if main:
+        print(
+            f"prefzoo train: scoring the starting policy on {len(task.heldout_prompts)} win-rate and "
+            f"{len(task.retention_prompts)} retention prompts (greedy generation)",
+            flush=True,
+        )
     before = task.evaluate_policy(task.load_model(), tokenizer) if main else {}
     result = train(cfg, train_dataset=task.train, eval_dataset=task.eval)
     _print_summary(result)
     if main:
+        print("prefzoo train: scoring the trained policy", flush=True)
         after = task.evaluate_policy(result.model.eval(), tokenizer)
         acc = [e["eval/reward_accuracy"] for e in result.evals]
         print(f"{'':24}{'before':>10}{'after':>10}")
@@ -195,5 +241,5 @@ def _run_default(values: dict[str, Any]) -> int:
             f"{'retention (skill B)':24}{before.get('retention', float('nan')):>10.3f}"
             f"{after.get('retention', float('nan')):>10.3f}"
         )
-        print(f"prefzoo train: done in {time.perf_counter() - t0:.1f} s")
+        print(_produced(result, cfg, time.perf_counter() - t0))
     return 0

@@ -368,9 +368,10 @@ def _train(
         ev.update(epoch=0, step=0)
         result.evals.append(ev)
         writer.write(ev)
-        accelerator.print(
+        _say(
+            accelerator,
             f"prefzoo train: before training: eval reward accuracy {ev['eval/reward_accuracy']:.3f}, "
-            f"eval loss {ev['eval/loss']:.4f}"
+            f"eval loss {ev['eval/loss']:.4f}",
         )
     for epoch in range(start_epoch, num_epochs):
         if done:
@@ -487,9 +488,10 @@ def _train(
             result.evals.append(ev)
             writer.write(ev)
             accelerator.log(ev, step=global_step)
-            accelerator.print(
+            _say(
+                accelerator,
                 f"prefzoo train: epoch {epoch + 1}: eval reward accuracy "
-                f"{ev['eval/reward_accuracy']:.3f}, eval loss {ev['eval/loss']:.4f}"
+                f"{ev['eval/reward_accuracy']:.3f}, eval loss {ev['eval/loss']:.4f}",
             )
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, accelerator.unwrap_model(policy).lm)
@@ -529,6 +531,14 @@ def _precompute(
     if isinstance(reference, FrozenReference):
         del reference.module  # the copy is no longer needed: free its memory
     return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} pairs)"
+
+
+def _say(accelerator: Any, line: str) -> None:
+    """A line on stdout from the main process, written around the progress bar (stderr) so the two do not mix."""
+    from tqdm.auto import tqdm
+
+    if accelerator.is_main_process:
+        tqdm.write(line)
 
 
 def _load_state(accelerator: Any, path: Path) -> None:

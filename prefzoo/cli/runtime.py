@@ -1,0 +1,108 @@
+"""Process set-up of a CLI run: how many CPU threads, which library noise to silence, a launcher that lied."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+
+from prefzoo.cli.main import CLIError
+
+__all__ = ["check_launcher", "choose_threads", "quiet_library_noise"]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on (containers, taskset)
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return 0.0
+
+
+def choose_threads(
+    requested: int | None, env: Mapping[str, str] | None = None, *, cores: int | None = None, load: float | None = None
+) -> tuple[int, str]:
+    """(torch intra-op threads, why): ``--threads``, else ``OMP_NUM_THREADS``, else the cores other work leaves free.
+
+    torch defaults to one thread per core, which on a shared machine oversubscribes the cores: beside one busy
+    process on 2 cores each step of the default task's warm-up was 13× slower with 2 threads than with 1.  The free
+    cores are the usable cores minus the 1-minute load average (rounded), shared among this machine's processes
+    of the run (``LOCAL_WORLD_SIZE``), and at least one.
+    """
+    env = os.environ if env is None else env
+    if requested is not None:
+        if requested < 1:
+            raise CLIError(f"--threads {requested}: give a number of CPU threads >= 1")
+        return requested, "--threads"
+    if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) >= 1:
+        return int(env["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+    cores = _cores() if cores is None else cores
+    load = _load() if load is None else load
+    procs = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    free = max(0, cores - round(load))
+    n = max(1, min(cores // procs, free // procs))
+    share = f", shared by {procs} processes" if procs > 1 else ""
+    return n, f"{free} of {cores} cores free (1-min load {load:.1f}{share}); --threads N to change"
+
+
+def set_threads(requested: int | None) -> str:
+    """Apply :func:`choose_threads` to torch; returns the line to log."""
+    import torch
+
+    n, why = choose_threads(requested)
+    torch.set_num_threads(n)
+    return f"{n} CPU thread{'s' if n > 1 else ''} ({why})"
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(f in msg for f in self.fragments)
+
+
+def quiet_library_noise() -> None:
+    """Silence messages a newcomer reads as errors although nothing is wrong.
+
+    - accelerate's ``Removed shared tensor {'lm.lm_head.weight'} while saving``: tied embeddings are stored once
+      and tied again on load (resume is bit-exact, tested in tests/faults);
+    - DeepSpeed's ``Setting accelerator to CPU`` when it is imported (by accelerate or transformers) on a machine
+      without a GPU: ``DS_ACCELERATOR=cpu`` is what it chooses there anyway (and without ``--deepspeed`` it is unused);
+    - transformers' and accelerate's FutureWarnings about their own upcoming API changes (not the user's code).
+    """
+    logging.getLogger("accelerate.utils.other").addFilter(_DropMessages("Removed shared tensor"))
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for module in ("transformers", "accelerate", "datasets", "peft", "torch"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+
+
+def check_launcher(env: Mapping[str, str] | None = None) -> None:
+    """Refuse ``accelerate launch --cpu --num_processes N>1``: accelerate then starts ONE process, silently.
+
+    Its ``--cpu`` path uses the single-process launcher, which still sets ``ACCELERATE_USE_CPU`` and (because
+    ``--num_processes`` > 1) ``MASTER_ADDR``/``MASTER_PORT``, but no ``WORLD_SIZE`` or ``RANK``.
+    """
+    env = os.environ if env is None else env
+    launched_by_accelerate = "ACCELERATE_USE_CPU" in env or "ACCELERATE_MIXED_PRECISION" in env
+    asked_for_several = "MASTER_ADDR" in env and "MASTER_PORT" in env
+    one_process = int(env.get("WORLD_SIZE", "1") or 1) == 1 and "RANK" not in env and "LOCAL_RANK" not in env
+    if launched_by_accelerate and asked_for_several and one_process:
+        raise CLIError(
+            "accelerate launch --cpu started only one process although --num_processes > 1 (its --cpu path "
+            "runs a single process); run `accelerate launch --multi_gpu --num_processes N --num_machines 1 "
+            "--mixed_precision no --dynamo_backend no -m prefzoo train ...` or `torchrun --nproc_per_node N -m "
+            "prefzoo train ...` (prefzoo uses the CPU by itself when there is no GPU)"
+        )
