@@ -23,7 +23,7 @@ from prefzoo.data.validate import check_messages, check_text, locate_file_error
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["FORMATS", "DataFormatError", "detect_format", "load_preference_dataset", "normalize"]
+__all__ = ["FORMATS", "DataFormatError", "detect_format", "detected_format", "load_preference_dataset", "normalize"]
 
 FORMATS = ("plain", "conversational", "ultrafeedback", "orca")
 _FORMAT_COLUMNS = {
@@ -33,6 +33,15 @@ _FORMAT_COLUMNS = {
     "orca": "system (str), question (str), chosen (str), rejected (str)",
 }
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+FORMAT_PREFIX = "prefzoo format: "
+
+
+def detected_format(ds: datasets.Dataset) -> str | None:
+    """The format :func:`normalize` detected (or was given) for ``ds``; None for data it did not normalize."""
+    desc = ds.info.description or ""
+    return desc[len(FORMAT_PREFIX) :] if desc.startswith(FORMAT_PREFIX) else None
 
 
 class DataFormatError(ValueError):
@@ -157,6 +166,7 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
         desc=f"normalizing {fmt} pairs",
     )
     out = out.select_columns(["id", "prompt", "chosen", "rejected"])
+    out.info.description = f"{FORMAT_PREFIX}{fmt}"  # read back by detected_format() for the start-of-run report
     ids = out["id"]
     if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique
         out = out.map(lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)

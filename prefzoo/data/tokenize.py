@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from prefzoo.data.chat import render_completion, render_prompt
 from prefzoo.data.formats import DataFormatError
 from prefzoo.data.validate import MAX_TEXT_CHARS
 
@@ -29,6 +30,7 @@ class TokenizeStats:
     identical: int = 0  # chosen == rejected token ids after truncation: no preference signal, never trained on
     oversized: int = 0  # a field longer than MAX_TEXT_CHARS characters: skipped before tokenization
     context_truncated: int = 0  # pairs truncated only because the limits were lowered to the model's context
+    examples: list[str] = field(default_factory=list)  # a few dropped or truncated rows: "id: why"
 
 
 def ensure_pad_token(tokenizer: Any) -> str | None:
@@ -41,30 +43,21 @@ def ensure_pad_token(tokenizer: Any) -> str | None:
     return f"tokenizer has no pad token: using its eos token {tokenizer.eos_token!r} for padding (masked out)"
 
 
-def _has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
-    """Prompt token ids: the chat template (with generation prompt) when the tokenizer has one, else plain text.
-
-    Without a template a message list is rendered as its contents joined by blank lines, so a plain prompt and the
-    same text as a single user message give identical ids.
-    """
-    if _has_chat_template(tokenizer):
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return list(ids)
-    text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
-    return list(tokenizer(text).input_ids)
-
-
-def _completion_ids(tokenizer: Any, completion: str) -> list[int]:
-    if not completion.strip():
-        return []  # an empty answer has no content token; the pair is dropped, not trained on as eos only
-    return [*list(tokenizer(completion, add_special_tokens=False).input_ids), tokenizer.eos_token_id]
+def _examples(enc: datasets.Dataset, limit: int = 3) -> list[str]:
+    """The first ``limit`` dropped and ``limit`` truncated rows, each as 'id: why'."""
+    dropped, truncated = [], []
+    cols = ["id", "keep", "identical", "oversized", "prompt_truncated", "completion_truncated"]
+    for row in enc.select_columns(cols):
+        if not row["keep"] and len(dropped) < limit:
+            why = "oversized" if row["oversized"] else "chosen identical to rejected" if row["identical"] else None
+            dropped.append(f"{row['id']}: dropped, {why or 'no completion token left'}")
+        elif row["prompt_truncated"] or row["completion_truncated"]:
+            if len(truncated) < limit:
+                part = "prompt" if row["prompt_truncated"] else "completion"
+                truncated.append(f"{row['id']}: {part} truncated")
+        if len(dropped) == limit and len(truncated) == limit:
+            break
+    return dropped + truncated
 
 
 def tokenize_pairs(
@@ -107,8 +100,8 @@ def tokenize_pairs(
                 "context_truncated": False,
             }
         prompt = render_prompt(tokenizer, row["prompt"])
-        chosen = _completion_ids(tokenizer, row["chosen"])
-        rejected = _completion_ids(tokenizer, row["rejected"])
+        chosen = render_completion(tokenizer, row["prompt"], row["chosen"])
+        rejected = render_completion(tokenizer, row["prompt"], row["rejected"])
         identical = len(chosen) > 0 and chosen[:max_completion_length] == rejected[:max_completion_length]
         longest = max(len(chosen), len(rejected))
         cut = len(prompt) > max_prompt_length or longest > max_completion_length
@@ -139,6 +132,8 @@ def tokenize_pairs(
         oversized=int(sum(enc["oversized"])),
         context_truncated=int(sum(enc["context_truncated"])),
     )
+    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
+        stats.examples = _examples(enc)
     if stats.kept == 0:
         raise DataFormatError(
             f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts), "

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
+
+from prefzoo.data.chat import Prompt, render_prompt
 
 __all__ = ["generate", "prompt_budget", "unwrap_model"]
 
@@ -38,7 +41,7 @@ def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int 
 def generate(
     model: Any,
     tokenizer: Any,
-    prompts: list[str],
+    prompts: Sequence[Prompt],
     *,
     max_new_tokens: int = 64,
     batch_size: int = 32,
@@ -54,9 +57,11 @@ def generate(
     ``do_sample=True`` each batch ``i`` samples under ``torch.manual_seed(seed + i)``
     inside a forked RNG, so a run is reproducible and the caller's RNG state is
     untouched.  Prompts are left-padded; the model is put in eval mode and
-    restored afterwards.  A prompt longer than the model's context minus ``max_new_tokens`` keeps its end (as in
-    training); how many were cut is logged and, when ``report`` is a dict, stored in ``report["prompts_truncated"]``
-    with the budget in ``report["prompt_budget"]``.
+    restored afterwards.  Each prompt is rendered exactly as training renders it
+    (:func:`prefzoo.data.chat.render_prompt`: a string as given, a conversation
+    through the chat template with the generation prompt).  A prompt longer than the model's context minus
+    ``max_new_tokens`` keeps its end (as in training); how many were cut is logged and, when ``report`` is a dict,
+    stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``.
     """
     import torch
 
@@ -78,7 +83,9 @@ def generate(
     try:
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i : i + batch_size]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
+            enc = tokenizer.pad(
+                {"input_ids": [render_prompt(tokenizer, p) for p in chunk]}, padding=True, return_tensors="pt"
+            ).to(device)  # left-padded (B, T_prompt) input_ids and attention_mask
             if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the last columns are the ends
                 truncated += int((enc["attention_mask"].sum(dim=1) > budget).sum())
                 enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)

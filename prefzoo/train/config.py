@@ -29,6 +29,7 @@ class TrainConfig:
     model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
     dataset: str | None = None  # hub name, json/jsonl/parquet/csv file, folder, or save_to_disk folder
     format: str | None = None  # plain | conversational | ultrafeedback | orca; None = detect from the columns
+    chat_template: str = "auto"  # conversations only: auto (the tokenizer's) | none | PATH.jinja; strings go as given
     train_split: str = "train"  # the split of --dataset to train on
     eval_split: str | None = None  # a split name; None = the 'test'/'validation' split if any, else eval_fraction
     eval_fraction: float = 0.05  # held out from train when there is no eval split (0 disables evaluation)

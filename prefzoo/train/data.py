@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefzoo.data.formats import DataFormatError, load_preference_dataset, normalize
+from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize
 from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
 from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
@@ -47,13 +47,14 @@ def prepare_datasets(
         train = normalize(train, cfg.format) if "prompt_ids" not in train.column_names else train
         if eval_ is not None and len(eval_) > 0:
             eval_ = normalize(eval_, cfg.format)
+    fmt = detected_format(train)
     if eval_ is None and cfg.eval_fraction > 0 and len(train) >= 20:
         split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
         train, eval_ = split["train"], split["test"]
     train_tok, train_stats = tokenize_pairs(
         _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
     )
-    stats: dict[str, Any] = {"train": vars(train_stats)}
+    stats: dict[str, Any] = {"train": {**vars(train_stats), "format": fmt}}
     eval_tok = None
     if eval_ is not None and len(eval_) > 0:
         eval_tok, eval_stats = tokenize_pairs(
@@ -61,7 +62,7 @@ def prepare_datasets(
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():
-        st = TokenizeStats(**s)
+        st = TokenizeStats(**{k: v for k, v in s.items() if k != "format"})
         log.info(
             "%s pairs: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated "
             "(%d pairs only because of the model's context)",

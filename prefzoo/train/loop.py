@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from prefzoo.data.chat import set_chat_template
 from prefzoo.data.collate import PreferenceCollator
+from prefzoo.data.preview import describe_data
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
@@ -271,8 +273,11 @@ def _train(
     defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
     for line in defaults.lines():
         accelerator.print(f"prefzoo train: {line}")
+    template = set_chat_template(tokenizer, cfg.chat_template)
     with accelerator.main_process_first():
         train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset, defaults.limits)
+    for line in describe_data(tokenizer, train_tok, data_stats, template):
+        accelerator.print(f"prefzoo train: {line}")
     for split_name, s in data_stats.items():
         accelerator.print(
             f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "

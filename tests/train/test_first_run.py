@@ -36,3 +36,7 @@ def test_a_run_is_quiet_and_its_last_line_names_everything_it_wrote(tmp_path, ti
     assert ("TensorBoard" in last) == (importlib.util.find_spec("tensorboard") is not None)
     assert any("eval reward accuracy" in line for line in lines)  # evaluations go to stdout, the bar to stderr
     assert "eval reward accuracy" not in proc.stderr
+    # the detected format and one decoded pair, the prompt/completion boundary marked, before training starts
+    assert any(line.startswith("prefzoo train: data format plain; chat template: none") for line in lines)
+    chosen = next(line for line in lines if line.startswith("prefzoo train:   chosen:"))
+    assert "=' ‖ '" in chosen and chosen.endswith("<eos>'")  # prompt ends at '=', completion ends with eos
