@@ -57,6 +57,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 metavar="KEY=VALUE",
                 help=docs[name].replace("%", "%%") + "; repeat for several, e.g. --loss-param beta=0.1 (default: none)",
             )
+        elif name == "dataset":
+            p.add_argument(
+                flag,
+                dest=name,
+                action="append",
+                metavar="PATH[:WEIGHT]",
+                help=docs[name].replace("%", "%%") + " (default: none)",
+            )
         elif typ is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:

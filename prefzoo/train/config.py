@@ -27,7 +27,7 @@ class TrainConfig:
     loss: str = "mmpo"  # a registered loss name or a weighted sum such as "0.8*dpo + 0.2*sft"
     loss_params: dict[str, Any] = field(default_factory=dict)  # validated by the loss's params class
     model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
-    dataset: str | None = None  # hub name, json/jsonl/parquet/csv file, folder, or save_to_disk folder
+    dataset: str | list[Any] | None = None  # hub name, jsonl/json/parquet/csv file or folder; several: PATH:WEIGHT
     format: str | None = None  # plain | conversational | ultrafeedback | orca; None = detect from the columns
     chat_template: str = "auto"  # conversations only: auto (the tokenizer's) | none | PATH.jinja; strings go as given
     train_split: str = "train"  # the split of --dataset to train on
@@ -157,6 +157,8 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
     if value is None:
         return None
     args = [a for a in typing.get_args(typ) if a is not type(None)]
+    if isinstance(value, list) and any(typing.get_origin(a) is list for a in args) and str in args:
+        return value[0] if len(value) == 1 and isinstance(value[0], str) else list(value)  # one source: a string
     base = typing.get_origin(typ) or typ
     if base is typing.Union or base is types.UnionType:
         base = typing.get_origin(args[0]) or args[0]

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize
+from prefzoo.data.mixing import load_mixture
 from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
 from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
@@ -33,9 +34,11 @@ def prepare_datasets(
     if train is None:
         if cfg.dataset is None:
             raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
-        train = load_preference_dataset(cfg.dataset, cfg.train_split, cfg.format)
+        train = load_mixture(cfg.dataset, cfg.train_split, cfg.format, cfg.seed)
         if cfg.eval_split is not None:
-            eval_ = load_preference_dataset(cfg.dataset, cfg.eval_split, cfg.format)
+            eval_ = load_mixture(cfg.dataset, cfg.eval_split, cfg.format, cfg.seed)
+        elif isinstance(cfg.dataset, list):
+            pass  # several sources: eval_fraction of the mixture is held out
         else:
             for name in ("test", "validation", "test_prefs"):
                 try:
