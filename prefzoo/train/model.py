@@ -8,11 +8,39 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["LoRATargetError", "apply_lora", "build_optimizer", "load_model_and_tokenizer"]
+__all__ = ["LoRATargetError", "ModelSourceError", "apply_lora", "build_optimizer", "check_model_source",
+           "load_model_and_tokenizer"]  # fmt: skip
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 class LoRATargetError(ValueError):
     """LoRA target modules not present in the model."""
+
+
+class ModelSourceError(FileNotFoundError):
+    """``--model`` names a local folder that is missing, or one without a model config or a tokenizer."""
+
+
+def check_model_source(name: str) -> None:
+    """Fail before anything loads when ``name`` is a local path that cannot be a model folder (hub names pass)."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if not looks_local:
+        return  # org/name on the hub
+    if not path.is_dir():
+        raise ModelSourceError(
+            f"--model {name}: no such folder; give a save_pretrained() folder or a hub name such as org/name"
+        )
+    if (path / "adapter_config.json").is_file():
+        return  # a LoRA adapter: the base model and perhaps the tokenizer come from its base_model_name_or_path
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"--model {name}: the folder has no config.json; save the model with save_pretrained()")
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ModelSourceError(
+            f"--model {name}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}, ...); save it there "
+            "with tokenizer.save_pretrained(folder)"
+        )
 
 
 def load_model_and_tokenizer(
@@ -23,6 +51,7 @@ def load_model_and_tokenizer(
     ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
     code (``auto_map``) is never run otherwise.
     """
+    check_model_source(name)
     remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
