@@ -135,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
                                  ("win_rate", args.prompts or not args.dataset)) if ok]  # fmt: skip
     if "lm_eval" in modes and not args.model:
         raise CLIError("--lm-eval needs --model PATH (a save_pretrained folder)")
+    if "lm_eval" in modes:
+        try:
+            import lm_eval  # noqa: F401
+        except ImportError:
+            raise CLIError("--lm-eval needs lm-eval, which is not installed: pip install 'prefzoo[eval]'") from None
     if args.judge is not None and args.judge != "oracle" and "win_rate" not in modes:
         raise CLIError("--judge is used by --win-rate; add --win-rate")
     judge_kw = _kv(args.judge_arg, "--judge-arg")
