@@ -79,7 +79,7 @@ class TrainConfig:
     trust_remote_code: bool = False  # run a model folder's own Python code (auto_map); only for models you trust
     eval_at_start: bool = False  # also evaluate before the first step (reward accuracy of the starting policy)
     progress: bool = True  # tqdm bar on the main process
-    report_to: str | None = "auto"  # 'tensorboard', 'none', or 'auto' (tensorboard when installed)
+    report_to: str | None = "auto"  # none | auto (tensorboard if installed) | tensorboard,wandb,mlflow,trackio,...
     cpu: bool = False  # force CPU even when a GPU is present
 
     def __post_init__(self) -> None:

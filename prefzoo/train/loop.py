@@ -47,6 +47,7 @@ from prefzoo.train.reference import (
 from prefzoo.train.runcard import write_final_model
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.signals import PreemptionHandler
+from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import FLOAT_FIELDS, Need, PreferenceBatch
 
 __all__ = ["TrainResult", "evaluate", "train"]
@@ -192,15 +193,7 @@ def _zero3_enabled() -> bool:
 
 
 def _trackers(cfg: TrainConfig) -> list[str] | None:
-    if cfg.report_to in (None, "none"):
-        return None
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        if cfg.report_to == "tensorboard":
-            raise ConfigError("report_to='tensorboard' but tensorboard is not installed") from None
-        return None
-    return ["tensorboard"]
+    return resolve_trackers(cfg.report_to)
 
 
 def train(
