@@ -38,6 +38,16 @@ def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int 
     return context - max_new_tokens, f"the model's context of {context} tokens ({source})"
 
 
+def _generated_lengths(new: Any, eos_id: int | None) -> list[int]:
+    """Tokens each row generated before its first eos (what follows the eos is padding): (b, T_new) -> b ints."""
+    T = new.shape[1]
+    if eos_id is None:
+        return [T] * new.shape[0]
+    is_eos = new == eos_id  # (b, T_new)
+    first = is_eos.int().argmax(dim=1)  # (b,) first eos, 0 when none
+    return [int(f) if bool(row.any()) else T for f, row in zip(first, is_eos, strict=True)]
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -61,7 +71,8 @@ def generate(
     (:func:`prefzoo.data.chat.render_prompt`: a string as given, a conversation
     through the chat template with the generation prompt).  A prompt longer than the model's context minus
     ``max_new_tokens`` keeps its end (as in training); how many were cut is logged and, when ``report`` is a dict,
-    stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``.
+    stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``, and the number of tokens
+    each prompt generated before its eos in ``report["new_tokens"]``.
     """
     import torch
 
@@ -80,6 +91,7 @@ def generate(
     model.eval()
     tokenizer.padding_side = "left"
     out: list[str] = []
+    lengths: list[int] = []  # generated tokens per prompt, before the first eos (at most max_new_tokens)
     try:
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i : i + batch_size]
@@ -101,6 +113,7 @@ def generate(
                 )  # (b, T_prompt + T_new)
             new = ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
             out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            lengths.extend(_generated_lengths(new, tokenizer.eos_token_id))
     finally:
         tokenizer.padding_side = old_side
         model.train(was_training)
@@ -110,5 +123,5 @@ def generate(
             truncated, len(prompts), budget, max_new_tokens, why,
         )  # fmt: skip
     if report is not None:
-        report.update(prompts_truncated=truncated, prompt_budget=budget)
+        report.update(prompts_truncated=truncated, prompt_budget=budget, new_tokens=lengths)
     return out

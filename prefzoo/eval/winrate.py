@@ -109,16 +109,19 @@ def win_rate(
     base_report: dict[str, Any] = {}
     pol = generate(policy, tokenizer, prompts, report=pol_report, **kw)
     base = generate(baseline, baseline_tokenizer or tokenizer, prompts, report=base_report, **kw)
-    result = judge_completions(prompts, pol, base, judge, tokenizer)
+    result = judge_completions(
+        prompts, pol, base, judge, tokenizer, lengths=(pol_report["new_tokens"], base_report["new_tokens"])
+    )  # lengths as generated: re-tokenizing the decoded text can count differently
     result.prompts_truncated = max(pol_report["prompts_truncated"], base_report["prompts_truncated"])
     return result
 
 
 def judge_completions(
     prompts: Sequence[str], policy_completions: Sequence[str], baseline_completions: Sequence[str], judge: Any,
-    tokenizer: Any,
+    tokenizer: Any, lengths: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> WinRateResult:  # fmt: skip
-    """Judge completions already generated (e.g. cached baseline completions); lengths in ``tokenizer`` tokens."""
+    """Judge completions already generated (e.g. cached baseline completions); lengths are the generated token
+    counts ``lengths`` (policy, baseline) when given, else the completions re-tokenized with ``tokenizer``."""
     from prefzoo.eval.judges import get_judge
 
     if isinstance(judge, str):
@@ -138,4 +141,5 @@ def judge_completions(
     def n_tokens(texts: list[str]) -> list[int]:
         return [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
 
-    return WinRateResult(prompts, pol, base, prefs, n_tokens(pol), n_tokens(base))
+    pol_len, base_len = (list(lengths[0]), list(lengths[1])) if lengths is not None else (n_tokens(pol), n_tokens(base))
+    return WinRateResult(prompts, pol, base, prefs, pol_len, base_len)

@@ -13,3 +13,22 @@ def test_lm_eval_without_the_extra_names_it(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     assert "pip install 'prefzoo[eval]'" in err and "ModuleNotFoundError" not in err
+
+
+def test_win_rate_lengths_are_the_generated_tokens():
+    """A tokenizer whose decode adds spaces between characters made re-tokenized lengths exceed --max-new-tokens."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from tiny import build_model, build_tokenizer
+
+    from prefzoo.eval.winrate import win_rate
+
+    tok = build_tokenizer()  # no decoder: "12" decodes as "1 2"
+    policy, baseline = build_model(tok, seed=1).eval(), build_model(tok, seed=2).eval()
+    prompts = [f"{a}+{a}=" for a in range(10, 20)]
+    res = win_rate(policy, baseline, tok, prompts, "oracle", max_new_tokens=4, batch_size=5)
+    assert all(0 <= n <= 4 for n in res.policy_lengths + res.baseline_lengths)
+    assert res.summary()["mean_policy_length"] <= 4
+    for text, n in zip(res.policy_completions, res.policy_lengths, strict=True):
+        assert len(text.replace(" ", "")) <= n  # each generated character token is one counted token
