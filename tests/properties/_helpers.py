@@ -38,3 +38,53 @@ def batch64(pw, pl, rw=None, rl=None, lw=None, ll=None, grad: bool = True) -> Pr
         chosen_lengths=None if lw is None else torch.as_tensor(lw),
         rejected_lengths=None if ll is None else torch.as_tensor(ll),
     )
+
+
+class ThreadAccelerator:
+    """One rank of an in-process group of threads with accelerate's ``gather`` and ``pad_across_processes`` semantics.
+
+    ``gather(t)`` concatenates every rank's (equal-sized) ``t`` in rank order; ``pad_across_processes(t, dim=0)``
+    zero-pads ``t`` to the largest size over ranks.  Lets the production ``make_gather`` run in one process (and under
+    mutmut, which traces only its own process); tests/distributed runs it under real ``accelerate launch``.
+    """
+
+    def __init__(self, rank: int, exchange: Any) -> None:
+        self.process_index, self.num_processes, self._ex = rank, exchange.n, exchange
+
+    def gather(self, t: Tensor) -> Tensor:
+        return self._ex.gather(self.process_index, t)
+
+    def pad_across_processes(self, t: Tensor, dim: int = 0) -> Tensor:
+        assert dim == 0
+        m = int(self._ex.gather(self.process_index, torch.tensor([t.shape[0]])).max())
+        return torch.cat((t, t.new_zeros((m - t.shape[0], *t.shape[1:]))), dim=0)
+
+
+def run_on_ranks(fn: Any, world: int) -> list[Any]:
+    """``fn(rank, gather)`` on ``world`` threads, ``gather`` being prefzoo.train.distributed.make_gather of a
+    ThreadAccelerator; results in rank order."""
+    import threading
+
+    from prefzoo.testing.sharding import _Exchange
+    from prefzoo.train.distributed import make_gather
+
+    ex = _Exchange(world)
+    outs: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            outs[rank] = fn(rank, make_gather(ThreadAccelerator(rank, ex)))
+        except BaseException as e:
+            errors.append(e)
+            ex.barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real or errors:
+        raise (real or errors)[0]
+    return outs

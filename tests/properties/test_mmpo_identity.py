@@ -2,16 +2,20 @@
 
 The gradient with respect to the policy log-probs is (−1, 0) per pair for every β,
 r_ε, reference and rejected response (−1/|y_w| for the length-normalized ablation).
+That gradient holds for any normalization, so the VALUE −s_w is what has teeth: it is
+checked in one process and on 2–4 ranks through the production gather
+(prefzoo.train.distributed.make_gather), where R̂ must use the whole batch's min and max.
 """
 
 from __future__ import annotations
 
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import prefzoo
 from prefzoo.testing import loss_params, preference_batches
-from tests.properties._helpers import leaves64, mmpo_scores
+from tests.properties._helpers import leaves64, mmpo_scores, run_on_ranks
 
 
 def _check(name: str, batch, params, average: bool = False, normalize: bool = True) -> None:
@@ -56,3 +60,40 @@ def test_gradient_is_the_same_for_every_params_reference_and_rejected(batch, p1,
     g1 = torch.autograd.grad(prefzoo.Loss(spec, p1)(b1).losses.sum(), b1.policy_chosen_logps)[0]
     g2 = torch.autograd.grad(prefzoo.Loss(spec, p2)(b2).losses.sum(), b2.policy_chosen_logps)[0]
     torch.testing.assert_close(g1, g2, rtol=0, atol=1e-11)
+
+
+@given(batch=preference_batches(dtypes=("float64",), reference=True, min_size=2, max_size=16),
+       params=loss_params(prefzoo.loss_spec("mmpo")), world=st.integers(2, 4), data=st.data())
+def test_identity_holds_on_every_rank_through_the_production_gather(batch, params, world, data):
+    """Sharded over 2–4 ranks (uneven, the first holding one pair) with prefzoo.train.distributed.make_gather:
+    every rank's loss is −s_w where s_w's R̂ uses the min and max of the WHOLE batch."""
+    from prefzoo.testing.sharding import shard_batch
+
+    b = leaves64(batch)
+    n = b.batch_size
+    cuts = sorted(data.draw(st.sets(st.integers(2, n - 1), max_size=world - 2), label="cuts")) if n > 2 else []
+    edges = [0, 1, *cuts, n]
+    sizes = [j - i for i, j in zip(edges, edges[1:], strict=False)]  # the first rank holds one pair
+    shards = shard_batch(b, sizes)
+    s_w, _ = mmpo_scores(b, params)  # whole batch, independent of prefzoo.losses.mmpo
+    loss = prefzoo.Loss(prefzoo.loss_spec("mmpo"), params)
+    outs = run_on_ranks(lambda r, gather: loss(shards[r], gather=gather).losses.detach(), len(sizes))
+    got = torch.cat(outs)
+    torch.testing.assert_close(got, -s_w, rtol=1e-12, atol=1e-9)
+
+
+def test_identity_on_two_ranks_by_hand():
+    """β = 1, r_ε = r_l = 0, ε = 0, log π = 0: rank 0 has R = (−1, −3), rank 1 has R = (−2, −5).
+
+    Over the gathered batch R̂_w = (R_w + 5)/4 = 1 (rank 0) and 0.75 (rank 1): losses −1 and −0.75.
+    A rank that normalized alone would give rank 1 the loss −1.
+    """
+    p = prefzoo.loss_spec("mmpo").params(beta=1.0, reward_epsilon=0.0, rejected_reward=0.0, norm_eps=0.0)
+    z = torch.zeros(1, dtype=torch.float64)
+    shards = [prefzoo.PreferenceBatch(z, z, torch.tensor([-1.0], dtype=torch.float64),
+                                      torch.tensor([-3.0], dtype=torch.float64)),
+              prefzoo.PreferenceBatch(z, z, torch.tensor([-2.0], dtype=torch.float64),
+                                      torch.tensor([-5.0], dtype=torch.float64))]
+    loss = prefzoo.Loss(prefzoo.loss_spec("mmpo"), p)
+    outs = run_on_ranks(lambda r, gather: loss(shards[r], gather=gather).losses.detach(), 2)
+    assert [o.item() for o in outs] == [-1.0, -0.75]
