@@ -46,7 +46,7 @@ def _token_stats(theta: torch.Tensor, seqs: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def _pad_ragged(theta, tok, ent, seed: int, max_pad: int = 3):
-    """Append ``max_pad`` masked-out positions holding junk that depends on θ: reading them changes value and gradient."""
+    """Append ``max_pad`` masked-out positions holding junk that depends on θ (reading them changes the result)."""
     n, t = tok.shape
     g = torch.Generator().manual_seed(seed + 1)
     junk = theta.sum() * torch.rand(n, max_pad, generator=g, dtype=F64) - 1.0  # (N, P) depends on θ

@@ -67,7 +67,8 @@ def test_sigmoid_weights_for_every_input(case):
     s_w, s_l = _scores(b.policy_chosen_logps.detach(), b.policy_rejected_logps.detach(), b.ref_chosen_logps,
                        b.ref_rejected_logps, params)
     # the built margin is the margin the formula sees, up to the rounding of log π_l = log π_w + R̂_w − Δs − R̂_l
-    torch.testing.assert_close(s_w - s_l, margin, rtol=0, atol=1e-12 * (1 + float(b.policy_chosen_logps.detach().abs().max())))
+    scale = 1 + float(b.policy_chosen_logps.detach().abs().max())
+    torch.testing.assert_close(s_w - s_l, margin, rtol=0, atol=1e-12 * scale)
     err = torch.maximum((-gw - torch.sigmoid(s_w - s_l)).abs(), (-gl - torch.sigmoid(s_l - s_w)).abs())
     target(float(err.max()) * 1e12, label="weight error × 1e12")
     torch.testing.assert_close(-gw, torch.sigmoid(s_w - s_l), rtol=1e-9, atol=1e-12)

@@ -9,6 +9,8 @@ checked in one process and on 2–4 ranks through the production gather
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,7 +75,7 @@ def test_identity_holds_on_every_rank_through_the_production_gather(batch, param
     n = b.batch_size
     cuts = sorted(data.draw(st.sets(st.integers(2, n - 1), max_size=world - 2), label="cuts")) if n > 2 else []
     edges = [0, 1, *cuts, n]
-    sizes = [j - i for i, j in zip(edges, edges[1:], strict=False)]  # the first rank holds one pair
+    sizes = [j - i for i, j in itertools.pairwise(edges)]  # the first rank holds one pair
     shards = shard_batch(b, sizes)
     s_w, _ = mmpo_scores(b, params)  # whole batch, independent of prefzoo.losses.mmpo
     loss = prefzoo.Loss(prefzoo.loss_spec("mmpo"), params)
