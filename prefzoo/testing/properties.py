@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prefzoo.spec import Loss, LossParamError, LossSpec, param_infos
+from prefzoo.spec import Loss, LossOutputError, LossParamError, LossSpec, param_infos
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
 from prefzoo.types import FLOAT_FIELDS, LossOutput, Need, PreferenceBatch
 
@@ -144,7 +144,10 @@ def check_finite(loss: Loss, batch: PreferenceBatch) -> None:
 def check_shape(loss: Loss, batch: PreferenceBatch) -> None:
     """One loss per pair: losses, chosen_rewards and rejected_rewards have shape (B,); losses are differentiable."""
     b = cast_batch(batch)
-    out = loss(b)
+    try:
+        out = loss(b)
+    except LossOutputError as e:  # Loss.__call__ enforces the shapes first: a wrong shape is this property failing
+        _fail(str(e))
     n = b.batch_size
     for field_name in ("losses", "chosen_rewards", "rejected_rewards"):
         t = getattr(out, field_name)

@@ -84,18 +84,18 @@ def test_identity_holds_on_every_rank_through_the_production_gather(batch, param
     torch.testing.assert_close(got, -s_w, rtol=1e-12, atol=1e-9)
 
 
-def test_identity_on_two_ranks_by_hand():
-    """β = 1, r_ε = r_l = 0, ε = 0, log π = 0: rank 0 has R = (−1, −3), rank 1 has R = (−2, −5).
+def test_identity_on_two_uneven_ranks_by_hand():
+    """β = 1, r_ε = r_l = 0, ε = 0, log π = 0.  Rank 0 holds one pair, R = (R_w, R_l) = (−1, −3); rank 1 holds two,
+    R_w = (−2, −4), R_l = (−5, −2).
 
-    Over the gathered batch R̂_w = (R_w + 5)/4 = 1 (rank 0) and 0.75 (rank 1): losses −1 and −0.75.
-    A rank that normalized alone would give rank 1 the loss −1.
+    Over the gathered batch min = −5, max = −1, so R̂_w = (R_w + 5)/4 and the losses −R̂_w are −1 (rank 0) and
+    −0.75, −0.25 (rank 1).  A rank normalizing alone gives rank 1 (−1, −1/3); a gather that kept rank 0's zero
+    padding would see max = 0 and give −0.8, −0.6, −0.2.
     """
     p = prefzoo.loss_spec("mmpo").params(beta=1.0, reward_epsilon=0.0, rejected_reward=0.0, norm_eps=0.0)
-    z = torch.zeros(1, dtype=torch.float64)
-    shards = [prefzoo.PreferenceBatch(z, z, torch.tensor([-1.0], dtype=torch.float64),
-                                      torch.tensor([-3.0], dtype=torch.float64)),
-              prefzoo.PreferenceBatch(z, z, torch.tensor([-2.0], dtype=torch.float64),
-                                      torch.tensor([-5.0], dtype=torch.float64))]
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    shards = [prefzoo.PreferenceBatch(t(0.0), t(0.0), t(-1.0), t(-3.0)),
+              prefzoo.PreferenceBatch(t(0.0, 0.0), t(0.0, 0.0), t(-2.0, -4.0), t(-5.0, -2.0))]
     loss = prefzoo.Loss(prefzoo.loss_spec("mmpo"), p)
     outs = run_on_ranks(lambda r, gather: loss(shards[r], gather=gather).losses.detach(), 2)
-    assert [o.item() for o in outs] == [-1.0, -0.75]
+    assert [o.tolist() for o in outs] == [[-1.0], [-0.75, -0.25]]

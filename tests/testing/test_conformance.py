@@ -46,19 +46,139 @@ def test_loss_that_raises_is_reported_as_error():
     assert report.results[0].status == "error" and "boom" in report.results[0].message
 
 
-def test_undeclared_coupling_is_caught():
-    def coupled(batch, p, ctx):  # uses the batch mean but declares batch_coupled=False
-        out = prefzoo.loss_spec("dpo").fn(batch, p, ctx)
-        return LossOutput(out.losses - out.losses.mean().detach(), out.chosen_rewards, out.rejected_rewards)
+def _dpo(batch, p, ctx):
+    return prefzoo.loss_spec("dpo").fn(batch, p, ctx)
 
-    report = check_loss(_dpo_spec(coupled), max_examples=30, properties=["batch-decoupled"])
-    assert not report.passed
+
+def _with(out: LossOutput, losses=None, chosen=None) -> LossOutput:
+    return LossOutput(out.losses if losses is None else losses,
+                      out.chosen_rewards if chosen is None else chosen, out.rejected_rewards)
+
+
+def _logratio_w(batch):
+    return batch.policy_chosen_logps - batch.ref_chosen_logps.detach()
+
+
+def shape_broken(batch, p, ctx):
+    """chosen_rewards as int64 (truncated scores): the right shape, not a float."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, chosen=out.chosen_rewards.trunc().long())
+
+
+def detached_broken(batch, p, ctx):
+    """chosen_rewards still attached to the graph."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, chosen=_logratio_w(batch) * p.beta)
+
+
+def permutation_broken(batch, p, ctx):
+    """Adds a term from the FIRST pair of the gathered batch (declared batch-coupled, gathered, shift-invariant)."""
+    out = _dpo(batch, p, ctx)
+    first = ctx.gather(_logratio_w(batch).detach() - (batch.policy_rejected_logps - batch.ref_rejected_logps).detach())
+    return _with(out, losses=out.losses + 0.1 * torch.tanh(first[0]))
+
+
+def low_precision_broken(batch, p, ctx):
+    """(L + 1e4) − 1e4: exact enough in float64, loses ~1e-3 absolute in float32."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, losses=(out.losses + 1e4) - 1e4)
+
+
+def reference_free_broken(batch, p, ctx):
+    """simpo, but it reads the reference log-probs when they are given."""
+    out = prefzoo.loss_spec("simpo").fn(batch, p, ctx)
+    if batch.ref_chosen_logps is not None:
+        return _with(out, losses=out.losses + 1e-3 * torch.tanh(batch.ref_chosen_logps - batch.ref_rejected_logps))
+    return out
+
+
+def monotone_broken(batch, p, ctx):
+    """+0.01·(log π(y_w) − log π_ref(y_w))²: ∂L/∂log π(y_w) > 0 once the chosen log-ratio is large."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, losses=out.losses + 0.01 * _logratio_w(batch) ** 2)
+
+
+def shift_broken(batch, p, ctx):
+    """−1e-3·log π(y_w): still monotone, but depends on the log-prob itself, not the ratio."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, losses=out.losses - 1e-3 * batch.policy_chosen_logps)
+
+
+def gather_broken(batch, p, ctx):
+    """Declared batch-coupled, uses the batch mean of the chosen log-ratio without the gather hook."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, losses=out.losses + 0.01 * torch.tanh(_logratio_w(batch).detach().mean()))
+
+
+def decoupled_broken(batch, p, ctx):
+    """Uses the gathered mean (correct under sharding) but declares batch_coupled=False."""
+    out = _dpo(batch, p, ctx)
+    return _with(out, losses=out.losses + 0.01 * torch.tanh(ctx.gather(_logratio_w(batch).detach()).mean()))
+
+
+def finite_broken(batch, p, ctx):
+    """+0·sqrt(|(1 + 1e-10·(log π(y_w) − 1)) − 1|): value unchanged; in float32 the root's argument rounds to 0 and
+    the gradient is 0·∞ = NaN (float64 keeps it finite)."""
+    out = _dpo(batch, p, ctx)
+    x = ((1 + 1e-10 * (batch.policy_chosen_logps - 1)) - 1).abs()
+    return _with(out, losses=out.losses + 0 * torch.sqrt(x))
+
+
+# property -> (broken loss, the spec it copies, spec changes): each is caught by its property and by no other
+BROKEN = {
+    "finite": (finite_broken, "dpo", {}),
+    "shape": (shape_broken, "dpo", {}),
+    "detached-rewards": (detached_broken, "dpo", {}),
+    "permutation": (permutation_broken, "dpo", {"batch_coupled": True}),
+    "low-precision": (low_precision_broken, "dpo", {}),
+    "reference-free": (reference_free_broken, "simpo", {}),
+    "monotone": (monotone_broken, "dpo", {}),
+    "shift-invariant": (shift_broken, "dpo", {}),
+    "sharded-gather": (gather_broken, "dpo", {"batch_coupled": True}),
+    "batch-decoupled": (decoupled_broken, "dpo", {}),
+}
+
+
+def test_every_generic_property_has_a_broken_loss():
+    from prefzoo.testing import GENERIC_PROPERTIES
+
+    assert sorted(BROKEN) == sorted(p.name for p in GENERIC_PROPERTIES)
+
+
+@pytest.mark.parametrize("prop", sorted(BROKEN))
+def test_each_property_alone_catches_its_broken_loss(prop):
+    fn, base, changes = BROKEN[prop]
+    spec = dataclasses.replace(prefzoo.loss_spec(base), name=f"broken-{prop}", fn=fn, plugin="tests", **changes)
+    report = check_loss(spec, max_examples=25, max_batch=8, dtypes=["float64", "float32"], derandomize=True)
+    statuses = {r.name: r.status for r in report.results}
+    assert statuses[prop] == "failed", report.table() + report.failures_text()
+    others = {k: v for k, v in statuses.items() if k not in (prop, "reference")}
+    assert set(others.values()) <= {"passed", "n/a"}, report.table() + report.failures_text()
+    assert report.results and next(r for r in report.results if r.name == prop).falsifying_example
+
+
+def test_shape_reports_a_wrong_shape_as_failed():
+    def two_per_pair(batch, p, ctx):
+        out = _dpo(batch, p, ctx)
+        return _with(out, losses=torch.cat((out.losses, out.losses)))
+
+    report = check_loss(_dpo_spec(two_per_pair), max_examples=5, properties=["shape"])
+    (res,) = report.results
+    assert res.status == "failed" and "expected (" in res.message, res
 
 
 def test_bound_loss_keeps_its_params():
-    loss = prefzoo.get_loss("cdpo", label_smoothing=0.2)
-    report = check_loss(loss, max_examples=5, properties=["finite"])
-    assert report.passed and report.loss == "cdpo"
+    """A bound Loss is checked with ITS params: a loss broken only at label_smoothing = 0.2 fails bound to 0.2 and
+    passes bound to the default; the report's falsifying example shows the bound params."""
+    def broken_at_02(batch, p, ctx):
+        out = prefzoo.loss_spec("cdpo").fn(batch, p, ctx)
+        return _with(out, losses=out.losses * (float("nan") if p.label_smoothing == 0.2 else 1.0))
+
+    spec = dataclasses.replace(prefzoo.loss_spec("cdpo"), name="broken-cdpo", fn=broken_at_02, plugin="tests")
+    bad = check_loss(prefzoo.Loss(spec, spec.params(label_smoothing=0.2)), max_examples=5, properties=["finite"])
+    assert bad.results[0].status == "failed" and "label_smoothing=0.2" in bad.results[0].falsifying_example
+    good = check_loss(prefzoo.Loss(spec, spec.params()), max_examples=5, properties=["finite"])
+    assert good.passed and good.loss == "broken-cdpo"
 
 
 def test_unknown_property_is_named():
