@@ -100,9 +100,17 @@ def test_every_builtin_has_a_reference():
     assert builtin - set(REFERENCES) == {"mmpo-entropy"}
 
 
-def test_reference_catches_a_wrong_formula():
-    """The comparison bites: DPO's transcription does not match SimPO's loss."""
+BETA_CASES = [(n, p) for n, p in CASES if any(i.name == "beta" for i in prefzoo.param_infos(prefzoo.loss_spec(n).params_cls))]
+
+
+@pytest.mark.parametrize(("name", "params"), BETA_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BETA_CASES)])
+def test_comparison_fails_when_a_formula_is_off_by_one_percent(name, params):
+    """The comparison above bites for every loss: the shipped loss with β·1.01 against the reference at β fails it
+    in float64 (in value or gradient), so a formula wrong by a 1% factor cannot pass."""
+    beta = params.get("beta", prefzoo.loss_spec(name).params().beta)
     x = random_inputs(0)
-    got = run_prefzoo("simpo", {}, x, torch.float64)[0]
-    want = run_reference("dpo", {}, x, torch.float64)[0]
-    assert not torch.allclose(got, want)
+    got = run_prefzoo(name, {**params, "beta": beta * 1.01}, x, torch.float64)
+    want = run_reference(name, params, x, torch.float64)
+    atol, rtol = TOL[torch.float64]
+    differs = [not torch.allclose(g, w, atol=atol, rtol=rtol) for g, w in zip(got, want, strict=True)]
+    assert any(differs), (name, params)
