@@ -100,7 +100,9 @@ def test_every_builtin_has_a_reference():
     assert builtin - set(REFERENCES) == {"mmpo-entropy"}
 
 
-BETA_CASES = [(n, p) for n, p in CASES if any(i.name == "beta" for i in prefzoo.param_infos(prefzoo.loss_spec(n).params_cls))]
+BETA_CASES = [
+    (n, p) for n, p in CASES if any(i.name == "beta" for i in prefzoo.param_infos(prefzoo.loss_spec(n).params_cls))
+]
 
 
 @pytest.mark.parametrize(("name", "params"), BETA_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BETA_CASES)])
