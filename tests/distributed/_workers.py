@@ -95,30 +95,28 @@ def gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def accelerate_main(out_dir: str) -> None:
-    """Under `accelerate launch` (several CPU processes): accelerate's pad_across_processes + gather as the hook."""
+    """Under `accelerate launch` (several CPU processes): the production gather, prefzoo.train.distributed.make_gather,
+    as the hook; uneven shards (the first rank holding one pair) and equal shards (for the mean-loss gradient)."""
     from accelerate import Accelerator
-    from accelerate.utils import gather, pad_across_processes
+    from accelerate.utils import gather
 
     from prefzoo.testing import split_sizes
+    from prefzoo.train.distributed import make_gather
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)
     world, rank = acc.num_processes, acc.process_index
-
-    def hook(t: torch.Tensor) -> torch.Tensor:
-        n = gather(torch.tensor([t.shape[0]])).tolist()  # (P,) sizes per rank
-        padded = pad_across_processes(t.detach().contiguous(), dim=0)
-        allt = gather(padded)  # (P·max, ...)
-        m = max(n)
-        return torch.cat([allt[i * m : i * m + k] for i, k in enumerate(n)])
-
-    sizes = split_sizes(B_UNEVEN, world)
-    res = rank_results(rank, world, hook, B_UNEVEN, sizes)
-    for v in res.values():
-        v["losses"] = hook(v["losses"])
-        v["grad_sum"] = gather(v["grad_sum"][None]).sum(0)
+    hook = make_gather(acc)
+    result = {}
+    for kind, b, sizes in (("uneven", B_UNEVEN, split_sizes(B_UNEVEN, world)), ("equal", 3 * world, [3] * world)):
+        res = rank_results(rank, world, hook, b, sizes)
+        for v in res.values():
+            v["losses"] = hook(v["losses"])  # per-example losses in rank order (uneven lengths)
+            v["grad_sum"] = gather(v["grad_sum"][None]).sum(0)  # Σ over ranks of ∇Σ_shard = ∇Σ_all
+            v["grad_mean"] = gather(v["grad_mean"][None]).mean(0)  # rank-averaged gradient of each shard's mean
+        result[kind] = {"sizes": sizes, "b": b, "res": res}
     if acc.is_main_process:
-        torch.save({"world": world, "distributed_type": str(acc.distributed_type), "sizes": sizes, "res": res},
+        torch.save({"world": world, "distributed_type": str(acc.distributed_type), **result},
                    os.path.join(out_dir, f"accelerate_{world}.pt"))
     acc.wait_for_everyone()
     sys.stdout.flush()

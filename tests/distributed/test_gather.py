@@ -5,8 +5,9 @@ spawned processes (uneven shards with a shard of 1, and equal shards), with
 prefzoo.testing.gloo_gather as the hook, gives per-example losses equal to one
 process on the full batch; Σ over ranks of ∇θ Σ_shard L equals ∇θ Σ L; and with
 equal shards the rank-averaged gradient of each shard's mean loss equals the
-single-process gradient of the mean loss.  The same through accelerate's gather
-under `accelerate launch --multi_gpu --num_processes N` with Accelerator(cpu=True).
+single-process gradient of the mean loss.  The same through the production gather,
+prefzoo.train.distributed.make_gather (uneven shards with a shard of one, and equal shards with the mean-loss
+gradient), under `accelerate launch --multi_gpu --num_processes N` with Accelerator(cpu=True).
 """
 
 from __future__ import annotations
@@ -79,4 +80,6 @@ def test_accelerate_gather_multi_cpu(world, tmp_path):
     assert path.exists(), f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out = torch.load(path)
     assert out["world"] == world and "MULTI_CPU" in out["distributed_type"], out["distributed_type"]
-    _compare(out["res"], W.single_process(W.B_UNEVEN))
+    assert out["uneven"]["sizes"][0] == 1 and sum(out["uneven"]["sizes"]) == W.B_UNEVEN
+    _compare(out["uneven"]["res"], W.single_process(W.B_UNEVEN))
+    _compare(out["equal"]["res"], W.single_process(3 * world), check_mean=True)
