@@ -45,7 +45,7 @@ def test_full_kit_on_every_mutant_reports_failures(mutants):
     for name, (original, prop) in MUTANTS.items():
         fn, _ = REFERENCES[original]
         report = check_loss(name, max_examples=20, max_batch=8, reference=lambda b, p, fn=fn: fn(to_float64(b), p))
-        failing = {r.name for r in report.failures}
+        failing = {r.name for r in report.failures()}
         assert prop in failing, f"{name}: expected {prop!r} among the failures\n{report.table()}"
 
 
