@@ -176,3 +176,34 @@ def test_gathered_shards_equal_full_batch(name):
     if name.startswith("mmpo"):  # without the gather each shard normalizes alone: the losses differ
         alone = torch.cat([prefzoo.get_loss(name)(s).losses.detach() for s in shards])
         assert not torch.allclose(alone, want)
+
+
+def test_metrics_by_hand():
+    """β = 1, r_ε = r_l = 0, ε = 0.  R_w = log π_ref(y_w) = (−1, −2), R_l = (−3, −5): min −5, max −1,
+    R̂_w = (1, 0.75), R̂_l = (0.5, 0).  With log π_w = (−1, −2), log π_l = (−1, −1):
+    s_w = (0, −1.25), s_l = (−0.5, −1),
+    so mmpo/weight_chosen = (σ(0.5) + σ(−0.25))/2.  mmpo-entropy adds mmpo/entropy = mean of ½(ΣH_w + ΣH_l) over real
+    positions: pair 0 ½(0.5 + 0.25 + 1.0) = 0.875, pair 1 ½(0.25 + 2.0) = 1.125, mean 1.0."""
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    kw = dict(beta=1.0, reward_epsilon=0.0, rejected_reward=0.0, norm_eps=0.0)
+    mask = torch.tensor([[True, True], [True, False]])
+    batch = prefzoo.PreferenceBatch(
+        t(-1.0, -2.0), t(-1.0, -1.0), t(-1.0, -2.0), t(-3.0, -5.0),
+        policy_chosen_token_logps=t([-0.5, -0.5], [-2.0, -9.0]),
+        policy_rejected_token_logps=t([-1.0, 0.0], [-1.0, 0.0]),
+        chosen_token_entropies=t([0.5, 0.25], [0.25, 7.0]), rejected_token_entropies=t([1.0, 3.0], [2.0, 3.0]),
+        chosen_mask=mask, rejected_mask=torch.tensor([[True, False], [True, False]]),
+    )
+    want_w = (1 / (1 + math.exp(-0.5)) + 1 / (1 + math.exp(0.25))) / 2
+    for name in ("mmpo", "mmpo-entropy"):
+        out = prefzoo.get_loss(name, **kw)(batch)
+        assert out.chosen_rewards.tolist() == [0.0, -1.25] and out.rejected_rewards.tolist() == [-0.5, -1.0]
+        m = {k: float(v) for k, v in out.metrics.items()}
+        want = {"mmpo/reward_min": -5.0, "mmpo/reward_max": -1.0, "mmpo/weight_chosen": want_w}
+        if name == "mmpo-entropy":
+            want["mmpo/entropy"] = 1.0
+        assert m.keys() == want.keys(), m
+        for k, v in want.items():
+            assert m[k] == pytest.approx(v, abs=1e-15), k
+    nn = prefzoo.get_loss("mmpo-no-norm", **kw)(batch).metrics
+    assert set(nn) == {"mmpo/weight_chosen"}  # no normalization, no min and max
