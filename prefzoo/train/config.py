@@ -61,7 +61,7 @@ class TrainConfig:
     merge_lora: bool = False  # save the merged model instead of the adapter
     deepspeed: str | None = None  # zero2 | zero3 | path/to/ds_config.json (needs the [deepspeed] extra)
     precompute_ref: bool = False  # compute reference log-probs once and cache them on disk
-    ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default ~/.cache/prefzoo/ref)
+    ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default: prefzoo's cache_root()/ref)
     logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
     fused_head: bool = True  # LM head recomputed per chunk in backward: no (positions × vocab) tensor kept for it
     share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once

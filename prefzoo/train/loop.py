@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from prefzoo.data.chat import set_chat_template
 from prefzoo.data.collate import PreferenceCollator
+from prefzoo.data.default import cache_root
 from prefzoo.data.preview import describe_data
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.registry import get_loss
@@ -522,8 +522,7 @@ def _precompute(
             str(cfg.mixed_precision),
         ]
     )
-    cache_root = os.environ.get("PREFZOO_CACHE") or str(Path.home() / ".cache" / "prefzoo")
-    cache_dir = cfg.ref_cache_dir or str(Path(cache_root) / "ref")
+    cache_dir = cfg.ref_cache_dir or str(cache_root() / "ref")
     with accelerator.autocast():
         table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, list(both["id"]), cache_dir)
     if isinstance(reference, FrozenReference):

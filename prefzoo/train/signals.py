@@ -4,6 +4,12 @@ The handlers only record the signal; the loop asks ``should_stop()`` once per op
 processes the flag is all-reduced so every rank stops at the same step (each may receive the signal at a different
 moment).  A second SIGINT while the first is pending raises ``KeyboardInterrupt`` at once (a user who insists).
 Handlers are installed only from the main thread and restored on exit.
+
+An ignored SIGINT stays ignored.  Python's own convention: it installs ``default_int_handler`` only when SIGINT is
+not ignored at start-up, because a process started with SIGINT ignored (``nohup``, ``cmd &`` from a script, many
+CI runners and schedulers) was told by its parent that Ctrl-C is not for it.  Such a run is preempted by SIGTERM
+only.  SIGTERM is always handled, even if inherited as ignored: it is how schedulers announce preemption before
+SIGKILL, and the answer (a checkpoint and a clean exit) loses nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class PreemptionHandler:
         self.accelerator = accelerator
         self.received: str | None = None  # name of the first signal received
         self._previous: dict[int, Any] = {}
+        self.handled: tuple[str, ...] = ()  # the signals this handler listens to (set on __enter__)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -38,8 +45,14 @@ class PreemptionHandler:
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is threading.main_thread():
             for s in _SIGNALS:
-                self._previous[s] = signal.getsignal(s)
+                previous = signal.getsignal(s)
+                if s == signal.SIGINT and previous == signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): leave it ignored
+                if previous is None:
+                    continue  # a handler installed outside Python: it could not be restored
+                self._previous[s] = previous
                 signal.signal(s, self._handle)
+            self.handled = tuple(signal.Signals(s).name for s in self._previous)
         return self
 
     def __exit__(
@@ -48,6 +61,7 @@ class PreemptionHandler:
         for s, prev in self._previous.items():
             signal.signal(s, prev)
         self._previous.clear()
+        self.handled = ()
 
     def should_stop(self) -> bool:
         """True on every process when any process received SIGTERM/SIGINT (one all-reduce when distributed)."""

@@ -53,6 +53,9 @@ def test_cache_dir_from_environment(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv(D.CACHE_ENV, str(tmp_path))
     assert D.cache_root() == tmp_path
     monkeypatch.delenv(D.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert D.cache_root() == tmp_path / "xdg" / "prefzoo"  # the XDG base directory convention, like HF and torch
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert D.cache_root() == Path.home() / ".cache" / "prefzoo"
 
 

@@ -4,50 +4,48 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from _run import cli_args, env
-from helpers import _free_port, base_config
+from helpers import base_config
 
 from prefzoo.train.faults import is_peer_failure
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def _torchrun_cli(cfg, faults: str, timeout: float) -> tuple[int, str, float]:
+def _torchrun_cli(cfg, faults: str) -> tuple[int, str]:
+    """Two ranks under torchrun; ``--standalone`` binds a free port itself (no race with a second suite)."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--nnodes=1",
-        f"--master_port={_free_port()}",
+        "--standalone",
         "-m",
         "prefzoo.cli.main",
         "train",
         *cli_args(cfg),
     ]
-    t0 = time.time()
-    proc = subprocess.run(cmd, env=env(PREFZOO_FAULTS=faults), capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr, time.time() - t0
+    # the timeout only guards against a hang of the test itself; how fast the run ends is not asserted (a busy
+    # machine is slow, not wrong): --dist-timeout turns the peer's failure into an exit
+    proc = subprocess.run(cmd, env=env(PREFZOO_FAULTS=faults), capture_output=True, text=True, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_hung_peer_times_out_with_a_message(tmp_path, tiny_dir, pairs_file):
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run", max_steps=6, save_steps=1, dist_timeout=15)
-    rc, text, seconds = _torchrun_cli(cfg, "hang@3:1", timeout=240)  # rank 1 stops answering in step 3
+    rc, text = _torchrun_cli(cfg, "hang@3:1")  # rank 1 stops answering in step 3
     assert rc != 0, text[-3000:]
     assert "another process died or hung" in text and "--dist-timeout=15s" in text, text[-3000:]
     assert "--resume auto" in text and "step-00000002" in text, text[-3000:]  # names the checkpoint to resume from
-    assert seconds < 200, seconds
 
 
 def test_peer_that_exits_ends_the_run(tmp_path, tiny_dir, pairs_file):
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run", max_steps=6, dist_timeout=60)
-    rc, text, seconds = _torchrun_cli(cfg, "exit@2:1", timeout=240)
+    rc, text = _torchrun_cli(cfg, "exit@2:1")
     assert rc != 0, text[-3000:]
     assert "rank 1 exits at step 2" in text
-    assert seconds < 200, seconds
 
 
 def test_peer_failure_classification():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 
 import pytest
-from _run import final_weights, logged_steps, max_diff, start_cli, wait_for
+from _run import env, final_weights, logged_steps, max_diff, start_cli, wait_for
 from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 from prefzoo.train.checkpoint import find_latest_checkpoint
@@ -69,13 +72,24 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, tiny_di
     assert not (out / "final").exists()
 
 
-def test_second_sigint_interrupts_at_once():
+@pytest.fixture
+def sigint(request):
+    """SIGINT's disposition for one test (``request.param``), whatever the suite inherited; restored afterwards."""
+    before = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("sigint", [signal.default_int_handler], indirect=True, ids=["default_int_handler"])
+def test_second_sigint_interrupts_at_once(sigint):
+    before = signal.getsignal(signal.SIGINT)
     with PreemptionHandler() as pre:
+        assert pre.handled == ("SIGTERM", "SIGINT")
         signal.raise_signal(signal.SIGINT)
         assert pre.should_stop() and pre.reason() == "SIGINT"
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_handlers_are_restored_and_no_signal_means_no_stop():
@@ -84,3 +98,54 @@ def test_handlers_are_restored_and_no_signal_means_no_stop():
         assert not pre.should_stop()
         assert signal.getsignal(signal.SIGTERM) != before
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN], indirect=True, ids=["SIG_IGN"])
+def test_ignored_sigint_stays_ignored_and_sigterm_still_preempts(sigint):
+    with PreemptionHandler() as pre:
+        assert pre.handled == ("SIGTERM",)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # neither stops the run nor interrupts it
+        assert not pre.should_stop()
+        signal.raise_signal(signal.SIGTERM)
+        assert pre.should_stop() and pre.reason() == "SIGTERM"
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+# The child: a fresh interpreter that inherits SIGINT ignored (as under `nohup cmd &`) and uses the handler with
+# real signals sent by kill(2).  It prints what it saw as JSON.
+_CHILD = """
+import json, os, signal
+from prefzoo.train.signals import PreemptionHandler
+seen = {"inherited": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
+with PreemptionHandler() as pre:
+    seen["handled"] = list(pre.handled)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    seen["stop_after_sigint"] = pre.should_stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    seen["stop_after_sigterm"], seen["reason"] = pre.should_stop(), pre.reason()
+seen["ignored_after"] = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+print(json.dumps(seen))
+"""
+# Sets SIGINT ignored, then execs Python: the disposition survives exec, exactly as a shell's `&` or nohup leaves it.
+_IGNORE_SIGINT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def test_child_started_with_sigint_ignored_is_preempted_by_sigterm_only():
+    cmd = [sys.executable, "-c", _IGNORE_SIGINT_THEN_EXEC, "-c", _CHILD]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "inherited": True,  # Python kept the inherited SIG_IGN at start-up (no default_int_handler)
+        "handled": ["SIGTERM"],
+        "stop_after_sigint": False,
+        "stop_after_sigterm": True,
+        "reason": "SIGTERM",
+        "ignored_after": True,
+    }, seen

@@ -47,7 +47,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300, launcher: str = "torchrun") -> dict[str, Any]:
+def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 900, launcher: str = "torchrun") -> dict[str, Any]:
     """Train in ``nproc`` fresh processes (torchrun or accelerate launch; gloo on CPU); returns rank 0's result."""
     env = {
         **os.environ,
@@ -57,7 +57,6 @@ def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300, launcher:
         "HF_DATASETS_OFFLINE": "1",
         "PYTHONPATH": str(HERE.parents[1]),
     }
-    port = f"{_free_port()}"
     if launcher == "accelerate":  # --cpu would start ONE process (PLATFORM.md): --multi_gpu + Accelerator(cpu=True)
         cmd = [
             sys.executable,
@@ -68,7 +67,7 @@ def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300, launcher:
             "--num_machines=1",
             "--mixed_precision=no",
             "--dynamo_backend=no",
-            f"--main_process_port={port}",
+            f"--main_process_port={_free_port()}",
         ]
     else:
         cmd = [
@@ -76,8 +75,7 @@ def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 300, launcher:
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={nproc}",
-            "--nnodes=1",
-            f"--master_port={port}",
+            "--standalone",  # binds a free port itself: no race with a second copy of the suite
         ]
     cmd += [str(HERE / "worker.py"), json.dumps(cfg)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
