@@ -126,6 +126,7 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
     import torch
 
     torch.set_num_threads(1)
+    from prefzoo.eval.default_task import evaluate_policy
     from prefzoo.train import TrainConfig, train
 
     task, tokenizer, baseline = _task(cfg)
@@ -142,7 +143,7 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
 
             os.makedirs(weights_dir, exist_ok=True)
             np.save(weights_path(weights_dir, spec, epoch), flat_weights(model))
-        m = task.evaluate_policy(model, tokenizer, baseline_model=baseline)
+        m = evaluate_policy(task, model, tokenizer, baseline_model=baseline)
         rows.append(
             {
                 **base,

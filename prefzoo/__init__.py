@@ -5,10 +5,11 @@ modules import transformers, accelerate and friends lazily.
 """
 
 from prefzoo.hookspecs import hookimpl, hookspec
-from prefzoo.losses.combine import CombinedLoss, combine
+from prefzoo.losses.combine import CombinedLoss
 from prefzoo.registry import (
     RegistryError,
     UnknownLossError,
+    combine,
     get_loss,
     get_registry,
     list_losses,

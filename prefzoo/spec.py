@@ -27,14 +27,65 @@ __all__ = [
     "LossParamError",
     "LossParams",
     "LossSpec",
+    "ParamError",
     "ParamInfo",
     "param",
     "param_infos",
+    "parse_assignments",
+    "read_literal",
+    "read_scalar",
 ]
 
 
-class LossParamError(ValueError):
+class ParamError(ValueError):
+    """A malformed ``KEY=VALUE`` option (loss parameter, judge option, config value)."""
+
+
+class LossParamError(ParamError):
     """An unknown, malformed or out-of-range loss hyperparameter."""
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_assignments(pairs: Iterable[str], flag: str, example: str = "key=value") -> dict[str, str]:
+    """``["beta=0.1", "loss_type = sigmoid"]`` -> ``{"beta": "0.1", "loss_type": "sigmoid"}``: the one KEY=VALUE parser.
+
+    Used by ``--loss-param``, ``--judge-param`` and the values of YAML files; the caller converts each
+    text to its type (:func:`read_scalar`, :meth:`LossSpec.parse_param`).  A pair without ``=`` or with an
+    empty key is a :class:`LossParamError` naming ``flag``.
+    """
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, text = str(pair).partition("=")
+        if not eq or not key.strip():
+            raise LossParamError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag} {example}")
+        out[key.strip()] = text.strip()
+    return out
+
+
+def read_scalar(text: str, typ: Any) -> Any:
+    """``text`` read as ``typ`` (bool, int, float or str); a ValueError when it is not one."""
+    if typ is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError(text)
+    if typ in (int, float, str):
+        return typ(text)
+    return text
+
+
+def read_literal(text: str) -> Any:
+    """An untyped option value: a JSON literal (``3``, ``0.5``, ``true``, ``[1, 2]``) if it is one, else the string."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class LossOutputError(RuntimeError):
@@ -179,6 +230,7 @@ class LossSpec:
     description: str = ""  # one paragraph for `prefzoo losses NAME`
     notes: str = ""  # caveats shown in docs (e.g. gradient identities)
     plugin: str = "?"  # filled in by the registry: which plugin registered it
+    builtin: bool = False  # filled in by the registry: registered by a module shipped with prefzoo
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
@@ -225,25 +277,18 @@ class LossSpec:
 
 
 def coerce(info: ParamInfo, text: Any, where: str) -> Any:
+    """``text`` (a CLI string or a YAML scalar) as the type of parameter ``info``; a LossParamError naming ``where``."""
+    typ = info.type
+    if isinstance(text, bool | int | float) and typ in (bool, int, float):
+        text = str(text)  # a YAML 1 for a float, 2.0 for an int: read like the same text on the command line
     if not isinstance(text, str):
         return text
-    typ = info.type
     if info.choices is not None and all(isinstance(c, str) for c in info.choices):
         return text
     try:
-        if typ is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if typ is int:
-            return int(text)
-        if typ is float:
-            return float(text)
+        return read_scalar(text, typ)
     except ValueError:
         raise LossParamError(f"{where}: cannot read {text!r} as {getattr(typ, '__name__', typ)}") from None
-    return text
 
 
 class Loss:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name == ["all"]:
         names = list_losses()
     elif args.name == ["plugins"]:
-        names = [n for n in list_losses() if not loss_spec(n).plugin.startswith("prefzoo.")]
+        names = [n for n in list_losses() if not loss_spec(n).builtin]
         if not names:
             raise CLIError("'plugins': no loss is registered by a third-party plugin; install one (pip install "
                            "./plugins/prefzoo-caldpo) and check PREFZOO_DISABLE_PLUGIN_AUTOLOAD is unset")

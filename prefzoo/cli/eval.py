@@ -50,8 +50,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("win-rate")
     g.add_argument("--win-rate", action="store_true", help="generate from --model and --baseline and judge")
     g.add_argument("--judge", default=None, help="registered judge (default: oracle); `--judge list` lists them")
-    g.add_argument("--judge-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="judge option, repeatable, e.g. model_path=./rm (default: none)")  # fmt: skip
+    g.add_argument("--judge-param", "--judge-arg", dest="judge_param", action="append", default=[],
+                   metavar="KEY=VALUE", help="judge option, repeatable, e.g. model_path=./rm (default: none)")
     g.add_argument("--prompts", metavar="FILE", help="prompts: .txt (one per line) or json/jsonl/parquet/csv with a "
                    "'prompt' column (default: the default task's held-out prompts)")  # fmt: skip
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
@@ -65,19 +65,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--limit", type=float, default=None, help="examples per task (default: all)")
     g.add_argument("--device", default="cpu", help="torch device for lm-eval (default: cpu)")
     return p
-
-
-def _kv(pairs: list[str], flag: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CLIError(f"{flag} {pair!r}: expected KEY=VALUE")
-        k, v = pair.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
 
 
 def _load_prompts(path: str) -> list[str]:
@@ -123,7 +110,14 @@ def _print_block(title: str, values: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.eval.judges import UnknownJudgeError, get_judge, judge_spec, list_judges
+    from prefzoo.eval.judges import (
+        DEFAULT_JUDGE,
+        UnknownJudgeError,
+        get_judge,
+        judge_spec,
+        list_judges,
+        parse_judge_params,
+    )
 
     if args.judge == "list":
         for name in list_judges():
@@ -140,11 +134,12 @@ def run(args: argparse.Namespace) -> int:
             import lm_eval  # noqa: F401
         except ImportError:
             raise CLIError("--lm-eval needs lm-eval, which is not installed: pip install 'prefzoo[eval]'") from None
-    if args.judge is not None and args.judge != "oracle" and "win_rate" not in modes:
-        raise CLIError("--judge is used by --win-rate; add --win-rate")
-    judge_kw = _kv(args.judge_arg, "--judge-arg")
+    judge_name = args.judge or DEFAULT_JUDGE
     try:
-        judge = get_judge(args.judge or "oracle", **judge_kw) if "win_rate" in modes else None
+        spec = judge_spec(judge_name)
+        if args.judge is not None and "win_rate" not in modes and not spec.grades_default_task:
+            raise CLIError("--judge is used by --win-rate; add --win-rate")
+        judge = get_judge(judge_name, **parse_judge_params(args.judge_param)) if "win_rate" in modes else None
     except (UnknownJudgeError, ValueError) as e:
         raise CLIError(f"--judge: {e}") from None
 
@@ -199,9 +194,11 @@ def run(args: argparse.Namespace) -> int:
     if "win_rate" in modes:
         assert baseline_path is not None  # need_task guarantees it for --win-rate
         baseline, baseline_tok = _load(baseline_path)
-        if args.prompts is None and (args.judge or "oracle") == "oracle" and not args.sample:
-            wr: dict[str, Any] = task.evaluate_policy(model, tok, baseline, batch_size=args.batch_size)
-            wr.update(judge="oracle", prompts="default-task:heldout", decoding="greedy")
+        if args.prompts is None and spec.grades_default_task and not args.sample:
+            from prefzoo.eval.default_task import evaluate_policy
+
+            wr: dict[str, Any] = evaluate_policy(task, model, tok, baseline, batch_size=args.batch_size)
+            wr.update(judge=judge_name, prompts="default-task:heldout", decoding="greedy")
         else:
             from prefzoo.eval.winrate import win_rate
 
@@ -216,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CLIError(f"--win-rate: {e}") from None
             wr = dict(res.summary())
             decoding = f"sample(T={args.temperature}, seed={args.seed})" if args.sample else "greedy"
-            wr.update(judge=args.judge or "oracle", prompts=args.prompts or "default-task:heldout", decoding=decoding)
+            wr.update(judge=judge_name, prompts=args.prompts or "default-task:heldout", decoding=decoding)
         results["win_rate"] = wr
         _print_block(f"win-rate vs {baseline_path} (judge {wr['judge']})", wr)
 

@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", help="a registered loss name or a combination such as '0.8*dpo + 0.2*sft'")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="loss parameter (repeatable)")
+    p.add_argument("--loss-param", "--param", dest="loss_param", action="append", default=[], metavar="KEY=VALUE",
+                   help="loss parameter, repeatable, e.g. beta=0.1 (default: the loss's defaults)")  # fmt: skip
     p.add_argument("--min", type=float, default=-10.0, help="smallest margin m = log π(y_w) − log π(y_l) (default -10)")
     p.add_argument("--max", type=float, default=10.0, help="largest margin (default 10)")
     p.add_argument("--points", type=int, default=11, help="grid points in the table (default 11)")
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--points must be >= 2 and --min < --max")
     if args.length < 1:
         raise CLIError("--length must be a positive token count")
-    loss = get_loss(args.name, **parse_loss_params(args.name, args.param))
+    loss = get_loss(args.name, **parse_loss_params(args.name, args.loss_param))
     step = (args.max - args.min) / (args.points - 1)
     margins = [args.min + i * step for i in range(args.points)]
     fp = fingerprint(loss, margins, args.logp, args.ref_logp, args.length)

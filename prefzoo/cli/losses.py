@@ -34,14 +34,14 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def source_of(spec: LossSpec) -> str:
-    return "built-in" if spec.plugin.startswith("prefzoo.") else "plugin"
+    return "built-in" if spec.builtin else "plugin"
 
 
 def list_table() -> str:
     reg = get_registry()
     rows = []
     for name in reg.names():
-        s = reg.losses[name]
+        s = reg.specs[name]
         rows.append(
             [
                 name,
@@ -83,7 +83,7 @@ def describe(spec: LossSpec) -> str:
 def catalogue_markdown(builtin_only: bool = True) -> str:
     """The loss catalogue, generated from the registry so that it cannot drift from the code."""
     reg = get_registry()
-    specs = [reg.losses[n] for n in reg.names() if not builtin_only or source_of(reg.losses[n]) == "built-in"]
+    specs = [reg.specs[n] for n in reg.names() if not builtin_only or source_of(reg.specs[n]) == "built-in"]
     out = [
         "# Loss catalogue",
         "",

@@ -49,12 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     from prefzoo.registry import RegistryError, UnknownLossError
-    from prefzoo.spec import LossParamError
+    from prefzoo.spec import ParamError
     from prefzoo.types import PreferenceBatchError
 
     try:
         return int(args._run(args) or 0)
-    except (CLIError, UnknownLossError, LossParamError, RegistryError, PreferenceBatchError) as e:
+    except (CLIError, UnknownLossError, ParamError, RegistryError, PreferenceBatchError) as e:
         print(f"prefzoo {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

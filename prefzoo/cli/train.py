@@ -93,7 +93,7 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     params = dict(values.get("loss_params") or {})
     if not isinstance(params, dict):
         raise CLIError("config key loss_params must be a mapping of parameter names to values")
-    params = parse_loss_params(loss, [f"{k}={v}" for k, v in params.items()] + pairs)
+    params = parse_loss_params(loss, {str(k): v for k, v in params.items()}) | parse_loss_params(loss, pairs)
     get_loss(loss, **params)  # ranges and choices checked here
     return params
 
@@ -226,6 +226,8 @@ def _run_default(values: dict[str, Any]) -> int:
             f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "
             f"{len(task.eval)} held-out pairs, {len(task.heldout_prompts)} win-rate prompts)"
         )
+    from prefzoo.eval.default_task import evaluate_policy
+
     tokenizer = task.load_tokenizer()
     if main:
         print(
@@ -233,12 +235,12 @@ def _run_default(values: dict[str, Any]) -> int:
             f"{len(task.retention_prompts)} retention prompts (greedy generation)",
             flush=True,
         )
-    before = task.evaluate_policy(task.load_model(), tokenizer) if main else {}
+    before = evaluate_policy(task, task.load_model(), tokenizer) if main else {}
     result = train(cfg, train_dataset=task.train, eval_dataset=task.eval)
     _print_summary(result)
     if main:
         print("prefzoo train: scoring the trained policy", flush=True)
-        after = task.evaluate_policy(result.model.eval(), tokenizer)
+        after = evaluate_policy(task, result.model.eval(), tokenizer)
         acc = [e["eval/reward_accuracy"] for e in result.evals]
         print(f"{'':24}{'before':>10}{'after':>10}")
         print(f"{'eval reward accuracy':24}{acc[0]:>10.3f}{acc[-1]:>10.3f}")

@@ -1,4 +1,6 @@
-"""The embedded default task: a warmed-up tiny Llama, preference pairs and an oracle evaluation, all built locally.
+"""The embedded default task: a warmed-up tiny Llama, preference pairs and held-out prompts, all built locally.
+
+Its oracle evaluation is :func:`prefzoo.eval.default_task.evaluate_policy` (evaluation lives in ``eval/``).
 
 ``load_default_task()`` loads a character-level tokenizer and a tiny
 ``LlamaForCausalLM`` that a short deterministic supervised warm-up taught two
@@ -100,7 +102,8 @@ class DefaultTask:
     recommended: dict[str, Any]  # train settings sized for well under 2 min on 2 CPU cores
     seed: int = 0
     warmup_stats: dict[str, Any] = field(default_factory=dict)  # what the warm-up measured (from the cache)
-    # greedy completions of the starting policy, keyed by the prompt sets (dataclasses.replace starts afresh)
+    # greedy completions of the starting policy, keyed by the prompt sets (dataclasses.replace starts afresh);
+    # filled by prefzoo.eval.default_task.evaluate_policy
     _start_cache: dict[Any, tuple[list[str], list[str]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -115,61 +118,6 @@ class DefaultTask:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.model_dir)
-
-    def evaluate_policy(
-        self, model: Any, tokenizer: Any, baseline_model: Any = None, *, batch_size: int = 100
-    ) -> dict[str, float]:
-        """Oracle win-rate of ``model`` against ``baseline_model`` and retention of skill B.
-
-        Decoding is greedy (deterministic) for both models, at most 6 new tokens.
-        ``baseline_model=None`` means the starting policy from ``model_dir``.
-        Returns ``win_rate`` ((wins + ½ ties) / n), ``wins``, ``ties``, ``losses``,
-        ``n``, ``lc_win_rate`` (length-controlled), ``retention`` (greedy exact-match
-        accuracy on reversal prompts unseen in the warm-up), ``addition_accuracy``
-        and ``addition_mae`` (mean |answer − truth| over well-formed answers) of
-        ``model``, ``malformed`` (share of unparseable answers), and the same three
-        skill numbers for the baseline, prefixed ``baseline_``.
-        """
-        from prefzoo.eval.judges import get_judge
-        from prefzoo.eval.winrate import judge_completions
-
-        if baseline_model is None:  # the starting policy: greedy, so its completions are computed once per task
-            key = (tuple(self.heldout_prompts), tuple(self.retention_prompts))
-            if key not in self._start_cache:
-                self._start_cache[key] = self._completions(self.load_model(), tokenizer, batch_size)
-            base_add, base_rev = self._start_cache[key]
-        else:
-            base_add, base_rev = self._completions(baseline_model, tokenizer, batch_size)
-        pol_add, pol_rev = self._completions(model, tokenizer, batch_size)
-        res = judge_completions(self.heldout_prompts, pol_add, base_add, get_judge("oracle"), tokenizer)
-        out = {k: float(v) for k, v in res.summary().items()}
-        out.update(_skill_scores(pol_add, self.heldout_prompts))
-        out["retention"] = self._retention(pol_rev)
-        out["baseline_retention"] = self._retention(base_rev)
-        out.update({f"baseline_{k}": v for k, v in _skill_scores(base_add, self.heldout_prompts).items()})
-        return out
-
-    def _completions(self, model: Any, tokenizer: Any, batch_size: int) -> tuple[list[str], list[str]]:
-        """Greedy completions of the held-out addition prompts (≤ 6 tokens) and the reversal prompts (≤ 7)."""
-        from prefzoo.eval.generation import generate
-
-        add = generate(model, tokenizer, self.heldout_prompts, max_new_tokens=6, batch_size=batch_size)
-        rev = generate(model, tokenizer, self.retention_prompts, max_new_tokens=7, batch_size=batch_size)
-        return add, rev
-
-    def _retention(self, completions: list[str]) -> float:
-        hits = sum(c.strip() == t for c, t in zip(completions, self.retention_targets, strict=True))
-        return hits / len(completions)
-
-
-def _skill_scores(completions: list[str], prompts: list[str]) -> dict[str, float]:
-    dists = [synthetic.distance(p, c) for p, c in zip(prompts, completions, strict=True)]
-    finite = [d for d in dists if d != float("inf")]
-    return {
-        "addition_accuracy": sum(d == 0 for d in dists) / len(dists),
-        "addition_mae": sum(finite) / len(finite) if finite else float("inf"),
-        "malformed": 1.0 - len(finite) / len(dists),
-    }
 
 
 RECOMMENDED: dict[str, Any] = {

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefzoo.eval.generation import padding_side
 from prefzoo.hookspecs import hookimpl
 
 __all__ = ["DEFAULT_LLM_TEMPLATE", "LLMJudge", "OracleJudge", "RewardModelJudge", "prefzoo_register_judges"]
@@ -74,9 +75,7 @@ class RewardModelJudge:
 
         out: list[float] = []
         device = next(self.model.parameters()).device
-        old_side = self.tokenizer.padding_side
-        self.tokenizer.padding_side = "right"
-        try:
+        with padding_side(self.tokenizer, "right"):
             for i in range(0, len(prompts), self.batch_size):
                 texts = [
                     p + c
@@ -88,8 +87,6 @@ class RewardModelJudge:
                 with torch.no_grad():
                     logits = self.model(**enc.to(device)).logits  # (b, num_labels)
                 out.extend(logits[:, -1].float().tolist())
-        finally:
-            self.tokenizer.padding_side = old_side
         return out
 
     def __call__(
@@ -148,10 +145,8 @@ class LLMJudge:
         fmt = self.template.format
         texts = [fmt(prompt=p, answer_a=a, answer_b=b) for p, a, b in zip(prompts, answers_a, answers_b, strict=True)]
         out: list[float] = []
-        old_side = self.tokenizer.padding_side
-        self.tokenizer.padding_side = "left"  # the last position is the next-token prediction for every row
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        try:
+        with padding_side(self.tokenizer, "left"):  # the last position is the next-token prediction for every row
             for i in range(0, len(texts), self.batch_size):
                 enc = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True)
                 enc = enc.to(next(self.model.parameters()).device)
@@ -166,8 +161,6 @@ class LLMJudge:
                     logits = self.model(**enc).logits[:, -1].float()  # (b, V)
                 pair = logits[:, list(self.choice_ids)]  # (b, 2) logits of " A", " B"
                 out.extend(pair.softmax(-1)[:, 0].tolist())
-        finally:
-            self.tokenizer.padding_side = old_side
         return out
 
     def __call__(
@@ -193,6 +186,7 @@ def prefzoo_register_judges() -> list[Any]:
         JudgeSpec(
             name="oracle",
             factory=OracleJudge,
+            grades_default_task=True,
             description="exact oracle of the bundled synthetic task: the addition answer closer to the truth wins",
         ),
         JudgeSpec(

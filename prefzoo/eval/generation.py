@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefzoo.data.chat import Prompt, render_prompt
 
-__all__ = ["generate", "prompt_budget", "unwrap_model"]
+__all__ = ["generate", "padding_side", "prompt_budget", "unwrap_model"]
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def padding_side(tokenizer: Any, side: str) -> Iterator[Any]:
+    """``tokenizer`` padding on ``side`` ("left" or "right") inside the block, its own side restored afterwards."""
+    old = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = old
 
 
 def unwrap_model(model: Any) -> Any:
@@ -87,35 +99,34 @@ def generate(
     budget, why = prompt_budget(model, tokenizer, max_new_tokens)
     truncated = 0
     device = next(model.parameters()).device
-    was_training, old_side = model.training, tokenizer.padding_side
+    was_training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
     out: list[str] = []
     lengths: list[int] = []  # generated tokens per prompt, before the first eos (at most max_new_tokens)
     try:
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i : i + batch_size]
-            enc = tokenizer.pad(
-                {"input_ids": [render_prompt(tokenizer, p) for p in chunk]}, padding=True, return_tensors="pt"
-            ).to(device)  # left-padded (B, T_prompt) input_ids and attention_mask
-            if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the last columns are the ends
-                truncated += int((enc["attention_mask"].sum(dim=1) > budget).sum())
-                enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)
-            kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
-            if do_sample:
-                kw.update(temperature=temperature, top_p=top_p, top_k=0)
-            else:
-                kw.update(temperature=None, top_p=None, top_k=None)
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(seed + i // batch_size)
-                ids = model.generate(
-                    **enc, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, **kw
-                )  # (b, T_prompt + T_new)
-            new = ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
-            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-            lengths.extend(_generated_lengths(new, tokenizer.eos_token_id))
+        with padding_side(tokenizer, "left"):
+            for i in range(0, len(prompts), batch_size):
+                chunk = prompts[i : i + batch_size]
+                enc = tokenizer.pad(
+                    {"input_ids": [render_prompt(tokenizer, p) for p in chunk]}, padding=True, return_tensors="pt"
+                ).to(device)  # left-padded (B, T_prompt) input_ids and attention_mask
+                if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the ends are last
+                    truncated += int((enc["attention_mask"].sum(dim=1) > budget).sum())
+                    enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)
+                kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
+                if do_sample:
+                    kw.update(temperature=temperature, top_p=top_p, top_k=0)
+                else:
+                    kw.update(temperature=None, top_p=None, top_k=None)
+                with torch.random.fork_rng(devices=[]), torch.no_grad():
+                    torch.manual_seed(seed + i // batch_size)
+                    ids = model.generate(
+                        **enc, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, **kw
+                    )  # (b, T_prompt + T_new)
+                new = ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
+                out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+                lengths.extend(_generated_lengths(new, tokenizer.eos_token_id))
     finally:
-        tokenizer.padding_side = old_side
         model.train(was_training)
     if truncated:
         log.warning(

@@ -24,30 +24,31 @@ and ``[project.entry-points.prefzoo] my_judges = "my_package.judges"``.
 
 from __future__ import annotations
 
-import difflib
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import pluggy
-
-from prefzoo.registry import PluginLoadError, collect_specs, plugin_manager
+from prefzoo.registry import Kind, Registry, build, declare_kind, registry_of, reset_registry
+from prefzoo.spec import parse_assignments, read_literal
 
 __all__ = [
     "BUILTIN_JUDGE_MODULES",
+    "DEFAULT_JUDGE",
+    "JUDGES",
     "Judge",
-    "JudgeRegistry",
     "JudgeSpec",
     "UnknownJudgeError",
     "build_judge_registry",
     "get_judge",
+    "get_judge_registry",
     "judge_spec",
     "list_judges",
+    "parse_judge_params",
     "reset_judge_registry",
 ]
 
 BUILTIN_JUDGE_MODULES = ("prefzoo.eval.builtin_judges",)
+DEFAULT_JUDGE = "oracle"  # the judge of --win-rate when none is named
 
 
 @runtime_checkable
@@ -64,10 +65,14 @@ class JudgeSpec:
     """A registered judge: ``factory(**kwargs)`` returns a :class:`Judge`."""
 
     name: str
-    factory: Callable[..., Judge]  # keyword arguments come from get_judge(name, **kw) / --judge-arg k=v
+    factory: Callable[..., Judge]  # keyword arguments come from get_judge(name, **kw) / --judge-param k=v
     description: str = ""
     options: dict[str, str] = field(default_factory=dict)  # keyword -> one-line doc, for --help and docs
+    # it grades the embedded default task exactly, so the task's own evaluation (win-rate, retention, skill
+    # scores of both models) is what `prefzoo eval` reports on the default task's held-out prompts
+    grades_default_task: bool = False
     plugin: str = ""  # filled in by the registry
+    builtin: bool = False  # filled in by the registry: registered by a module shipped with prefzoo
 
 
 class UnknownJudgeError(KeyError):
@@ -77,43 +82,32 @@ class UnknownJudgeError(KeyError):
         return str(self.args[0])
 
 
-@dataclass
-class JudgeRegistry:
-    pm: pluggy.PluginManager
-    judges: dict[str, JudgeSpec] = field(default_factory=dict)
-    failed: list[PluginLoadError] = field(default_factory=list)
-
-    def names(self) -> list[str]:
-        return sorted(self.judges)
+JUDGES: Kind[JudgeSpec] = Kind(
+    noun="judge",
+    hook="prefzoo_register_judges",
+    spec_type=JudgeSpec,
+    builtin_modules=BUILTIN_JUDGE_MODULES,
+    unknown_error=UnknownJudgeError,
+    listing="`prefzoo eval --judge list` lists them",
+)
+declare_kind(JUDGES)
 
 
 def build_judge_registry(
     extra_plugins: list[tuple[str, Any]] | None = None, autoload: bool | None = None
-) -> JudgeRegistry:
-    """A fresh plugin manager (same hookspecs and entry-point group as the loss registry) holding the judges."""
-    failed: list[PluginLoadError] = []
-    pm = plugin_manager(BUILTIN_JUDGE_MODULES, extra_plugins, autoload, failed)
-    judges = collect_specs(pm, "prefzoo_register_judges", JudgeSpec, "judge", failed)
-    return JudgeRegistry(pm=pm, judges=judges, failed=failed)
+) -> Registry[JudgeSpec]:
+    """A fresh judge registry on its own plugin manager (built-ins, entry points, extras): for tests."""
+    return build(JUDGES, extra_plugins, autoload)
 
 
-_lock = threading.Lock()
-_registry: JudgeRegistry | None = None
+def get_judge_registry() -> Registry[JudgeSpec]:
+    """The process's judge registry (from the same plugin manager as the losses)."""
+    return registry_of(JUDGES)
 
 
-def get_judge_registry() -> JudgeRegistry:
-    global _registry
-    with _lock:
-        if _registry is None:
-            _registry = build_judge_registry()
-        return _registry
-
-
-def reset_judge_registry(registry: JudgeRegistry | None = None) -> None:
-    """Forget the cached judge registry (or install ``registry``): for tests and plugin authors."""
-    global _registry
-    with _lock:
-        _registry = registry
+def reset_judge_registry(registry: Registry[JudgeSpec] | None = None) -> None:
+    """Install ``registry`` as the judge registry, or (no argument) forget every registry: for tests."""
+    reset_registry(registry)
 
 
 def list_judges() -> list[str]:
@@ -122,13 +116,12 @@ def list_judges() -> list[str]:
 
 
 def judge_spec(name: str) -> JudgeSpec:
-    reg = get_judge_registry()
-    try:
-        return reg.judges[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, reg.names(), n=4, cutoff=0.5)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownJudgeError(f"unknown judge {name!r}{hint} (registered: {', '.join(reg.names())})") from None
+    return get_judge_registry().get(name)
+
+
+def parse_judge_params(pairs: Sequence[str], flag: str = "--judge-param") -> dict[str, Any]:
+    """Judge options from ``KEY=VALUE`` strings: JSON literals (``3``, ``true``, ``[" A", " B"]``) or plain strings."""
+    return {k: read_literal(v) for k, v in parse_assignments(pairs, flag, example="model_path=./rm").items()}
 
 
 def get_judge(name: str, **kwargs: Any) -> Judge:

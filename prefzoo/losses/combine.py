@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,9 @@ from prefzoo.hookspecs import hookimpl
 from prefzoo.spec import Loss, LossParamError, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, PreferenceBatch
 
-__all__ = ["CombinedLoss", "combine", "combine_from_string", "parse_terms"]
+__all__ = ["CombinedLoss", "combine", "combine_from_string", "is_combination", "parse_params", "parse_terms"]
+
+SpecLookup = Callable[[str], LossSpec]  # a loss name -> its spec (the registry's loss_spec)
 
 _TERM = re.compile(r"^\s*(?:(?P<w>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[A-Za-z0-9_.\-]+)\s*$")
 
@@ -60,6 +63,7 @@ class CombinedLoss(Loss):
             shift_invariant=all(loss.spec.shift_invariant for _, loss in self.terms),
             description="Weighted combination of registered losses.",
             plugin="prefzoo.losses.combine",
+            builtin=all(loss.spec.builtin for _, loss in self.terms),
         )
         super().__init__(spec, CombinationParams())
 
@@ -80,37 +84,69 @@ class CombinedLoss(Loss):
         return LossOutput(total, first.chosen_rewards, first.rejected_rewards, metrics)
 
 
-def combine(terms: Sequence[tuple[float, str | Loss]], **params: Any) -> CombinedLoss:
-    """Combine registered losses by name (or bound Loss objects) with weights.
+def is_combination(name: str) -> bool:
+    """Whether ``name`` is a weighted sum (``"0.8*dpo + 0.2*sft"``) rather than one registered name."""
+    return "+" in name or "*" in name
+
+
+def _route(terms: Sequence[tuple[float, str]], params: Mapping[str, Any], lookup: SpecLookup) -> list[dict[str, Any]]:
+    """Each term's own params: ``name.key`` goes to that term, a bare ``key`` to every term that has it."""
+    per_term: list[dict[str, Any]] = []
+    used: set[str] = set()
+    for _, name in terms:
+        fields = set(lookup(name).params_cls.__dataclass_fields__)
+        mine: dict[str, Any] = {}
+        for key, value in params.items():
+            target, _, pname = key.rpartition(".")
+            if (target == name or not target) and pname in fields:
+                mine[pname] = value
+                used.add(key)
+        per_term.append(mine)
+    unused = sorted(set(params) - used)
+    if unused:
+        raise LossParamError(f"no term of the combination has the parameter(s) {', '.join(unused)}")
+    return per_term
+
+
+def combine(terms: Sequence[tuple[float, str | Loss]], lookup: SpecLookup, **params: Any) -> CombinedLoss:
+    """Combine losses by name (looked up with ``lookup``) or bound Loss objects, with weights.
 
     ``params`` holds ``name.key=value`` for one term or a bare ``key=value`` for
     every term that has that parameter; a key no term has is an error.
+    ``prefzoo.combine`` is this with the registry's ``loss_spec`` as ``lookup``.
     """
-    from prefzoo.registry import get_loss, loss_spec
-
-    used: set[str] = set()
+    named = [(w, item) for w, item in terms if not isinstance(item, Loss)]
+    routed = iter(_route(named, params, lookup))
     bound: list[tuple[float, Loss]] = []
     for w, item in terms:
         if isinstance(item, Loss):
             bound.append((float(w), item))
-            continue
-        spec = loss_spec(item)
-        fields = set(spec.params_cls.__dataclass_fields__)
-        mine: dict[str, Any] = {}
-        for key, value in params.items():
-            target, _, pname = key.rpartition(".")
-            if (target == item or not target) and pname in fields:
-                mine[pname] = value
-                used.add(key)
-        bound.append((float(w), get_loss(item, **mine)))
-    unused = sorted(set(params) - used)
-    if unused:
-        raise LossParamError(f"no term of the combination has the parameter(s) {', '.join(unused)}")
+        else:
+            spec = lookup(item)
+            bound.append((float(w), Loss(spec, spec.params(**next(routed)))))
     return CombinedLoss(bound)
 
 
-def combine_from_string(text: str, params: dict[str, Any]) -> CombinedLoss:
-    return combine(parse_terms(text), **params)
+def combine_from_string(text: str, params: Mapping[str, Any], lookup: SpecLookup) -> CombinedLoss:
+    """``combine`` of the terms written in ``text``."""
+    return combine(parse_terms(text), lookup, **params)
+
+
+def parse_params(text: str, values: Mapping[str, Any], lookup: SpecLookup) -> dict[str, Any]:
+    """Typed params of the combination ``text`` from ``KEY=VALUE`` texts (``dpo.beta`` or a bare ``beta``).
+
+    Each text is converted to the type of the first term that has the parameter.
+    """
+    terms = parse_terms(text)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        target, _, pname = key.rpartition(".")
+        specs = [lookup(t) for _, t in terms if not target or t == target]
+        holders = [s for s in specs if pname in s.params_cls.__dataclass_fields__]
+        if not holders:
+            raise LossParamError(f"no term of {text!r} has a parameter {pname!r}")
+        out[key] = holders[0].parse_param(pname, value)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,26 +157,27 @@ class MPOParams(LossParams):
     sft_weight: float = param(1.0, "weight of the sft term", ge=0.0)
 
 
+@functools.cache
+def _dpo_family() -> dict[str, LossSpec]:
+    """The built-in dpo, bco-pair and sft specs, straight from their module (pure code: nothing to invalidate)."""
+    from prefzoo.losses import dpo
+
+    return {s.name: s for s in dpo.prefzoo_register_losses()}
+
+
 def _mpo_terms(p: MPOParams) -> CombinedLoss:
-    from prefzoo.registry import get_loss
-
-    return CombinedLoss(
-        [
-            (p.dpo_weight, get_loss("dpo", beta=p.beta)),
-            (p.bco_weight, get_loss("bco-pair", beta=p.beta)),
-            (p.sft_weight, get_loss("sft")),
-        ]
+    specs = _dpo_family()
+    terms = (
+        (p.dpo_weight, "dpo", {"beta": p.beta}),
+        (p.bco_weight, "bco-pair", {"beta": p.beta}),
+        (p.sft_weight, "sft", {}),
     )
-
-
-_mpo_cache: dict[MPOParams, CombinedLoss] = {}
+    return CombinedLoss([(w, Loss(specs[n], specs[n].params(**kw))) for w, n, kw in terms])
 
 
 def mpo_loss(batch: PreferenceBatch, p: MPOParams, ctx: LossContext) -> LossOutput:
     """MPO's preference mix (Wang et al. 2024, arXiv:2411.10442): 0.8·dpo + 0.2·bco-pair + 1.0·sft."""
-    combo = _mpo_cache.get(p)
-    if combo is None:
-        combo = _mpo_cache[p] = _mpo_terms(p)
+    combo = _mpo_terms(p)  # a few dataclasses per step: no cache to outlive reset_registry()
     return combo._fn(batch, combo.params, ctx)
 
 

@@ -114,7 +114,7 @@ def _resolve(obj: str | Loss | LossSpec) -> tuple[LossSpec, Any | None]:
 
 
 def _builtin_reference(spec: LossSpec) -> tuple[Callable[[PreferenceBatch, Any], Any], bool] | None:
-    if not spec.plugin.startswith("prefzoo.losses"):
+    if not spec.builtin:
         return None
     from prefzoo.testing.reference import REFERENCES, to_float64
 

@@ -38,6 +38,8 @@ def test_inspect_mmpo_shows_the_identity(capsys):
 
 def test_inspect_bad_param_exits_2(capsys):
     assert main(["inspect", "mmpo", "--param", "gamma=1"]) == 2
+    assert "gamma" in capsys.readouterr().err
+    assert main(["inspect", "mmpo", "--loss-param", "gamma=1"]) == 2  # the spelling of train and eval; --param: alias
     assert "no parameter 'gamma'" in capsys.readouterr().err
 
 

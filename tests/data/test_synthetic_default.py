@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
 from prefzoo.data import default as D
+from prefzoo.eval.default_task import evaluate_policy
 
 TINY = D.WarmupConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, steps=8, batch_size=16)
 
@@ -71,7 +72,7 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch) -> None:
 
 def test_evaluate_policy_against_itself_is_all_ties(tiny_task) -> None:
     m, tok = tiny_task.load_model(), tiny_task.load_tokenizer()
-    res = tiny_task.evaluate_policy(m, tok, m)
+    res = evaluate_policy(tiny_task, m, tok, m)
     assert res["win_rate"] == 0.5 and res["ties"] == res["n"] == len(tiny_task.heldout_prompts)
     assert res["retention"] == res["baseline_retention"]
     for k in ("win_rate", "ties", "retention", "lc_win_rate", "addition_accuracy"):
@@ -141,7 +142,7 @@ def preference_train(task, loss_name: str, lr: float = 2e-4, batch: int = 8, see
 def test_real_default_task_is_imperfect_on_addition_and_good_at_reversal() -> None:
     t = D.load_default_task()  # the real one: built once (~45 s on 2 cores), then cached
     m, tok = t.load_model(), t.load_tokenizer()
-    res = t.evaluate_policy(m, tok, m)
+    res = evaluate_policy(t, m, tok, m)
     assert 0.15 < res["addition_accuracy"] < 0.6, res
     assert res["retention"] >= 0.9, res
 
@@ -152,7 +153,7 @@ def test_preference_training_improves_the_oracle_win_rate(loss_name: str) -> Non
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t = D.load_default_task()
     policy, tok = preference_train(t, loss_name, lr=1e-4 if loss_name == "dpo" else 2e-4)
-    res = t.evaluate_policy(policy, tok)
+    res = evaluate_policy(t, policy, tok)
     assert res["win_rate"] > 0.55, res
     assert res["addition_accuracy"] > res["baseline_addition_accuracy"], res
 
@@ -161,9 +162,9 @@ def test_starting_policy_completions_are_cached_per_prompt_set(tiny_task) -> Non
     import dataclasses
 
     m, tok = tiny_task.load_model(), tiny_task.load_tokenizer()
-    full = tiny_task.evaluate_policy(m, tok)
+    full = evaluate_policy(tiny_task, m, tok)
     assert full["n"] == 200 and len(tiny_task._start_cache) == 1
     small = dataclasses.replace(tiny_task, heldout_prompts=tiny_task.heldout_prompts[:10])
     assert small._start_cache == {}
-    res = small.evaluate_policy(m, tok)
+    res = evaluate_policy(small, m, tok)
     assert res["n"] == 10 and res["win_rate"] == 0.5

@@ -91,3 +91,27 @@ def test_no_arguments_evaluates_the_default_starting_policy(tmp_path) -> None:
     assert res["win_rate"]["win_rate"] == 0.5  # the starting policy against itself
     assert res["win_rate"]["retention"] >= 0.9
     assert res["reward_accuracy"]["pairs"] == 200
+
+
+def test_the_default_task_evaluation_is_chosen_by_capability_not_by_name(files, capsys) -> None:
+    """A judge declaring grades_default_task may be named without --win-rate (like the oracle); others may not."""
+    import types
+
+    import prefzoo
+    from prefzoo.eval import judges as J
+
+    def plugin(name: str, grades: bool) -> types.SimpleNamespace:
+        spec = J.JudgeSpec(name=name, factory=J.get_judge_registry().get("oracle").factory, grades_default_task=grades)
+        return types.SimpleNamespace(prefzoo_register_judges=prefzoo.hookimpl(lambda: [spec]))
+
+    plugins = [("exact", plugin("exact-task-judge", True)), ("plain", plugin("plain-judge", False))]
+    J.reset_judge_registry(J.build_judge_registry(extra_plugins=plugins, autoload=False))
+    try:
+        data = ["--reward-accuracy", "--dataset", str(files / "pairs.jsonl"), "--model", str(files / "no-model")]
+        assert main(["eval", "--judge", "plain-judge", *data]) == 2
+        assert "--judge is used by --win-rate" in capsys.readouterr().err
+        assert main(["eval", "--judge", "exact-task-judge", *data]) == 2  # gets past the judge, to the missing model
+        err = capsys.readouterr().err
+        assert "--judge is used" not in err and "cannot load model" in err
+    finally:
+        J.reset_judge_registry()

@@ -25,7 +25,7 @@ def _plugin(*names: str, factory=None):
 def test_builtins_registered() -> None:
     reg = J.build_judge_registry(autoload=False)
     assert {"oracle", "reward-model"} <= set(reg.names())
-    assert reg.judges["oracle"].plugin == "prefzoo.eval.builtin_judges"
+    assert reg.specs["oracle"].plugin == "prefzoo.eval.builtin_judges"
 
 
 def test_unknown_judge_suggests_close_names() -> None:

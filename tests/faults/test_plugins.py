@@ -84,7 +84,7 @@ def test_each_broken_plugin_is_named_and_the_rest_loads(broken_plugins):
     messages = " | ".join(str(w.message) for w in caught)
     for name in ("crashy", "malformed", "not-a-list"):
         assert f"'{name}'" in messages, messages
-    assert {"good-loss", "wrong-shape", "mmpo", "dpo"} <= set(reg.losses)
+    assert {"good-loss", "wrong-shape", "mmpo", "dpo"} <= set(reg.specs)
 
 
 def test_prefzoo_losses_still_works_and_lists_the_failures(broken_plugins, capsys):

@@ -157,3 +157,36 @@ def test_robust_stays_accurate_in_float32_as_label_smoothing_nears_half():
     )
     out = prefzoo.get_loss("robust", label_smoothing=0.49476783957680515)(b)
     assert abs(out.losses.item() - 0.6931471805599453) < 2e-7
+
+
+def test_one_key_value_parser_for_cli_and_yaml():
+    from prefzoo.registry import parse_loss_params
+    from prefzoo.spec import parse_assignments
+
+    assert parse_assignments(["beta=0.1", " gamma = a=b "], "--loss-param") == {"beta": "0.1", "gamma": "a=b"}
+    for bad in ("beta", "=0.1"):
+        with pytest.raises(LossParamError, match=r"--judge-param .*expected KEY=VALUE"):
+            parse_assignments([bad], "--judge-param")
+    # YAML scalars are read like the same text on the command line: 1 for a float is 1.0, not the int 1
+    yaml = parse_loss_params("mmpo", {"beta": 1, "reward_epsilon": "0.5"})
+    assert yaml == parse_loss_params("mmpo", ["beta=1", "reward_epsilon=0.5"]) == {"beta": 1.0, "reward_epsilon": 0.5}
+    assert type(yaml["beta"]) is float
+    with pytest.raises(LossParamError, match="parameter 'beta': cannot read 'True' as float"):
+        parse_loss_params("mmpo", {"beta": True})
+    assert parse_loss_params("dpo + simpo", {"simpo.beta": 2}) == {"simpo.beta": 2.0}
+
+
+def test_mpo_keeps_no_state_across_calls_or_registries():
+    """MPO is built from the dpo module's own specs per call: nothing cached that could outlive reset_registry()."""
+    from prefzoo.losses import combine
+
+    def state():
+        return {k: len(v) for k, v in vars(combine).items() if isinstance(v, dict | list | set)}
+
+    b = full_batch(dtype=torch.float64)
+    before = state()
+    for beta in (0.1, 0.2, 0.3):
+        prefzoo.get_loss("mpo", beta=beta)(b)
+    prefzoo.reset_registry()
+    prefzoo.get_loss("mpo", beta=0.4)(b)
+    assert state() == before

@@ -69,8 +69,8 @@ def plugin_with(*names: str):
 
 def test_builtin_modules_register_every_documented_loss():
     reg = registry.build_registry(autoload=False)
-    assert EXPECTED <= set(reg.losses)
-    assert all(reg.losses[n].plugin in registry.BUILTIN_MODULES for n in EXPECTED)
+    assert EXPECTED <= set(reg.specs)
+    assert all(reg.specs[n].plugin in registry.BUILTIN_MODULES and reg.specs[n].builtin for n in EXPECTED)
 
 
 def test_builtin_losses_register_through_the_public_hook():
@@ -81,7 +81,7 @@ def test_builtin_losses_register_through_the_public_hook():
 
 def test_a_third_party_plugin_adds_its_loss_under_its_plugin_name():
     reg = registry.build_registry(extra_plugins=[("acme", plugin_with("acme-loss"))], autoload=False)
-    assert reg.losses["acme-loss"].plugin == "acme"
+    assert reg.specs["acme-loss"].plugin == "acme"
 
 
 def test_a_duplicate_loss_name_is_an_error_naming_both_plugins():
@@ -102,7 +102,7 @@ def test_a_plugin_raising_in_its_hook_is_reported_and_the_rest_load():
     with pytest.warns(UserWarning, match="'broken'.*boom"):
         reg = registry.build_registry(extra_plugins=[("broken", mod)], autoload=False)
     assert reg.failed[0].plugin == "broken" and "boom" in reg.failed[0].error
-    assert EXPECTED <= set(reg.losses)
+    assert EXPECTED <= set(reg.specs)
 
 
 def test_a_plugin_returning_a_non_spec_is_reported_by_name():
@@ -150,7 +150,7 @@ def test_entry_points_load_and_a_failing_import_is_reported_by_name(monkeypatch)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         reg = registry.build_registry()
-    assert "good-loss" in reg.losses and reg.losses["good-loss"].plugin == "good"
+    assert "good-loss" in reg.specs and reg.specs["good-loss"].plugin == "good"
     assert [f.plugin for f in reg.failed] == ["bad"]
     assert any("'bad'" in str(x.message) and "bad_mod" in str(x.message) for x in w)
 
@@ -159,7 +159,7 @@ def test_the_env_var_disables_entry_point_autoloading(monkeypatch):
     eps = [FakeEP("good", "good_mod", obj=plugin_with("good-loss"))]
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
     monkeypatch.setenv(registry.DISABLE_AUTOLOAD_ENV, "1")
-    assert "good-loss" not in registry.build_registry().losses
+    assert "good-loss" not in registry.build_registry().specs
 
 
 def test_broken_plugin_does_not_take_the_cli_down(monkeypatch, capsys):
@@ -185,3 +185,29 @@ def test_every_builtin_spec_documents_formula_paper_scores_and_params():
         infos = prefzoo.param_infos(s.params_cls)
         assert all(i.doc for i in infos), name
         s.params_cls()  # defaults are valid
+
+
+def test_losses_and_judges_come_from_one_plugin_manager_per_process():
+    from prefzoo.eval.judges import get_judge_registry
+
+    registry.reset_registry()
+    try:
+        losses, judges = registry.get_registry(), get_judge_registry()
+        assert losses.pm is judges.pm
+        assert registry.registry_of(registry.LOSSES) is losses  # built once, then cached
+        registry.reset_registry()
+        assert registry.get_registry().pm is not losses.pm  # reset drops the manager and every registry with it
+        assert get_judge_registry().pm is registry.get_registry().pm
+    finally:
+        registry.reset_registry()
+
+
+def test_builtin_is_stamped_by_the_registry_not_read_from_the_module_name():
+    claims = spec("acme-loss")
+    object.__setattr__(claims, "builtin", True)  # a plugin cannot declare itself built in
+    mod = types.SimpleNamespace(prefzoo_register_losses=prefzoo.hookimpl(lambda: [claims]))
+    reg = registry.build_registry(extra_plugins=[("prefzoo.losses.acme", mod)], autoload=False)
+    assert not reg.specs["acme-loss"].builtin  # named like a built-in module, still a plugin
+    assert all(reg.specs[n].builtin for n in EXPECTED)
+    combo = prefzoo.get_loss("dpo + sft")
+    assert combo.spec.builtin
