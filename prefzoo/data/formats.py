@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefzoo.data.validate import check_messages, check_text, locate_file_error
+from prefzoo.data.validate import DataFormatError, check_messages, check_text, locate_file_error
 
 if TYPE_CHECKING:
     import datasets
@@ -42,10 +42,6 @@ def detected_format(ds: datasets.Dataset) -> str | None:
     """The format :func:`normalize` detected (or was given) for ``ds``; None for data it did not normalize."""
     desc = ds.info.description or ""
     return desc[len(FORMAT_PREFIX) :] if desc.startswith(FORMAT_PREFIX) else None
-
-
-class DataFormatError(ValueError):
-    """The dataset is missing, empty, or its columns match no recognised preference format."""
 
 
 def _recognised() -> str:

@@ -20,6 +20,7 @@ from typing import Any
 __all__ = [
     "ALLOWED_ROLES",
     "MAX_TEXT_CHARS",
+    "DataFormatError",
     "check_messages",
     "check_text",
     "locate_file_error",
@@ -29,10 +30,8 @@ ALLOWED_ROLES = ("system", "user", "assistant", "tool")  # the roles chat templa
 MAX_TEXT_CHARS = 1_000_000  # a longer field is skipped (counted) instead of tokenized: ~250k tokens, far past any limit
 
 
-def _error(msg: str) -> Exception:
-    from prefzoo.data.formats import DataFormatError  # formats imports this module: import late
-
-    return DataFormatError(msg)
+class DataFormatError(ValueError):
+    """The dataset is missing, empty, or its columns match no recognised preference format."""
 
 
 def _kind(value: Any) -> str:
@@ -51,7 +50,7 @@ def _check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _error(
+        raise DataFormatError(
             f"{where} is not valid Unicode text (lone surrogate {text[e.start]!r} at character {e.start}); "
             "fix the encoding of the data (it must be UTF-8)"
         ) from None
@@ -61,9 +60,9 @@ def check_text(value: Any, row_id: str, field: str) -> str:
     """``value`` if it is valid text, else a DataFormatError naming example ``row_id`` and ``field``."""
     where = f"example {row_id}: field {field!r}"
     if value is None:
-        raise _error(f"{where} is missing (null); every pair needs it: fill it in or drop the row")
+        raise DataFormatError(f"{where} is missing (null); every pair needs it: fill it in or drop the row")
     if not isinstance(value, str):
-        raise _error(f"{where} must be text, got {_kind(value)}; convert it to a string")
+        raise DataFormatError(f"{where} must be text, got {_kind(value)}; convert it to a string")
     _check_unicode(value, where)
     return value
 
@@ -72,15 +71,15 @@ def check_messages(value: Any, row_id: str, field: str) -> list[dict[str, str]]:
     """``value`` as a list of ``{role, content}`` messages with known roles and text content, or a named error."""
     where = f"example {row_id}: field {field!r}"
     if value is None:
-        raise _error(f"{where} is missing (null); it must be a list of {{role, content}} messages")
+        raise DataFormatError(f"{where} is missing (null); it must be a list of {{role, content}} messages")
     if not isinstance(value, list):
-        raise _error(f"{where} must be a list of {{role, content}} messages, got {_kind(value)}")
+        raise DataFormatError(f"{where} must be a list of {{role, content}} messages, got {_kind(value)}")
     out = []
     for n, m in enumerate(value):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise _error(f"{where}[{n}] must be a {{role, content}} message, got {str(m)[:80]!r}")
+            raise DataFormatError(f"{where}[{n}] must be a {{role, content}} message, got {str(m)[:80]!r}")
         if m["role"] not in ALLOWED_ROLES:
-            raise _error(f"{where}[{n}] has role {m['role']!r}; use one of {', '.join(ALLOWED_ROLES)}")
+            raise DataFormatError(f"{where}[{n}] has role {m['role']!r}; use one of {', '.join(ALLOWED_ROLES)}")
         out.append({"role": m["role"], "content": check_text(m["content"], row_id, f"{field}[{n}].content")})
     return out
 
@@ -127,14 +126,14 @@ def _rows_of(path: Path, raw: bytes) -> list[tuple[int, Any]]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise _error(
+            raise DataFormatError(
                 f"--dataset {path}: line {n}: invalid UTF-8 (byte {line[e.start]:#04x} at byte {e.start} of the "
                 "line); re-encode the file as UTF-8"
             ) from None
         try:
             rows.append((n, json.loads(text)))
         except json.JSONDecodeError as e:
-            raise _error(f"--dataset {path}: line {n}: invalid JSON ({e.msg} at column {e.colno})") from None
+            raise DataFormatError(f"--dataset {path}: line {n}: invalid JSON ({e.msg} at column {e.colno})") from None
     return rows
 
 
@@ -154,16 +153,18 @@ def locate_file_error(path: str | Path) -> Exception | None:
     try:
         rows = _rows_of(p, raw)
     except UnicodeDecodeError as e:
-        return _error(f"--dataset {path}: invalid UTF-8 at byte {e.start}; re-encode the file as UTF-8")
+        return DataFormatError(f"--dataset {path}: invalid UTF-8 at byte {e.start}; re-encode the file as UTF-8")
     except Exception as e:  # the DataFormatError built above
         return e
     kinds: dict[str, list[tuple[int, str]]] = {}  # field -> [(line, kind)], nulls left out
     for n, row in rows:
         if not isinstance(row, dict):
-            return _error(f"--dataset {path}: line {n}: expected a JSON object (one pair per line), got {_kind(row)}")
+            return DataFormatError(
+                f"--dataset {path}: line {n}: expected a JSON object (one pair per line), got {_kind(row)}"
+            )
         hit = _walk_strings(row, "")
         if hit is not None:
-            return _error(
+            return DataFormatError(
                 f"--dataset {path}: line {n}: field {hit[0]!r} is not valid Unicode text (a lone surrogate escape "
                 "such as \\ud800); fix the encoding of the data"
             )
@@ -180,7 +181,7 @@ def locate_file_error(path: str | Path) -> Exception | None:
             (n, k) for n, k in seq if _family(k) != majority
         )
         m, other = next((m, k) for m, k in seq if _family(k) != _family(kind))
-        return _error(
+        return DataFormatError(
             f"--dataset {path}: line {n}: field {field!r} is {kind}, but line {m} has {other}; one column must hold "
             "one type: text, or a list of {role, content} messages (see the formats in docs/training.md)"
         )

@@ -45,7 +45,7 @@ def test_property(name, prop):
     if prop == "reference":
         from prefzoo.testing.reference import REFERENCES
 
-        if name not in REFERENCES or not prefzoo.loss_spec(name).plugin.startswith("prefzoo.losses"):
+        if name not in REFERENCES or not prefzoo.loss_spec(name).builtin:
             pytest.skip(f"no float64 reference formula in prefzoo.testing.reference for {name!r}")
     dts = LOW_PRECISION if prop == "low-precision" else DTYPES
     report = check_loss(name, properties=[prop], dtypes=dts, max_examples=EXAMPLES)
@@ -55,7 +55,7 @@ def test_property(name, prop):
 def test_every_shipped_loss_has_a_reference_or_a_dedicated_test():
     from prefzoo.testing.reference import REFERENCES
 
-    builtin = [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).plugin.startswith("prefzoo.losses")]
+    builtin = [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).builtin]
     missing = [n for n in builtin if n not in REFERENCES and n != "mmpo-entropy"]  # entropy: test_entropy.py
     assert not missing, missing
 

@@ -1,0 +1,157 @@
+"""The package's imports point down (cli → train/eval/testing → data/registry → losses → spec → types), no cycles.
+
+Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports count: a lazy
+import is still an arrow); nothing is imported, so the test needs no optional dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
+
+# rank of each layer: a module may import its own subpackage, or a subpackage of a lower rank
+LAYERS: dict[str, int] = {
+    "prefzoo.types": 0,
+    "prefzoo.spec": 1,
+    "prefzoo.hookspecs": 1,
+    "prefzoo.losses": 2,
+    "prefzoo.registry": 3,
+    "prefzoo.data": 3,
+    "prefzoo": 3,  # the package's __init__: re-exports of registry, losses, spec and types
+    "prefzoo.train": 4,
+    "prefzoo.eval": 4,
+    "prefzoo.testing": 4,
+    "prefzoo.cli": 5,
+    "prefzoo.__main__": 6,
+}
+
+
+def module_files(root: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package under ``root``."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (``from pkg import submodule`` is an arrow to the submodule)."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        targets: set[str] = set()
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - node.level + 1]
+                    base = ".".join([*pkg, base] if base else pkg)
+                if base not in files:
+                    continue
+                subs = {f"{base}.{a.name}" for a in node.names} & files.keys()
+                targets |= subs
+                if len(subs) < len(node.names):  # a name defined in ``base`` itself
+                    targets.add(base)
+        targets.discard(mod)
+        graph[mod] = targets
+    return graph
+
+
+def layer(mod: str) -> str:
+    """The entry of LAYERS that ``mod`` belongs to (its longest prefix)."""
+    return max((k for k in LAYERS if mod == k or mod.startswith(k + ".")), key=len)
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            a, b = layer(mod), layer(t)
+            if a != b and LAYERS[b] > LAYERS[a]:
+                bad.append(f"{mod} -> {t} ({a} is layer {LAYERS[a]}, {b} is layer {LAYERS[b]})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(module_files())
+
+
+def test_every_module_has_a_layer(graph) -> None:
+    assert all(any(m == k or m.startswith(k + ".") for k in LAYERS) for m in graph)
+    assert {"prefzoo.registry", "prefzoo.losses.combine", "prefzoo.data.formats"} <= graph.keys()
+
+
+def test_no_import_cycles(graph) -> None:
+    assert cycles(graph) == []
+
+
+def test_imports_point_down(graph) -> None:
+    assert upward_arrows(graph) == []
+
+
+def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
+    """The walker on a small fake package: a lazy import cycle and a data -> eval arrow are both reported."""
+    pkg = tmp_path / "prefzoo"
+    for sub in ("data", "eval"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "registry.py").write_text("from prefzoo.losses import combine\n")
+    (pkg / "losses").mkdir()
+    (pkg / "losses" / "__init__.py").write_text("")
+    (pkg / "losses" / "combine.py").write_text("def f():\n    from prefzoo import registry\n")
+    (pkg / "data" / "default.py").write_text("def g():\n    from prefzoo.eval.judges import get_judge\n")
+    (pkg / "eval" / "judges.py").write_text("from .. import registry\n")
+    g = import_graph(module_files(pkg))
+    assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
+    assert upward_arrows(g) == [
+        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 3, prefzoo.eval is layer 4)",
+        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 2, prefzoo.registry is layer 3)",
+    ]
+    assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
