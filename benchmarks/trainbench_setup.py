@@ -67,11 +67,12 @@ _SPECIALS = ("<pad>", "</s>", "<unk>")
 
 def build_model_dir(path: str | Path, shape: ModelShape = ModelShape(), seed: int = 0) -> Path:
     """Save a random-weight Llama (fixed seed) and a WordLevel tokenizer (N words = N tokens) into ``path``."""
-    import torch
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    from prefzoo.testing import tiny_causal_lm
 
     path = Path(path)
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
@@ -83,21 +84,19 @@ def build_model_dir(path: str | Path, shape: ModelShape = ModelShape(), seed: in
     tok.pre_tokenizer = WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
     fast.save_pretrained(path)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    model, _ = tiny_causal_lm(
+        fast,
+        seed=seed,
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_attention_heads,
         max_position_embeddings=shape.max_position_embeddings,
         tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
+        bos_token_id=1,  # the word-level tokenizer has no bos: eos (id 1) stands in, as before
     )
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model.save_pretrained(path)
     return path
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefzoo.data import synthetic
+from prefzoo.data.tiny import CHARS, char_tokenizer, tiny_causal_lm
 
 if TYPE_CHECKING:
     import datasets
@@ -50,8 +51,6 @@ __all__ = [
 
 DEFAULT_TASK_VERSION = "v2"  # bump when the data or the warm-up changes: the cache key includes it
 CACHE_ENV = "PREFZOO_CACHE"
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3
-CHARS = "0123456789+= abcdefghijklmnopqrstuvwxyz"  # one token per character
 # the warmed-up policy of seed 0 ships as package data (python -m prefzoo.data.build_default_assets makes it)
 ASSET_DIR = Path(__file__).parent / "assets" / "default-task"
 SHIPPED_SEED = 0
@@ -133,38 +132,21 @@ RECOMMENDED: dict[str, Any] = {
 
 def build_tokenizer() -> Any:
     """The character-level tokenizer: one token per character of CHARS, ``<bos>`` prepended to plain calls."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *CHARS))}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()  # decode by plain concatenation: "4","7" -> "47"
-    tk.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-        padding_side="right", model_max_length=64,
-    )  # fmt: skip
+    return char_tokenizer(CHARS)
 
 
 def build_model(cfg: WarmupConfig, tokenizer: Any, seed: int) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_attention_heads, max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    """The tiny Llama of ``cfg`` before its warm-up (``prefzoo.testing.tiny_causal_lm`` with these sizes)."""
+    model, _ = tiny_causal_lm(
+        tokenizer,
+        seed=seed,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+    )
     return model
 
 

@@ -52,7 +52,7 @@ class RewardModelJudge:
     ) -> None:  # fmt: skip
         if model is None:
             if model_path is None:
-                raise ValueError("reward-model judge: give model_path=PATH (--judge-arg model_path=PATH)")
+                raise ValueError("reward-model judge: give model_path=PATH (--judge-param model_path=PATH)")
             if not Path(model_path).is_dir():
                 raise ValueError(f"reward-model judge: model_path {str(model_path)!r} is not a folder")
             from transformers import AutoModelForSequenceClassification, AutoTokenizer

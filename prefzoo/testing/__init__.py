@@ -4,8 +4,12 @@ Importable with only torch, hypothesis and pytest installed, so plugin authors c
 test their own losses with the same properties as the built-ins:
 
     from prefzoo.testing import check_loss, conformance_tests, preference_batches, loss_params
+
+``tiny_causal_lm()`` builds a tiny random Llama and its character tokenizer locally (needs the ``train`` extra),
+for tests of code that runs a model.
 """
 
+from prefzoo.data.tiny import char_tokenizer, tiny_causal_lm, tiny_llama_config
 from prefzoo.testing.conformance import (
     ConformanceReport,
     PropertyResult,
@@ -25,6 +29,7 @@ __all__ = [
     "PropertyResult",
     "batches_for",
     "cast_batch",
+    "char_tokenizer",
     "check_loss",
     "conformance_tests",
     "dtypes_from_env",
@@ -35,4 +40,6 @@ __all__ = [
     "run_sharded",
     "shard_batch",
     "split_sizes",
+    "tiny_causal_lm",
+    "tiny_llama_config",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,9 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the benchmarks are scripts in a folder, not a package
+        mp.syspath_prepend(str(BENCH_DIR))
         yield importlib.import_module("bench_train_throughput")
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 def test_flop_bound_by_hand(bench):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,13 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def sweep():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the benchmarks are scripts in a folder, not a package
+        mp.syspath_prepend(str(BENCH_DIR))
         yield (
             importlib.import_module("_sweep_run"),
             importlib.import_module("_sweep_report"),
             importlib.import_module("bench_beta_sweep"),
         )
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 def _row(loss, beta, seed, epoch, win, ret, group="sweep", sha=None):

@@ -42,7 +42,7 @@ def test_all_pairs_dropped_is_an_error(tokenizer):
 
 
 def test_no_pad_token_uses_eos_and_says_so():
-    from tiny import build_tokenizer
+    from tests.support.tiny import build_tokenizer
 
     tok = build_tokenizer(pad=False)
     note = ensure_pad_token(tok)

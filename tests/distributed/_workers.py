@@ -124,5 +124,4 @@ def accelerate_main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     accelerate_main(sys.argv[1])

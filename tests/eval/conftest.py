@@ -2,41 +2,26 @@
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 import pytest
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-
-def _config(tok, **kw):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **kw,
-    )  # fmt: skip
+SIZES: dict[str, Any] = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, tie_word_embeddings=False)
 
 
-def make_causal_lm(seed: int = 0):
-    import torch
-    from transformers import LlamaForCausalLM
+def make_causal_lm(seed: int = 0) -> tuple[Any, Any]:
+    """A random 1-layer Llama (hidden 32) with the default task's character tokenizer, in eval mode."""
+    from prefzoo.testing import tiny_causal_lm
 
-    from prefzoo.data.default import build_tokenizer
-
-    tok = build_tokenizer()
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(_config(tok)).eval(), tok
+    model, tok = tiny_causal_lm(seed=seed, **SIZES)
+    return model.eval(), tok
 
 
 @pytest.fixture(scope="session")
-def causal_dirs(tmp_path_factory):
+def causal_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
     """Two different random tiny causal LMs saved with the tokenizer: (policy_dir, baseline_dir)."""
     out = []
     for seed in (0, 1):
@@ -49,16 +34,16 @@ def causal_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def classifier_dir(tmp_path_factory):
+def classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A randomly initialised LlamaForSequenceClassification (num_labels=1) with the char tokenizer."""
     import torch
     from transformers import LlamaForSequenceClassification
 
-    from prefzoo.data.default import build_tokenizer
+    from prefzoo.testing import char_tokenizer, tiny_llama_config
 
-    tok = build_tokenizer()
+    tok = char_tokenizer()
     torch.manual_seed(3)
-    model = LlamaForSequenceClassification(_config(tok, num_labels=1))
+    model = LlamaForSequenceClassification(tiny_llama_config(tok, num_labels=1, max_position_embeddings=64, **SIZES))
     d = tmp_path_factory.mktemp("rm")
     model.save_pretrained(d)
     tok.save_pretrained(d)

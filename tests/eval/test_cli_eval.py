@@ -65,7 +65,7 @@ def test_lm_eval_on_a_local_task(causal_dirs, tmp_path) -> None:
         (["--win-rate", "--judge", "oracel", "--model", "x", "--baseline", "y"], "did you mean 'oracle'"),
         (["--lm-eval"], "--lm-eval needs --model"),
         (["--reward-accuracy", "--loss", "dpoo", "--model", "x"], "unknown loss 'dpoo'"),
-        (["--judge-arg", "nokey", "--win-rate", "--model", "x", "--baseline", "y"], "expected KEY=VALUE"),
+        (["--judge-param", "nokey", "--win-rate", "--model", "x", "--baseline", "y"], "expected KEY=VALUE"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(argv, message, capsys) -> None:

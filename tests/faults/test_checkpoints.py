@@ -6,8 +6,6 @@ import json
 import signal
 
 import pytest
-from _run import final_weights, max_diff, start_cli, wait_for
-from helpers import base_config, run_inprocess
 
 from prefzoo.train.checkpoint import (
     COMPLETE_MARKER,
@@ -17,6 +15,8 @@ from prefzoo.train.checkpoint import (
     is_complete,
     read_marker,
 )
+from tests.faults._run import final_weights, max_diff, start_cli, wait_for
+from tests.train.helpers import base_config, run_inprocess
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=8, eval_fraction=0.0, save_steps=2)
 
@@ -104,7 +104,7 @@ def test_kill9_at_random_moments_and_resume_auto_until_done_equals_uninterrupted
     import random
     import time
 
-    from _run import logged_steps
+    from tests.faults._run import logged_steps
 
     kw = {**KW, "save_steps": 1, "max_steps": 10, "save_total_limit": 2}
     out = tmp_path / "run"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import base_config, run_inprocess
 
 import prefzoo
 from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint
 from prefzoo.train.reference import Reference, _cache_file, load_or_compute_reference_table
+from tests.train.helpers import base_config, run_inprocess
 
 PKG = Path(prefzoo.__file__).parent
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from _run import checkpoint_weights, max_diff
-from helpers import base_config, run_inprocess, run_processes
 
 from prefzoo.train.faults import FaultPlan, NonFiniteStepsError, nonfinite_ids
 from prefzoo.types import PreferenceBatch, PreferenceBatchError
+from tests.faults._run import checkpoint_weights, max_diff
+from tests.train.helpers import base_config, run_inprocess, run_processes
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=5, eval_fraction=0.0, save_steps=1)
 

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from _run import cli_args, env
-from helpers import base_config
 
 from prefzoo.train.faults import is_peer_failure
+from tests.faults._run import cli_args, env
+from tests.train.helpers import base_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import types
 import warnings
 
@@ -14,16 +13,7 @@ from prefzoo import registry
 from prefzoo.losses.dpo import FDPOParams, dpo_loss
 from prefzoo.spec import LossOutputError
 from prefzoo.types import LossOutput, PreferenceBatch
-
-
-class FakeEP:
-    def __init__(self, name, value, obj=None, exc=None):
-        self.name, self.value, self._obj, self._exc = name, value, obj, exc
-
-    def load(self):
-        if self._exc:
-            raise self._exc
-        return self._obj
+from tests.support import FakeEP, install_entry_points
 
 
 def _plugin(register):
@@ -66,7 +56,7 @@ PLUGINS = [
 
 @pytest.fixture
 def broken_plugins(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: PLUGINS if group == "prefzoo" else [])
+    install_entry_points(monkeypatch, PLUGINS)
     monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
     registry.reset_registry()
     yield

@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from _run import env, final_weights, logged_steps, max_diff, start_cli, wait_for
-from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.signals import PreemptionHandler
+from tests.faults._run import env, final_weights, logged_steps, max_diff, start_cli, wait_for
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=2, max_steps=12, eval_fraction=0.0, save_steps=5)
 

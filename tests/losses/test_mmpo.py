@@ -10,6 +10,7 @@ import torch
 
 import prefzoo
 from prefzoo.losses.mmpo import entropy_surrogate
+from prefzoo.testing import shard_batch
 
 F64 = torch.float64
 
@@ -154,23 +155,7 @@ def test_gathered_shards_equal_full_batch(name):
     lens = torch.randint(1, 40, (B,), generator=g)
     full = batch(v(), v(), v(), v(), chosen_lengths=lens, rejected_lengths=lens.flip(0))
     want = prefzoo.get_loss(name)(full).losses.detach()
-    cuts = [(0, 3), (3, 4), (4, 7)]  # uneven shards, one of size 1
-    shards = [
-        prefzoo.PreferenceBatch(
-            **{
-                f: getattr(full, f)[a:b]
-                for f in (
-                    "policy_chosen_logps",
-                    "policy_rejected_logps",
-                    "ref_chosen_logps",
-                    "ref_rejected_logps",
-                    "chosen_lengths",
-                    "rejected_lengths",
-                )
-            }
-        )
-        for a, b in cuts
-    ]
+    shards = shard_batch(full, [3, 1, 3])  # uneven shards, one of size 1: the library's own split of every field
     got = torch.cat(_threaded_shards(name, shards))
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     if name.startswith("mmpo"):  # without the gather each shard normalizes alone: the losses differ

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import types
 import warnings
 
@@ -12,6 +11,7 @@ import pytest
 import prefzoo
 from prefzoo import registry
 from prefzoo.losses.dpo import DPOParams, dpo_loss
+from tests.support import FakeEP, install_entry_points
 
 EXPECTED = {
     "mmpo",
@@ -130,22 +130,12 @@ def test_a_misspelt_hook_is_rejected_as_a_pluggy_validation_error():
         registry.build_registry(extra_plugins=[("typo", mod)], autoload=False)
 
 
-class FakeEP:
-    def __init__(self, name, value, obj=None, exc=None):
-        self.name, self.value, self._obj, self._exc = name, value, obj, exc
-
-    def load(self):
-        if self._exc:
-            raise self._exc
-        return self._obj
-
-
 def test_entry_points_load_and_a_failing_import_is_reported_by_name(monkeypatch):
     eps = [
         FakeEP("good", "good_mod", obj=plugin_with("good-loss")),
         FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'")),
     ]
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps if group == "prefzoo" else [])
+    install_entry_points(monkeypatch, eps)
     monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -157,7 +147,7 @@ def test_entry_points_load_and_a_failing_import_is_reported_by_name(monkeypatch)
 
 def test_the_env_var_disables_entry_point_autoloading(monkeypatch):
     eps = [FakeEP("good", "good_mod", obj=plugin_with("good-loss"))]
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    install_entry_points(monkeypatch, eps)
     monkeypatch.setenv(registry.DISABLE_AUTOLOAD_ENV, "1")
     assert "good-loss" not in registry.build_registry().specs
 
@@ -166,7 +156,7 @@ def test_broken_plugin_does_not_take_the_cli_down(monkeypatch, capsys):
     from prefzoo.cli.main import main
 
     eps = [FakeEP("bad", "bad_mod", exc=ImportError("No module named 'bad_mod'"))]
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    install_entry_points(monkeypatch, eps)
     monkeypatch.delenv(registry.DISABLE_AUTOLOAD_ENV, raising=False)
     registry.reset_registry()
     try:

@@ -6,10 +6,10 @@ import json
 import sys
 
 import pytest
-from tiny import make_model_dir, write_jsonl
 
 from prefzoo.cli.main import main
 from prefzoo.train.config import TrainConfig
+from tests.support.tiny import make_model_dir, write_jsonl
 
 
 def _err(capsys) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 from transformers import AutoModelForCausalLM
+
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.deepspeed, pytest.mark.distributed, pytest.mark.slow]

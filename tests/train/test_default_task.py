@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
-from helpers import params_of
 
 from prefzoo.registry import list_losses
+from tests.train.helpers import params_of
 
 default = pytest.importorskip("prefzoo.data.default")
 

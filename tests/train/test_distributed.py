@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import base_config, max_param_diff, run_processes
+
+from tests.train.helpers import base_config, max_param_diff, run_processes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

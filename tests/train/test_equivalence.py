@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import base_config, max_param_diff, params_of, run_inprocess
 
 from prefzoo.train.checkpoint import COMPLETE_MARKER, ResumeError, find_latest_checkpoint
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 
 def test_accumulation_equals_larger_batch(tmp_path, tiny_dir, pairs_file):
@@ -54,7 +54,7 @@ def test_resume_with_another_loss_or_model_is_an_error(tmp_path, tiny_dir, pairs
     run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=2))
     with pytest.raises(ResumeError, match=r"loss 'dpo'.*'ipo'"):
         run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=4, loss="ipo", resume="auto"))
-    from tiny import make_model_dir
+    from tests.support.tiny import make_model_dir
 
     other = make_model_dir(tmp_path / "other", seed=7)
     with pytest.raises(ResumeError, match="same --model"):

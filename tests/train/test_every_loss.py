@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import base_config, params_of, run_inprocess
 
 import prefzoo.train as train_pkg
 from prefzoo.registry import list_losses
+from tests.train.helpers import base_config, params_of, run_inprocess
 
 
 def branches_on_loss_names(paths, names) -> list[str]:

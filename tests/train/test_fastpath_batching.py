@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from helpers import base_config, max_param_diff, params_of, run_inprocess
 
 from prefzoo.train.fastpath_batching import LengthGroupedSampler, padding_fraction
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 
 def _lengths(n: int = 203, seed: int = 0) -> list[int]:

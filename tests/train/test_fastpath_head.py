@@ -73,9 +73,8 @@ def test_fusable_head_only_for_plain_bias_free_linear():
 
 @pytest.fixture(scope="module")
 def model_and_batch():
-    from tiny import build_model, build_tokenizer
-
     from prefzoo.data.collate import PreferenceCollator
+    from tests.support.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_model(tok, seed=3)

@@ -18,7 +18,7 @@ EXAMPLES = [
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def model(request):
-    from tiny import build_model, build_tokenizer
+    from tests.support.tiny import build_model, build_tokenizer
 
     m = build_model(build_tokenizer(), seed=4)
     m.config._attn_implementation = request.param
@@ -104,7 +104,7 @@ def test_without_the_mask_the_rejected_logps_differ(model):
 
 
 def test_unsupported_attention_is_a_clear_error():
-    from tiny import build_model, build_tokenizer
+    from tests.support.tiny import build_model, build_tokenizer
 
     m = build_model(build_tokenizer(), seed=4)
     m.config._attn_implementation = "flash_attention_2"

@@ -11,7 +11,7 @@ from prefzoo.train.logps import PolicyLogps, completion_logps_naive
 
 @pytest.fixture(scope="module")
 def setup():
-    from tiny import build_model, build_tokenizer
+    from tests.support.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_model(tok, seed=1).eval()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import base_config, run_inprocess
 
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import LoRATargetError, apply_lora
 from prefzoo.train.reference import AdapterDisabledReference
+from tests.train.helpers import base_config, run_inprocess
 
 
 def _batch(tok):
@@ -31,7 +31,7 @@ def _perturbed_lora(model):
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_disabled_adapter_reference_equals_base_exactly(mode):
-    from tiny import build_model, build_tokenizer
+    from tests.support.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
     base = build_model(tok, seed=3)
@@ -49,7 +49,7 @@ def test_disabled_adapter_reference_equals_base_exactly(mode):
 
 
 def test_missing_target_modules_are_named():
-    from tiny import build_model, build_tokenizer
+    from tests.support.tiny import build_model, build_tokenizer
 
     with pytest.raises(LoRATargetError, match=r"\['qkv'\].*q_proj"):
         apply_lora(build_model(build_tokenizer()), 4, 4, 0.0, ["q_proj", "qkv"])

@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-from helpers import base_config, max_param_diff, params_of, run_inprocess
 
 from prefzoo.train.reference import _cache_file
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 
 def test_adamw8bit_trains_and_tracks_adamw(tmp_path, tiny_dir, pairs_file):
     pytest.importorskip("bitsandbytes")
-    from tiny import make_model_dir
+    from tests.support.tiny import make_model_dir
 
     model_dir = make_model_dir(tmp_path, hidden=64)  # MLP weights 64 × 128 = 8192 ≥ 4096: really 8-bit state
     kw = dict(loss="sft", max_steps=12, lr=1e-2, per_device_batch_size=8)

@@ -1,0 +1,50 @@
+"""The ``prefzoo`` pytest plugin registers its Hypothesis profiles and loads none in other projects' sessions."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+FOREIGN_TEST = '''
+from hypothesis import HealthCheck, settings
+
+def test_prefzoo_plugin_leaves_my_settings_alone(request):
+    assert request.config.pluginmanager.get_plugin("prefzoo") is not None  # the plugin did load
+    assert settings.get_profile("prefzoo-thorough").max_examples == 1000  # and registered its profiles
+    assert settings.get_current_profile_name() == EXPECTED_PROFILE
+    assert settings.default.max_examples == 100  # Hypothesis' default, not prefzoo's 30
+    assert HealthCheck.data_too_large not in settings.default.suppress_health_check
+'''
+
+
+@pytest.fixture
+def foreign_project(pytester: pytest.Pytester) -> pytest.Pytester:
+    if not any(ep.name == "prefzoo" for ep in importlib.metadata.entry_points(group="pytest11")):
+        pytest.skip("prefzoo is not installed, so its pytest11 entry point is not either")
+    return pytester
+
+
+@pytest.mark.parametrize(("ci", "profile"), [("", "default"), ("1", "ci")])
+def test_a_foreign_session_keeps_hypothesis_defaults(foreign_project, monkeypatch, ci, profile) -> None:
+    """A project with prefzoo installed runs under its own profile: Hypothesis' default, or its ci profile on CI."""
+    for var in ("HYPOTHESIS_PROFILE", "CI", "GITHUB_ACTIONS", "TF_BUILD", "BUILDKITE", "CIRCLECI", "GITLAB_CI"):
+        monkeypatch.delenv(var, raising=False)
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    foreign_project.makepyfile(test_foreign=f"EXPECTED_PROFILE = {profile!r}\n" + FOREIGN_TEST)
+    result = foreign_project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_prefzoo_own_tests_run_under_the_selected_profile() -> None:
+    """tests/conftest.py loads HYPOTHESIS_PROFILE (tox: ci) or dev; the names tox and the docs use exist."""
+    import os
+
+    from hypothesis import settings
+
+    expected = os.environ.get("HYPOTHESIS_PROFILE") or "dev"
+    if settings.get_current_profile_name() != expected:  # --hypothesis-profile NAME was given: it wins
+        pytest.skip(f"this session runs under --hypothesis-profile {settings.get_current_profile_name()}")
+    assert {settings.get_profile(n).max_examples for n in ("dev", "ci", "thorough")} == {30, 100, 1000}
+    assert settings.default.deadline is None
