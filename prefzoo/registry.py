@@ -104,7 +104,9 @@ class Kind(Generic[S]):
 class Registry(Generic[S]):
     """The specs of one :class:`Kind`, by name, and the plugins that failed to load or register."""
 
-    def __init__(self, kind: Kind[S], pm: pluggy.PluginManager, specs: dict[str, S], failed: list[PluginLoadError]):
+    def __init__(
+        self, kind: Kind[S], pm: pluggy.PluginManager, specs: dict[str, S], failed: list[PluginLoadError]
+    ) -> None:
         self.kind = kind
         self.pm = pm
         self.specs = specs

@@ -45,7 +45,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     types = _field_types()
     for f in dataclasses.fields(TrainConfig):
         name = f.name
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default_factory() if callable(f.default_factory) else f.default
         help_text = f"{docs.get(name, '')} (default: {default!r})".replace("%", "%%")
         flag = "--" + _RENAMED.get(name, name.replace("_", "-"))
         typ = types[name]

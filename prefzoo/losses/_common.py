@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -38,7 +40,9 @@ def logratios(batch: PreferenceBatch, average: bool = False) -> tuple[Tensor, Te
     return pw - rw, pl - rl
 
 
-def minmax_normalize(chosen: Tensor, rejected: Tensor, gather, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def minmax_normalize(
+    chosen: Tensor, rejected: Tensor, gather: Callable[[Tensor], Tensor], eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """In-batch min-max normalization of the MMPO listing: (R + ε − min) / (max + ε − min).
 
     min and max are taken over the rewards of both responses of the whole
@@ -61,7 +65,9 @@ def log1mexp(x: Tensor) -> Tensor:
     return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
-def sorted_pair_loss(a: Tensor, b: Tensor, gather, f) -> Tensor:
+def sorted_pair_loss(
+    a: Tensor, b: Tensor, gather: Callable[[Tensor], Tensor], f: Callable[[Tensor], Tensor]
+) -> Tensor:
     """Per-example share of Σ_k f(sort(A)_k − sort(B)_k) over the gathered batch.
 
     AOT pairs the k-th smallest of one quantity with the k-th smallest of the

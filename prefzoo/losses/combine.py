@@ -167,7 +167,7 @@ def _dpo_family() -> dict[str, LossSpec]:
 
 def _mpo_terms(p: MPOParams) -> CombinedLoss:
     specs = _dpo_family()
-    terms = (
+    terms: tuple[tuple[float, str, dict[str, float]], ...] = (
         (p.dpo_weight, "dpo", {"beta": p.beta}),
         (p.bco_weight, "bco-pair", {"beta": p.beta}),
         (p.sft_weight, "sft", {}),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
 from prefzoo.losses._common import average_logps, logratios, require, sorted_pair_loss
-from prefzoo.spec import LossParams, LossSpec, param
+from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
@@ -246,7 +247,7 @@ _REF_LEN = frozenset({Need.REFERENCE, Need.LENGTHS})
 _SCORES = "β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)"
 
 
-def _spec(name: str, fn, params_cls, formula: str, paper: str, **kw) -> LossSpec:
+def _spec(name: str, fn: LossFn, params_cls: type[LossParams], formula: str, paper: str, **kw: Any) -> LossSpec:
     kw.setdefault("needs", _REF)
     kw.setdefault("shift_invariant", True)
     kw.setdefault("scores", _SCORES)

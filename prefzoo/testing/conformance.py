@@ -10,6 +10,7 @@ or, in a plugin's test suite, ``test_my_loss = conformance_tests("my-loss")``
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -150,7 +151,7 @@ def check_loss(
     if ref is not None:
         fn, mean_only = ref
         props.append(Property("reference", "losses equal a float64 reference formula of the paper",
-                              lambda loss, b, fn=fn, m=mean_only: check_matches_reference(loss, b, fn, m)))
+                              functools.partial(_check_reference, fn=fn, mean_only=mean_only)))
     if wanted is not None:
         unknown = wanted - {p.name for p in props}
         if unknown:
@@ -163,6 +164,12 @@ def check_loss(
         report.results.append(_run_property(prop, spec, fixed, n, dts, max_batch,
                                             base.derandomize if derandomize is None else derandomize))
     return report
+
+
+def _check_reference(
+    loss: Loss, b: PreferenceBatch, *, fn: Callable[[PreferenceBatch, Any], Any], mean_only: bool
+) -> None:
+    check_matches_reference(loss, b, fn, mean_only)
 
 
 def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple[str, ...], max_batch: int,
@@ -194,7 +201,7 @@ def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple
     @given(batch=batches_for(spec, dtypes=batch_dts, max_size=max_batch), params=params_st)
     def run(batch: PreferenceBatch, params: Any) -> None:
         count[0] += 1
-        loss = fixed_loss if fixed is not None else Loss(spec, params)
+        loss = fixed_loss if fixed_loss is not None else Loss(spec, params)
         try:
             check(loss, batch)
         except BaseException as e:

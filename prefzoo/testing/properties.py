@@ -228,12 +228,13 @@ def check_low_precision(loss: Loss, batch: PreferenceBatch, dtypes: tuple[torch.
         low = cast_batch(batch, dt, requires_grad=False)
         b64 = cast_batch(low, torch.float64, requires_grad=False)
         base, worst = _sensitivity(loss, b64, U32)
+        where: PreferenceBatch | None = b64
         got = loss(low).losses.detach()
         tol = 16 * worst + 16 * U32 * (1 + base.abs())
         if loss.spec.batch_coupled:  # a per-example split of a batch quantity may jump at ties (AOT): compare means
             got, base, tol = got.mean().reshape(1), base.mean().reshape(1), tol.mean().reshape(1)
-            b64 = None
-        _close(loss.name, got, base, tol, b64, f"{dt} loss vs float64 on the same inputs")
+            where = None
+        _close(loss.name, got, base, tol, where, f"{dt} loss vs float64 on the same inputs")
 
 
 def check_reference_free(loss: Loss, batch: PreferenceBatch) -> None:
@@ -270,6 +271,10 @@ def check_monotone(loss: Loss, batch: PreferenceBatch) -> None:
               "raising the rejected likelihood decreases the loss, but the spec declares monotone=True")
 
 
+def _shift(t: Tensor | None, c: Tensor) -> Tensor | None:
+    return None if t is None else t + c
+
+
 def check_shift_invariance(loss: Loss, batch: PreferenceBatch) -> None:
     """Declared shift invariance: adding c to log π(y) and log π_ref(y) of the same response leaves L unchanged."""
     b = cast_batch(batch, torch.float64, requires_grad=False)
@@ -277,11 +282,12 @@ def check_shift_invariance(loss: Loss, batch: PreferenceBatch) -> None:
     k = torch.arange(1, n + 1, dtype=torch.float64)
     c_w, c_l = 100 * torch.sin(k), -50 * torch.cos(k)  # (B,) one shift per response
     shifted = b.replace(
-        policy_chosen_logps=b.policy_chosen_logps + c_w, ref_chosen_logps=b.ref_chosen_logps + c_w,
-        policy_rejected_logps=b.policy_rejected_logps + c_l, ref_rejected_logps=b.ref_rejected_logps + c_l,
+        policy_chosen_logps=b.policy_chosen_logps + c_w, ref_chosen_logps=_shift(b.ref_chosen_logps, c_w),
+        policy_rejected_logps=b.policy_rejected_logps + c_l, ref_rejected_logps=_shift(b.ref_rejected_logps, c_l),
     )
     base, worst = _sensitivity(loss, b, 1e-12, draws=2)
-    got, tol, where = loss(shifted).losses.detach(), 1e-9 * (1 + base.abs()) + 100 * worst, b
+    got, tol = loss(shifted).losses.detach(), 1e-9 * (1 + base.abs()) + 100 * worst
+    where: PreferenceBatch | None = b
     if loss.spec.batch_coupled:  # rounding of x + c can create or break a tie, moving AOT's per-example split
         got, base, tol, where = got.mean().reshape(1), base.mean().reshape(1), tol.mean().reshape(1), None
     _close(loss.name, got, base, tol, where,

@@ -154,7 +154,9 @@ def _dpo_family(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
 
 def _simple(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
     def f(x: dict[str, Any], p: Any) -> Tensor:
-        rw, rl = _rho(x) if kind in {"nca-pair", "bco-pair", "sppo-hard", "apo-zero", "apo-down"} else (None, None)
+        uses_rho = kind in {"nca-pair", "bco-pair", "sppo-hard", "apo-zero", "apo-down"}
+        rho: tuple[Any, Any] = _rho(x) if uses_rho else (None, None)
+        rw, rl = rho
         b = p.beta
         if kind == "nca-pair":
             return _nls(b * rw) + 0.5 * _nls(-b * rw) + 0.5 * _nls(-b * rl)

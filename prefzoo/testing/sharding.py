@@ -37,7 +37,7 @@ def shard_batch(batch: PreferenceBatch, sizes: Sequence[int]) -> list[Preference
     out = []
     start = 0
     for n in sizes:
-        ch = {}
+        ch: dict[str, Any] = {}
         for name in PreferenceBatch.__dataclass_fields__:
             t = getattr(batch, name)
             if isinstance(t, Tensor):
