@@ -147,8 +147,8 @@ class TrainConfig:
                 for k in unknown
             ]
             raise ConfigError(f"{where}: unknown keys {', '.join(hints)}; known keys: {', '.join(cls.keys())}")
-        hints = typing.get_type_hints(cls)
-        coerced = {k: _coerce(k, v, hints[k], where) for k, v in values.items()}
+        types_ = typing.get_type_hints(cls)
+        coerced = {k: _coerce(k, v, types_[k], where) for k, v in values.items()}
         return cls(**coerced)
 
 

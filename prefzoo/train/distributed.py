@@ -77,7 +77,8 @@ def _prepare_deepspeed_on_cpu() -> None:
     """DeepSpeed without a GPU: CPU accelerator, skip the JIT shared-memory op build, single-process env vars."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # identical results, no 40 s build
+        comm: Any = importlib.import_module("deepspeed.comm.torch")
+        comm.build_shm_op = lambda: None  # identical results, no 40 s build
     except Exception:  # older/newer deepspeed without it: nothing to skip
         pass
     if "RANK" not in os.environ:  # plain `python`, not a launcher: a one-process group

@@ -88,7 +88,8 @@ class AdapterDisabledReference(Reference):
         was_training = inner.training
         inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
         try:
-            with inner.lm.disable_adapter():
+            lm: Any = inner.lm  # a peft model
+            with lm.disable_adapter():
                 out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
         finally:
             inner.train(was_training)

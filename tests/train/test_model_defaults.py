@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import base_config, run_inprocess
-from tiny import build_model, build_tokenizer, make_pairs, write_jsonl
 
 from prefzoo.train.context import ContextLengthError, fit_to_context, model_context
 from prefzoo.train.model_defaults import disable_dropout
+from tests.support.tiny import build_model, build_tokenizer, make_pairs, write_jsonl
+from tests.train.helpers import base_config, run_inprocess
 
 
 def gpt2(n_positions: int = 1024, dropout: float = 0.1, seed: int = 0):
