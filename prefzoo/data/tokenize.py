@@ -45,7 +45,8 @@ def ensure_pad_token(tokenizer: Any) -> str | None:
 
 def _examples(enc: datasets.Dataset, limit: int = 3) -> list[str]:
     """The first ``limit`` dropped and ``limit`` truncated rows, each as 'id: why'."""
-    dropped, truncated = [], []
+    dropped: list[str] = []
+    truncated: list[str] = []
     cols = ["id", "keep", "identical", "oversized", "prompt_truncated", "completion_truncated"]
     for row in enc.select_columns(cols):
         if not row["keep"] and len(dropped) < limit:

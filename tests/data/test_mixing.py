@@ -62,13 +62,8 @@ def test_bad_mixtures_are_one_line_errors(tmp_path):
 
 def test_the_train_cli_mixes_repeated_dataset_flags(tmp_path):
     pytest.importorskip("accelerate")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-    from tiny import make_model_dir, make_pairs, write_jsonl
-
     from prefzoo.cli.main import main
+    from tests.support.tiny import make_model_dir, make_pairs, write_jsonl
 
     model = make_model_dir(tmp_path / "m")
     a = write_jsonl(tmp_path / "a.jsonl", make_pairs(24, seed=1))

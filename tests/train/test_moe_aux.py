@@ -56,12 +56,12 @@ def test_no_aux_term_unless_the_config_asks():
 def test_one_training_step_adds_coef_times_aux(tmp_path, pairs_file):
     """Step 1 of DPO has policy = reference, so the preference loss is log 2; the logged loss adds coef × aux."""
     import datasets
-    from helpers import base_config, run_inprocess
-    from tiny import build_tokenizer
     from transformers import MixtralConfig, MixtralForCausalLM
 
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import tokenize_pairs
+    from tests.support.tiny import build_tokenizer
+    from tests.train.helpers import base_config, run_inprocess
 
     tok = build_tokenizer()
 

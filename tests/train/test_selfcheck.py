@@ -88,11 +88,10 @@ def test_a_refused_share_prompt_is_a_one_line_error():
 
 def test_train_runs_the_self_check(tiny_dir, pairs_file, tmp_path, capsys, monkeypatch):
     """A run stops at the start when the fast path is wrong (here prefzoo applies a scale the model lacks)."""
-    from helpers import base_config, run_inprocess
-
     from prefzoo.train import logps as logps_mod
     from prefzoo.train.arch import LogitTransform
     from prefzoo.train.selfcheck import LogpsSelfCheckError
+    from tests.train.helpers import base_config, run_inprocess
 
     run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "ok", max_steps=1))
     assert "self-check passed for llama" in capsys.readouterr().out
