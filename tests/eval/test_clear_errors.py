@@ -17,14 +17,12 @@ def test_lm_eval_without_the_extra_names_it(monkeypatch, capsys, tmp_path):
 
 def test_win_rate_lengths_are_the_generated_tokens():
     """A tokenizer whose decode adds spaces between characters made re-tokenized lengths exceed --max-new-tokens."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-    from tiny import build_model, build_tokenizer
-
     from prefzoo.eval.winrate import win_rate
+    from tests.support.tiny import build_model, build_tokenizer
 
-    tok = build_tokenizer()  # no decoder: "12" decodes as "1 2"
+    tok = build_tokenizer()
+    tok.backend_tokenizer.decoder = None  # no decoder: "12" decodes as "1 2"
+    assert tok.decode(tok("12").input_ids) == "1 2"
     policy, baseline = build_model(tok, seed=1).eval(), build_model(tok, seed=2).eval()
     prompts = [f"{a}+{a}=" for a in range(10, 20)]
     res = win_rate(policy, baseline, tok, prompts, "oracle", max_new_tokens=4, batch_size=5)
