@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import hypothesis._settings
 import pytest
 
 FOREIGN_TEST = '''
@@ -28,7 +29,9 @@ def foreign_project(pytester: pytest.Pytester) -> pytest.Pytester:
 @pytest.mark.parametrize(("ci", "profile"), [("", "default"), ("1", "ci")])
 def test_a_foreign_session_keeps_hypothesis_defaults(foreign_project, monkeypatch, ci, profile) -> None:
     """A project with prefzoo installed runs under its own profile: Hypothesis' default, or its ci profile on CI."""
-    for var in ("HYPOTHESIS_PROFILE", "CI", "GITHUB_ACTIONS", "TF_BUILD", "BUILDKITE", "CIRCLECI", "GITLAB_CI"):
+    # every variable by which Hypothesis detects CI (tox keeps CI as __TOX_ENVIRONMENT_VARIABLE_ORIGINAL_CI)
+    ci_vars = set(getattr(hypothesis._settings, "_CI_VARS", {})) | {"CI", "__TOX_ENVIRONMENT_VARIABLE_ORIGINAL_CI"}
+    for var in ("HYPOTHESIS_PROFILE", *sorted(ci_vars)):
         monkeypatch.delenv(var, raising=False)
     if ci:
         monkeypatch.setenv("CI", ci)
