@@ -1,9 +1,10 @@
 """One benchmark run in its own process: prefzoo's trainer or TRL's, timed per optimizer step, peak RSS at the end.
 
 Usage: ``python trainbench_child.py spec.json result.json`` (the parent writes the spec; see bench_train_throughput).
-Step time runs from the start of the step's policy forward (TRL: ``on_step_begin``) to the end of its optimizer
-step on both sides (data loading, logging and checkpoints are outside).  The tokens of a step are Σ over its pairs
-of 2·|x| + |y_w| + |y_l| (the plain chosen and rejected sequences), counted from the examples the collator received.
+Step time runs from the trainer's ``on_step_begin`` to its ``on_step_end`` callback on both sides (the batch is
+already loaded; logging and checkpoints are outside): prefzoo's trainer runs unmodified, timed by a callback.  The
+tokens of a step are Σ over its pairs of 2·|x| + |y_w| + |y_l| (the plain chosen and rejected sequences), counted
+from the batches the step trained on (prefzoo) or the examples the collator received (TRL).
 """
 
 from __future__ import annotations
@@ -62,35 +63,45 @@ class _Recorder:
         return wrapper
 
 
-def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
-    import datasets
+def _batch_shape(batch: dict[str, Any]) -> list[dict[str, int]]:
+    """Prompt / chosen / rejected token counts of each pair of a collated prefzoo batch (either layout)."""
+    chosen, rejected = batch["chosen_lengths"].tolist(), batch["rejected_lengths"].tolist()
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    import prefzoo.train.loop as loop
-    from prefzoo.train.config import TrainConfig
-    from prefzoo.train.logps import PolicyLogps
+    seg = batch["completion_mask"]
+    if seg.dtype == torch.bool:  # 2B rows [x, y]: the prompt is the real tokens outside the completion
+        prompts = (batch["attention_mask"].sum(dim=1) - seg.sum(dim=1))[: len(chosen)].tolist()
+    else:  # B rows [x, y_w, y_l] of segment ids (1 = prompt)
+        prompts = (seg == 1).sum(dim=1).tolist()
+    return [{"prompt": x, "chosen": w, "rejected": l} for x, w, l in zip(prompts, chosen, rejected, strict=True)]
 
-    collator_cls = loop.PreferenceCollator
-    orig_forward = PolicyLogps.forward
 
-    def collator_factory(*a: Any, **k: Any) -> Any:
-        return rec.wrap_collator(collator_cls(*a, **k))
+def _step_timer(rec: _Recorder) -> Any:
+    """A trainer callback: step start (before its first forward) and end (after the optimizer), the batch shapes."""
+    from prefzoo.train import Callback
 
-    def forward(self: Any, *a: Any, **k: Any) -> Any:
-        # a step starts at its first policy forward with gradients (reference and evaluation run under no_grad)
-        if torch.is_grad_enabled() and len(rec.starts) == len(rec.ends):
+    class StepTimer(Callback):
+        def on_train_begin(self, state: Any) -> None:
+            rec.precompute_s = state.timings.get("reference", 0.0)  # the reference precomputation, when on
+
+        def on_step_begin(self, state: Any) -> None:
+            rec.batches.append([])
             rec.starts.append(time.perf_counter())
-        return orig_forward(self, *a, **k)
 
-    def step_done(*_: Any) -> None:
-        if len(rec.starts) > len(rec.ends):
+        def on_batch(self, state: Any, fields: dict[str, Any]) -> None:
+            rec.batches[-1] += _batch_shape(state.batch)
+
+        def on_step_end(self, state: Any) -> None:
             rec.ends.append(time.perf_counter())
 
-    loop.PreferenceCollator = collator_factory  # type: ignore[assignment,misc]
-    PolicyLogps.forward = forward  # type: ignore[method-assign]
-    register_optimizer_step_post_hook(step_done)
-    loop.load_or_compute_reference_table = rec.timed(loop.load_or_compute_reference_table)
+    return StepTimer()
+
+
+def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
+    import datasets
+
+    from prefzoo.train import TrainConfig, train
+
     opts = dict(spec.get("prefzoo_options", {}))
     cfg = TrainConfig(
         model=spec["model_dir"],
@@ -112,7 +123,7 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
         seed=0,
         **opts,
     )
-    loop.train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]))
+    train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]), callbacks=[_step_timer(rec)])
     return {}
 
 

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.checkpoint import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
-    from prefzoo.train.faults import TrainingAborted
+    from prefzoo.train.guard import TrainingAborted
     from prefzoo.train.model import LoRATargetError
 
     _quiet_libraries()

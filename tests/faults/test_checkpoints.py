@@ -8,6 +8,7 @@ import signal
 import pytest
 from _run import final_weights, max_diff, start_cli, wait_for
 from helpers import base_config, run_inprocess
+from injector import SPEC as INJECTOR
 
 from prefzoo.train.checkpoint import (
     COMPLETE_MARKER,
@@ -19,6 +20,7 @@ from prefzoo.train.checkpoint import (
 )
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=8, eval_fraction=0.0, save_steps=2)
+KW["callbacks"] = [INJECTOR]  # faults come from PREFZOO_FAULTS through this callback
 
 
 @pytest.mark.slow
