@@ -52,6 +52,9 @@ class RunState:
 
     cfg: Any  # the TrainConfig
     accelerator: Any  # accelerate's Accelerator (process_index, is_main_process, device, ...)
+    model: Any = None  # the accelerate-wrapped policy; accelerator.unwrap_model(model).lm is the causal LM
+    tokenizer: Any = None
+    has_eval: bool = False  # whether the run has an eval split (evaluations at epoch ends)
     total_steps: int = 0  # optimizer steps of the whole run
     steps_per_epoch: int = 0
     global_step: int = 0  # optimizer steps completed (on_step_begin: the step about to run is global_step + 1)
@@ -62,10 +65,17 @@ class RunState:
     timings: dict[str, float] = field(default_factory=dict)  # setup phases in seconds, e.g. 'reference'
     should_stop: bool = False  # set by a callback: stop at the next step boundary with a checkpoint
     stop_reason: str | None = None  # said in the log and in TrainResult.stop_reason when should_stop is set
+    writer: Any = None  # the run's metrics.jsonl writer (main process)
 
     @property
     def is_main_process(self) -> bool:
         return bool(self.accelerator.is_main_process)
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """Write a callback's own metrics record to metrics.jsonl and the trackers (main process)."""
+        if self.writer is not None:
+            self.writer.write(record)
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=self.global_step)
 
 
 class Callback:

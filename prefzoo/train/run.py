@@ -124,7 +124,10 @@ class Run:
         self.result = TrainResult(
             global_step=p.start_step, data_stats=p.data_stats, tokenizer=p.tokenizer, model_defaults=p.model_defaults
         )
-        self.state = RunState(cfg, acc, p.total_steps, p.steps_per_epoch, p.start_step, timings=dict(p.timings))
+        self.state = RunState(
+            cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
+            timings=dict(p.timings), writer=self.writer,
+        )  # fmt: skip
         self.step_state = _Step()
         self.done = p.start_step >= p.total_steps
         self.saved: Path | None = None  # checkpoint written at the current step boundary
