@@ -63,42 +63,9 @@ class _Recorder:
         return wrapper
 
 
-def _batch_shape(batch: dict[str, Any]) -> list[dict[str, int]]:
-    """Prompt / chosen / rejected token counts of each pair of a collated prefzoo batch (either layout)."""
-    chosen, rejected = batch["chosen_lengths"].tolist(), batch["rejected_lengths"].tolist()
-    import torch
-
-    seg = batch["completion_mask"]
-    if seg.dtype == torch.bool:  # 2B rows [x, y]: the prompt is the real tokens outside the completion
-        prompts = (batch["attention_mask"].sum(dim=1) - seg.sum(dim=1))[: len(chosen)].tolist()
-    else:  # B rows [x, y_w, y_l] of segment ids (1 = prompt)
-        prompts = (seg == 1).sum(dim=1).tolist()
-    return [{"prompt": x, "chosen": w, "rejected": l} for x, w, l in zip(prompts, chosen, rejected, strict=True)]
-
-
-def _step_timer(rec: _Recorder) -> Any:
-    """A trainer callback: step start (before its first forward) and end (after the optimizer), the batch shapes."""
-    from prefzoo.train import Callback
-
-    class StepTimer(Callback):
-        def on_train_begin(self, state: Any) -> None:
-            rec.precompute_s = state.timings.get("reference", 0.0)  # the reference precomputation, when on
-
-        def on_step_begin(self, state: Any) -> None:
-            rec.batches.append([])
-            rec.starts.append(time.perf_counter())
-
-        def on_batch(self, state: Any, fields: dict[str, Any]) -> None:
-            rec.batches[-1] += _batch_shape(state.batch)
-
-        def on_step_end(self, state: Any) -> None:
-            rec.ends.append(time.perf_counter())
-
-    return StepTimer()
-
-
 def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
     import datasets
+    from trainbench_setup import step_timer
 
     from prefzoo.train import TrainConfig, train
 
@@ -123,7 +90,10 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
         seed=0,
         **opts,
     )
-    train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]), callbacks=[_step_timer(rec)])
+    timer = step_timer()
+    train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]), callbacks=[timer])
+    rec.starts, rec.ends, rec.batches = timer.starts, timer.ends, timer.batches
+    rec.precompute_s = timer.setup_s.get("reference", 0.0)  # the reference precomputation, when on
     return {}
 
 

@@ -72,8 +72,8 @@ class WinRateCallback(Callback):
             return
         from prefzoo.eval.winrate import win_rate
 
-        kw = {"max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size}
-        res = win_rate(model, self.baseline, state.tokenizer, self.prompts, self.judge, **kw)
+        res = win_rate(model, self.baseline, state.tokenizer, self.prompts, self.judge,
+                       max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)  # fmt: skip
         summary = res.summary()
         record = {f"winrate/{k}": float(v) for k, v in summary.items()}
         record.update(epoch=state.epoch, step=state.global_step)

@@ -88,7 +88,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     policy.train()
     reference, ref_kind = build_reference(loss, cfg, policy, has_adapter, accelerator)
     trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, tuple(cfg.adam_betas), cfg.weight_decay)
+    betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
+    optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
     collate = PreferenceCollator(tokenizer.pad_token_id, share_prompt=cfg.share_prompt)
     train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
     steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
@@ -135,6 +136,7 @@ def _load_model(
     cfg: TrainConfig, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any]
 ) -> tuple[Any, Any, bool, str]:
     """(causal LM, tokenizer with a pad token, whether it came with an adapter, weight identity)."""
+    assert cfg.model is not None  # _check_config
     lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     identity = model_identity(lm, cfg.model)
     if resume_info and resume_info.get("model_identity") != identity:
@@ -146,7 +148,7 @@ def _load_model(
     pad_note = ensure_pad_token(tokenizer)
     if pad_note:
         accelerator.print(f"prefzoo train: {pad_note}")
-        lm.config.pad_token_id = tokenizer.pad_token_id
+        lm.config.pad_token_id = tokenizer.pad_token_id  # type: ignore[union-attr]
     return lm, tokenizer, has_adapter, identity
 
 
