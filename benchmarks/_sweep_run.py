@@ -127,7 +127,7 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
 
     torch.set_num_threads(1)
     from prefzoo.eval.default_task import evaluate_policy
-    from prefzoo.train import TrainConfig, train
+    from prefzoo.train import Callback, TrainConfig, train
 
     task, tokenizer, baseline = _task(cfg)
     if cfg.pairs > len(task.train):
@@ -161,6 +161,15 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
             }
         )
 
+    class _EachEpoch(Callback):
+        """The oracle evaluation of every epoch's policy (``state.epoch`` is the epoch just completed)."""
+
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def on_epoch_end(self, state: Any, model: Any) -> None:
+            self.fn(state.epoch, model)
+
     start_key = (cfg.task_seed, cfg.eval_prompts, "start")
     if start_key not in _TASK_CACHE:  # the starting policy against itself: the same for every run, evaluated once
         record(0, task.load_model())
@@ -188,5 +197,5 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
             cpu=True,
         )
         with contextlib.redirect_stdout(io.StringIO()):  # the trainer's per-run banner lines
-            train(tc, task.train.select(range(cfg.pairs)), None, on_epoch_end=record)
+            train(tc, task.train.select(range(cfg.pairs)), None, callbacks=[_EachEpoch(record)])
     return rows

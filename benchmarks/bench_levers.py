@@ -3,8 +3,9 @@
     python benchmarks/bench_levers.py --workloads ultrafeedback orca --reps 3
 
 Each configuration runs in its own subprocess (so peak RSS is per configuration); within a round the
-configurations run back to back in a rotating order, and the medians over rounds are reported.  The step is the
-trainer's own pieces (PolicyLogps, FrozenReference, the registered loss, torch AdamW), without the loop around them.
+configurations run back to back in a rotating order, and the medians over rounds are reported.  Each run is
+prefzoo's real trainer (DPO, AdamW, fp32) with the lever as a TrainConfig option, a model-folder variant (eager
+attention) or a callback (torch.compile); a step-timer callback times each optimizer step.
 """
 
 from __future__ import annotations
@@ -22,83 +23,81 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import WORKLOADS, ModelShape, build_model_dir, make_pairs
+from trainbench_setup import WORKLOADS, ModelShape, build_model_dir, make_pairs, step_timer
 
 HERE = Path(__file__).resolve().parent
-CONFIGS: dict[str, dict[str, Any]] = {
+CONFIGS: dict[str, dict[str, Any]] = {  # TrainConfig options, plus attn / threads / compile handled below
     "plain autograd head": {"fused_head": False},
     "fused head (default)": {},
     "fused head + shared prompt": {"share_prompt": True},
     "fused + shared + eager attention": {"share_prompt": True, "attn": "eager"},
     "fused + shared, 1 thread": {"share_prompt": True, "threads": 1},
-    "fused + shared + length-sorted batches": {"share_prompt": True, "sort": True},
-    "fused + shared, no reference forward": {"share_prompt": True, "no_reference": True},
+    "fused + shared + length-grouped batches": {"share_prompt": True, "group_by_length": True},
+    "fused + shared, precomputed reference": {"share_prompt": True, "precompute_ref": True},
     "fused + shared + torch.compile": {"share_prompt": True, "compile": True},
 }
 
 
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Time ``spec['steps']`` DPO steps (after one warm-up) of one configuration; the last line printed is JSON."""
+def model_variant(model_dir: str, attn: str | None, workdir: Path) -> str:
+    """``model_dir``, or a copy whose config.json selects attention implementation ``attn`` (policy and reference)."""
+    if attn is None:
+        return model_dir
+    import shutil
+
+    out = workdir / f"model-{attn}"
+    shutil.copytree(model_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "attn_implementation": attn}))
+    return str(out)
+
+
+def compile_callback() -> Any:
+    """A trainer callback that compiles the policy's decoder with torch.compile before the first step."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prefzoo.data.collate import PreferenceCollator
-    from prefzoo.registry import get_loss
-    from prefzoo.train.logps import PolicyLogps
-    from prefzoo.train.reference import FrozenReference
-    from prefzoo.types import PreferenceBatch
+    from prefzoo.train import Callback
 
-    opts = spec["options"]
-    torch.set_num_threads(opts.get("threads", spec["threads"]))
-    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    lm = AutoModelForCausalLM.from_pretrained(spec["model_dir"], attn_implementation=opts.get("attn", "sdpa"))
-    examples = []
-    for p in spec["pairs"]:
-        ids = {k: tok(p[k], add_special_tokens=False).input_ids for k in ("prompt", "chosen", "rejected")}
-        examples.append(
-            {
-                "id": p["id"],
-                "prompt_ids": ids["prompt"],
-                "chosen_ids": ids["chosen"] + [tok.eos_token_id],
-                "rejected_ids": ids["rejected"] + [tok.eos_token_id],
-            }
+    class Compile(Callback):
+        def on_train_begin(self, state: Any) -> None:
+            lm = state.accelerator.unwrap_model(state.model).lm
+            lm.model = torch.compile(lm.model, dynamic=True)
+
+    return Compile()
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time ``spec['steps']`` DPO steps (after one warm-up) of prefzoo's trainer in one configuration (JSON out)."""
+    import datasets
+    import torch
+
+    from prefzoo.train import TrainConfig, train
+
+    opts = dict(spec["options"])
+    torch.set_num_threads(opts.pop("threads", spec["threads"]))
+    timer = step_timer()
+    callbacks = [timer, *([compile_callback()] if opts.pop("compile", False) else [])]
+    with tempfile.TemporaryDirectory(prefix="levers-") as tmp:
+        cfg = TrainConfig(
+            model=model_variant(spec["model_dir"], opts.pop("attn", None), Path(tmp)),
+            loss="dpo",
+            lr=1e-5,
+            max_steps=spec["steps"] + 1,  # the first step is warm-up
+            per_device_batch_size=spec["batch"],
+            grad_accum=1,
+            warmup_ratio=0.0,
+            eval_fraction=0.0,
+            max_prompt_length=4096,
+            max_completion_length=4096,
+            ref_cache_dir=str(Path(tmp) / "ref"),
+            output_dir=str(Path(tmp) / "out"),
+            progress=False,
+            report_to="none",
+            seed=0,
+            **opts,
         )
-    if opts.get("sort"):
-        examples.sort(key=lambda e: len(e["prompt_ids"]) + len(e["chosen_ids"]) + len(e["rejected_ids"]))
-    b = spec["batch"]
-    collate = PreferenceCollator(tok.pad_token_id, share_prompt=opts.get("share_prompt", False))
-    batches = [collate(examples[i : i + b]) for i in range(0, len(examples), b)]
-    reference = None if opts.get("no_reference") else FrozenReference(lm, 1024)
-    policy = PolicyLogps(lm, 1024, fused_head=opts.get("fused_head", True)).train()
-    if opts.get("compile"):
-        lm.model = torch.compile(lm.model, dynamic=True)
-    loss = get_loss("dpo")
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
-    times = []
-    for k, batch in enumerate(batches):
-        t0 = time.perf_counter()
-        out = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
-        w, l_ = out.split()
-        if reference is not None:
-            ref_w, ref_l = reference(batch)
-        else:  # what skipping the reference would save (NOT the DPO loss: the reference is replaced by zeros)
-            ref_w, ref_l = torch.zeros_like(w["logps"]), torch.zeros_like(l_["logps"])
-        pb = PreferenceBatch(
-            policy_chosen_logps=w["logps"],
-            policy_rejected_logps=l_["logps"],
-            ref_chosen_logps=ref_w,
-            ref_rejected_logps=ref_l,
-            chosen_lengths=w["lengths"],
-            rejected_lengths=l_["lengths"],
-            example_ids=tuple(batch["ids"]),
-        )
-        loss(pb).losses.mean().backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        if k > 0:  # the first step is warm-up
-            times.append(time.perf_counter() - t0)
-    tokens = sum(2 * len(e["prompt_ids"]) + len(e["chosen_ids"]) + len(e["rejected_ids"]) for e in examples[b:])
+        train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]), callbacks=callbacks)
+    times = timer.step_seconds()[1:]
+    tokens = sum(2 * p["prompt"] + p["chosen"] + p["rejected"] for step in timer.batches[1:] for p in step)
     return {"step_s": times, "tokens": tokens, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -128,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = {
                     "model_dir": str(model_dir),
                     "pairs": pairs,
+                    "steps": args.steps,
                     "batch": args.batch,
                     "threads": args.threads,
                     "options": CONFIGS[name],
@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     **os.environ,
                     "OMP_NUM_THREADS": str(CONFIGS[name].get("threads", args.threads)),
                     "PREFZOO_DISABLE_PLUGIN_AUTOLOAD": "1",
+                    "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),  # this checkout, not an install
+                    "HF_HUB_OFFLINE": "1",
+                    "HF_DATASETS_OFFLINE": "1",
                     "TOKENIZERS_PARALLELISM": "false",
                 }
                 proc = subprocess.run(

@@ -1,12 +1,13 @@
-"""Lever timings robust to a loaded machine: one process, one model, the configurations' steps interleaved.
+"""Lever timings robust to a loaded machine: one process, the configurations' training runs interleaved.
 
     python benchmarks/bench_levers_interleaved.py --workload orca --rounds 4
 
-Every round runs one DPO step (policy + frozen reference + AdamW, the trainer's own pieces) of each configuration on
-the same batch, in a rotating order, so background load falls on every configuration alike; the ratio of each
-configuration's median step time to the baseline's is reported.  Options switched at run time: the fused head, the
-shared-prompt layout, the attention implementation, the thread count, the reference forward.  Peak memory cannot be
-separated here (one process): ``bench_levers.py`` measures it per configuration in its own process.
+Every round runs prefzoo's real trainer once per configuration (DPO, AdamW, fp32; two optimizer steps on the same
+batch, the second timed by a step-timer callback), in a rotating order, so background load falls on every
+configuration alike; the ratio of each configuration's median step time to the baseline's is reported.  Levers:
+the fused head, the shared-prompt layout, the attention implementation (a model-folder variant), the thread
+count, a precomputed reference (no reference forward in the step).  Peak memory cannot be separated here (one
+process): ``bench_levers.py`` measures it per configuration in its own process.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import WORKLOADS, ModelShape, build_model_dir, make_pairs
+from trainbench_setup import WORKLOADS, ModelShape, build_model_dir, make_pairs, step_timer
 
 HERE = Path(__file__).resolve().parent
-CONFIGS: dict[str, dict[str, Any]] = {
+CONFIGS: dict[str, dict[str, Any]] = {  # TrainConfig options, plus attn / threads handled in step()
     "plain autograd head": {"fused_head": False},
     "fused head (default)": {},
     "fused + shared prompt": {"share_prompt": True},
     "fused + shared + eager attention": {"share_prompt": True, "attn": "eager"},
     "fused + shared, 2 threads": {"share_prompt": True, "threads": 2},
-    "fused + shared, no reference forward": {"share_prompt": True, "no_reference": True},
+    "fused + shared, precomputed reference": {"share_prompt": True, "precompute_ref": True},
 }
 
 
@@ -43,63 +44,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="results .json/.md prefix (default results/levers_interleaved_<wl>)")
     args = p.parse_args(argv)
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import contextlib
+    import io
+    import tempfile
 
-    from prefzoo.data.collate import PreferenceCollator
-    from prefzoo.registry import get_loss
-    from prefzoo.train.logps import PolicyLogps
-    from prefzoo.train.reference import FrozenReference
-    from prefzoo.types import PreferenceBatch
+    import datasets
+    import torch
+    from bench_levers import model_variant
+
+    from prefzoo.train import TrainConfig, train
 
     model_dir = build_model_dir(Path(args.cache) / "llama-12m", ModelShape())
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
     pairs = make_pairs(WORKLOADS[args.workload], args.batch, ModelShape().vocab_size, seed=3)
-    examples = []
-    for pr in pairs:
-        ids = {k: tok(pr[k], add_special_tokens=False).input_ids for k in ("prompt", "chosen", "rejected")}
-        examples.append(
-            {
-                "id": pr["id"],
-                "prompt_ids": ids["prompt"],
-                "chosen_ids": ids["chosen"] + [tok.eos_token_id],
-                "rejected_ids": ids["rejected"] + [tok.eos_token_id],
-            }
-        )
-    batches = {s: PreferenceCollator(tok.pad_token_id, share_prompt=s)(examples) for s in (False, True)}
-    reference = FrozenReference(lm, 1024)
-    policies = {f: PolicyLogps(lm, 1024, fused_head=f).train() for f in (False, True)}
-    loss = get_loss("dpo")
-    opt = torch.optim.AdamW([q for q in lm.parameters() if q.requires_grad], lr=1e-7)
+    twice = datasets.Dataset.from_list([{**p, "id": f"{p['id']}-{k}"} for k in (0, 1) for p in pairs])
+    work = Path(tempfile.mkdtemp(prefix="levers-interleaved-"))
+    models = {a: model_variant(str(model_dir), a, work) for a in (None, "eager")}
 
     def step(cfg: dict[str, Any]) -> float:
-        torch.set_num_threads(cfg.get("threads", args.threads))
-        lm.config._attn_implementation = cfg.get("attn", "sdpa")
-        reference.module.lm.config._attn_implementation = cfg.get("attn", "sdpa")
-        batch = batches[cfg.get("share_prompt", False)]
-        t0 = time.perf_counter()
-        policy = policies[cfg.get("fused_head", True)]
-        out = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
-        w, l_ = out.split()
-        if cfg.get("no_reference"):
-            ref_w, ref_l = torch.zeros_like(w["logps"]), torch.zeros_like(l_["logps"])
-        else:
-            ref_w, ref_l = reference(batch)
-        pb = PreferenceBatch(
-            policy_chosen_logps=w["logps"],
-            policy_rejected_logps=l_["logps"],
-            ref_chosen_logps=ref_w,
-            ref_rejected_logps=ref_l,
-            chosen_lengths=w["lengths"],
-            rejected_lengths=l_["lengths"],
-            example_ids=tuple(batch["ids"]),
-        )
-        loss(pb).losses.mean().backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        return time.perf_counter() - t0
+        """One training run of two steps on the same pairs; the second step's seconds."""
+        opts = dict(cfg)
+        torch.set_num_threads(opts.pop("threads", args.threads))
+        timer = step_timer()
+        tc = TrainConfig(
+            model=models[opts.pop("attn", None)], loss="dpo", lr=1e-7, max_steps=2, per_device_batch_size=args.batch,
+            grad_accum=1, warmup_ratio=0.0, eval_fraction=0.0, max_prompt_length=4096, max_completion_length=4096,
+            ref_cache_dir=str(work / "ref"), output_dir=str(work / "out"), save_total_limit=1,
+            progress=False, report_to="none", seed=0, **opts,
+        )  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            train(tc, train_dataset=twice, callbacks=[timer])
+        return timer.step_seconds()[1]
 
     names = list(CONFIGS)
     times: dict[str, list[float]] = {n: [] for n in names}

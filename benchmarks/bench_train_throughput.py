@@ -74,7 +74,7 @@ def _run_child(spec: dict[str, Any], threads: int, timeout: float) -> dict[str, 
             "HF_DATASETS_OFFLINE": "1",
             "TQDM_DISABLE": "1",
             "HF_DATASETS_CACHE": str(Path(tmp) / "hfds"),
-            "PYTHONPATH": str(HERE),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),  # this checkout, not an install
         }
         proc = subprocess.run(
             [sys.executable, str(HERE / "trainbench_child.py"), str(spec_path), str(out_path)],

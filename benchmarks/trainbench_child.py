@@ -1,9 +1,10 @@
 """One benchmark run in its own process: prefzoo's trainer or TRL's, timed per optimizer step, peak RSS at the end.
 
 Usage: ``python trainbench_child.py spec.json result.json`` (the parent writes the spec; see bench_train_throughput).
-Step time runs from the start of the step's policy forward (TRL: ``on_step_begin``) to the end of its optimizer
-step on both sides (data loading, logging and checkpoints are outside).  The tokens of a step are Σ over its pairs
-of 2·|x| + |y_w| + |y_l| (the plain chosen and rejected sequences), counted from the examples the collator received.
+Step time runs from the trainer's ``on_step_begin`` to its ``on_step_end`` callback on both sides (the batch is
+already loaded; logging and checkpoints are outside): prefzoo's trainer runs unmodified, timed by a callback.  The
+tokens of a step are Σ over its pairs of 2·|x| + |y_w| + |y_l| (the plain chosen and rejected sequences), counted
+from the batches the step trained on (prefzoo) or the examples the collator received (TRL).
 """
 
 from __future__ import annotations
@@ -64,33 +65,10 @@ class _Recorder:
 
 def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
     import datasets
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from trainbench_setup import step_timer
 
-    import prefzoo.train.loop as loop
-    from prefzoo.train.config import TrainConfig
-    from prefzoo.train.logps import PolicyLogps
+    from prefzoo.train import TrainConfig, train
 
-    collator_cls = loop.PreferenceCollator
-    orig_forward = PolicyLogps.forward
-
-    def collator_factory(*a: Any, **k: Any) -> Any:
-        return rec.wrap_collator(collator_cls(*a, **k))
-
-    def forward(self: Any, *a: Any, **k: Any) -> Any:
-        # a step starts at its first policy forward with gradients (reference and evaluation run under no_grad)
-        if torch.is_grad_enabled() and len(rec.starts) == len(rec.ends):
-            rec.starts.append(time.perf_counter())
-        return orig_forward(self, *a, **k)
-
-    def step_done(*_: Any) -> None:
-        if len(rec.starts) > len(rec.ends):
-            rec.ends.append(time.perf_counter())
-
-    loop.PreferenceCollator = collator_factory  # type: ignore[assignment,misc]
-    PolicyLogps.forward = forward  # type: ignore[method-assign]
-    register_optimizer_step_post_hook(step_done)
-    loop.load_or_compute_reference_table = rec.timed(loop.load_or_compute_reference_table)
     opts = dict(spec.get("prefzoo_options", {}))
     cfg = TrainConfig(
         model=spec["model_dir"],
@@ -112,7 +90,10 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
         seed=0,
         **opts,
     )
-    loop.train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]))
+    timer = step_timer()
+    train(cfg, train_dataset=datasets.Dataset.from_list(spec["pairs"]), callbacks=[timer])
+    rec.starts, rec.ends, rec.batches = timer.starts, timer.ends, timer.batches
+    rec.precompute_s = timer.setup_s.get("reference", 0.0)  # the reference precomputation, when on
     return {}
 
 

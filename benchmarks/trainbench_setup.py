@@ -7,7 +7,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WORKLOADS", "ModelShape", "Workload", "build_model_dir", "flop_bound", "make_pairs", "matmul_rate"]
+__all__ = [
+    "WORKLOADS",
+    "ModelShape",
+    "Workload",
+    "batch_shape",
+    "build_model_dir",
+    "flop_bound",
+    "make_pairs",
+    "matmul_rate",
+    "step_timer",
+]
 
 
 @dataclass(frozen=True)
@@ -155,3 +165,52 @@ def flop_bound(shape: ModelShape, pairs: list[dict[str, int]], reference: str, l
 
 def shape_dict(shape: ModelShape) -> dict[str, int]:
     return asdict(shape)
+
+
+def batch_shape(batch: dict[str, Any]) -> list[dict[str, int]]:
+    """Prompt / chosen / rejected token counts of each pair of a collated prefzoo batch (either layout)."""
+    import torch
+
+    chosen, rejected = batch["chosen_lengths"].tolist(), batch["rejected_lengths"].tolist()
+    seg = batch["completion_mask"]
+    if seg.dtype == torch.bool:  # 2B rows [x, y]: the prompt is the real tokens outside the completion
+        prompts = (batch["attention_mask"].sum(dim=1) - seg.sum(dim=1))[: len(chosen)].tolist()
+    else:  # B rows [x, y_w, y_l] of segment ids (1 = prompt)
+        prompts = (seg == 1).sum(dim=1).tolist()
+    return [{"prompt": x, "chosen": w, "rejected": l} for x, w, l in zip(prompts, chosen, rejected, strict=True)]
+
+
+def step_timer() -> Any:
+    """A prefzoo trainer callback timing each optimizer step (``on_step_begin`` → ``on_step_end``) unmodified.
+
+    ``.starts``/``.ends`` are perf_counter times, ``.batches`` each step's pair shapes (:func:`batch_shape`),
+    ``.setup_s`` the setup timings the run reported (e.g. ``reference`` for a precomputed reference).
+    """
+    import time
+
+    from prefzoo.train import Callback
+
+    class StepTimer(Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.ends: list[float] = []
+            self.batches: list[list[dict[str, int]]] = []
+            self.setup_s: dict[str, float] = {}
+
+        def on_train_begin(self, state: Any) -> None:
+            self.setup_s = dict(state.timings)
+
+        def on_step_begin(self, state: Any) -> None:
+            self.batches.append([])
+            self.starts.append(time.perf_counter())
+
+        def on_batch(self, state: Any, fields: dict[str, Any]) -> None:
+            self.batches[-1] += batch_shape(state.batch)
+
+        def on_step_end(self, state: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+        def step_seconds(self) -> list[float]:
+            return [e - s for s, e in zip(self.starts, self.ends, strict=False)]
+
+    return StepTimer()

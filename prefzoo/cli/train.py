@@ -11,7 +11,7 @@ from typing import Any
 from prefzoo.cli.main import CLIError
 
 # flags whose CLI spelling differs from the config key, and the few flags that are not config keys
-_RENAMED = {"loss_params": "loss-param"}
+_RENAMED = {"loss_params": "loss-param", "callbacks": "callback"}
 _SHORT_HELP = (
     "Train a policy on preference pairs with any registered loss (the embedded default task without --model/--dataset)."
 )
@@ -65,6 +65,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 metavar="PATH[:WEIGHT]",
                 help=docs[name].replace("%", "%%") + " (default: none)",
             )
+        elif name == "callbacks":
+            p.add_argument(
+                flag,
+                dest=name,
+                action="append",
+                metavar="SPEC",
+                help=docs[name].replace("%", "%%") + ": a trainer callback, module:Class or a built-in name "
+                "(early-stopping, win-rate) or an entry point of group prefzoo.callbacks; repeat for several, e.g. "
+                "--callback early-stopping:metric=eval/loss,patience=2 (default: none)",
+            )
         elif typ is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
@@ -81,8 +91,14 @@ def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         values.update(load_yaml_config(args.config))
     flags = {k: v for k, v in vars(args).items() if k in TrainConfig.keys()}
     pairs = list(flags.pop("loss_params", None) or [])
+    if "callbacks" in flags:  # --callback adds to the YAML file's callbacks
+        flags["callbacks"] = [*_as_list(values.get("callbacks")), *flags["callbacks"]]
     values.update(flags)
     return values, pairs
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [] if value is None else [value] if isinstance(value, str | dict) else list(value)
 
 
 def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
@@ -105,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.checkpoint import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
-    from prefzoo.train.faults import TrainingAborted
+    from prefzoo.train.guard import TrainingAborted
     from prefzoo.train.model import LoRATargetError
 
     _quiet_libraries()
@@ -172,7 +188,7 @@ def _print_summary(result: Any) -> None:
     if not PartialState().is_main_process:
         return
     last = result.history[-1] if result.history else {}
-    if result.stop_reason:  # preempted: the loop already said where the checkpoint is and how to resume
+    if result.stop_reason and result.final_dir is None:  # preempted: the loop said where the checkpoint is
         print(f"prefzoo train: stopped at step {result.global_step} ({result.stop_reason}); no final model yet")
         return
     print(

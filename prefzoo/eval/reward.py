@@ -41,9 +41,9 @@ def reward_accuracy(
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
     from prefzoo.eval.generation import unwrap_model
+    from prefzoo.train.batch import preference_batch
     from prefzoo.train.context import fit_to_context
     from prefzoo.train.logps import PolicyLogps
-    from prefzoo.train.loop import preference_batch
     from prefzoo.types import Need
 
     loss_fn = get_loss(loss) if isinstance(loss, str) else loss

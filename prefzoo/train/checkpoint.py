@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,17 @@ def _manifest(folder: Path) -> dict[str, int]:
 
 
 def save_checkpoint(
-    accelerator: Any, output_dir: str | Path, step: int, info: dict[str, Any], keep: int, faults: Any = None
+    accelerator: Any,
+    output_dir: str | Path,
+    step: int,
+    info: dict[str, Any],
+    keep: int,
+    before_marker: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written)."""
+    """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written).
+
+    ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
+    """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -84,8 +93,8 @@ def save_checkpoint(
         manifest = _manifest(tmp)
         for rel in manifest:
             _fsync(tmp / rel)
-        if faults is not None:
-            faults.in_checkpoint_write(step)  # tests kill -9 here: state written, no marker yet
+        if before_marker is not None:
+            before_marker(tmp)  # the callbacks' on_save_files (tests kill -9 here: state written, no marker yet)
         marker = tmp / COMPLETE_MARKER
         marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
         _fsync(marker)

@@ -81,6 +81,7 @@ class TrainConfig:
     progress: bool = True  # tqdm bar on the main process
     report_to: str | None = "auto"  # none | auto (tensorboard if installed) | tensorboard,wandb,mlflow,trackio,...
     cpu: bool = False  # force CPU even when a GPU is present
+    callbacks: list[Any] = field(default_factory=list)  # 'module:Class[:K=V,...]' or a callback name (repeatable)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -173,6 +174,8 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
             return base(value)
         if base is tuple:
             return tuple(float(v) for v in (value.split(",") if isinstance(value, str) else value))
+        if base is list and key == "callbacks":  # specs may hold commas and YAML mappings: kept as they are
+            return [value] if isinstance(value, str | dict) else list(value)
         if base is list:
             return [str(v) for v in (value.split(",") if isinstance(value, str) else value)]
         if base is dict:

@@ -21,14 +21,17 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.train.logps import PolicyLogps
+from prefzoo.types import Need
 
 __all__ = [
     "AdapterDisabledReference",
     "FrozenReference",
     "PrecomputedReference",
     "Reference",
+    "build_reference",
     "load_or_compute_reference_table",
     "model_identity",
+    "precompute_reference",
 ]
 
 log = logging.getLogger(__name__)
@@ -192,3 +195,62 @@ def load_or_compute_reference_table(
             save_file({"logps": logps}, str(tmp), metadata=meta)
     accelerator.wait_for_everyone()
     return table, False
+
+
+def _zero3_enabled() -> bool:
+    try:
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    except ImportError:
+        return False
+    return bool(is_deepspeed_zero3_enabled())
+
+
+def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool, accelerator: Any) -> tuple[Any, str]:
+    """(the Reference the loss declares it needs, or None; how it is made), built before accelerate wraps the policy.
+
+    Reference-free losses get None; a fresh LoRA adapter gets the policy with adapters disabled (no second copy);
+    ZeRO-3 gets a second load partitioned like the policy; otherwise a frozen copy of the starting model.
+    """
+    if Need.REFERENCE not in loss.needs:
+        return None, "none (reference-free loss)"
+    if cfg.lora and not has_adapter:
+        return AdapterDisabledReference(policy), "adapter-disabled policy"
+    if _zero3_enabled():
+        from prefzoo.train.model import load_model_and_tokenizer
+
+        ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ref = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
+        return ref, "frozen ZeRO-3 partitioned copy of the starting model"
+    ref = FrozenReference(policy.lm, cfg.logp_chunk_size)
+    ref.module.to(accelerator.device)
+    return ref, "frozen copy of the starting model"
+
+
+def precompute_reference(
+    cfg: Any, reference: Reference, accelerator: Any, train_tok: Any, eval_tok: Any, collate: Any, identity: str
+) -> tuple[Reference, str]:
+    """Reference log-probs of every train and eval pair, computed once (or read from the cache)."""
+    import datasets
+
+    both = datasets.concatenate_datasets([d for d in (train_tok, eval_tok) if d is not None])
+    dl = accelerator.prepare(
+        torch.utils.data.DataLoader(both, batch_size=cfg.per_device_batch_size * 2, collate_fn=collate)
+    )
+    key = "|".join(
+        [
+            str(train_tok._fingerprint),
+            str(getattr(eval_tok, "_fingerprint", None)),
+            identity,
+            f"p{cfg.max_prompt_length}c{cfg.max_completion_length}",
+            str(cfg.mixed_precision),
+        ]
+    )
+    from prefzoo.data.default import cache_root
+
+    cache_dir = cfg.ref_cache_dir or str(cache_root() / "ref")
+    with accelerator.autocast():
+        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, list(both["id"]), cache_dir)
+    if isinstance(reference, FrozenReference):
+        del reference.module  # the copy is no longer needed: free its memory
+    return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} pairs)"

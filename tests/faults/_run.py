@@ -18,7 +18,10 @@ def cli_args(cfg: dict[str, Any]) -> list[str]:
     args = []
     for k, v in cfg.items():
         flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
+        if k == "callbacks":
+            for spec in v:
+                args += ["--callback", spec]
+        elif isinstance(v, bool):
             args.append(flag if v else "--no-" + k.replace("_", "-"))
         elif v is not None:
             args += [flag, str(v)]

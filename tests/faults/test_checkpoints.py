@@ -16,9 +16,11 @@ from prefzoo.train.checkpoint import (
     read_marker,
 )
 from tests.faults._run import final_weights, max_diff, start_cli, wait_for
+from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config, run_inprocess
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=8, eval_fraction=0.0, save_steps=2)
+KW["callbacks"] = [INJECTOR]  # faults come from PREFZOO_FAULTS through this callback
 
 
 @pytest.mark.slow

@@ -7,12 +7,15 @@ import json
 import pytest
 import torch
 
-from prefzoo.train.faults import FaultPlan, NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.guard import NonFiniteStepsError, nonfinite_ids
 from prefzoo.types import PreferenceBatch, PreferenceBatchError
 from tests.faults._run import checkpoint_weights, max_diff
+from tests.faults.injector import SPEC as INJECTOR
+from tests.faults.injector import parse_faults
 from tests.train.helpers import base_config, run_inprocess, run_processes
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=1, max_steps=5, eval_fraction=0.0, save_steps=1)
+KW["callbacks"] = [INJECTOR]  # faults come from PREFZOO_FAULTS through this callback
 
 
 def _events(out):
@@ -80,23 +83,24 @@ def test_model_produced_nan_never_reaches_preference_batch_but_user_batches_stil
     assert nonfinite_ids(ids, torch.zeros(3)) == []
 
 
-def test_fault_plan_parsing():
-    import os
+def test_fault_plan_parsing(monkeypatch):
+    from types import SimpleNamespace
 
-    os.environ["PREFZOO_FAULTS"] = "nan_logps@3:1, exit@2"
-    try:
-        plan = FaultPlan.from_env()
-    finally:
-        del os.environ["PREFZOO_FAULTS"]
-    assert plan.fires("nan_logps", 3, 1) and not plan.fires("nan_logps", 3, 0) and not plan.fires("nan_logps", 2, 1)
-    assert plan.fires("exit", 2, 0) and plan.fires("exit", 2, 5)
-    assert not FaultPlan().faults
-    os.environ["PREFZOO_FAULTS"] = "explode@1"
-    try:
-        with pytest.raises(ValueError, match="bad entry 'explode@1'"):
-            FaultPlan.from_env()
-    finally:
-        del os.environ["PREFZOO_FAULTS"]
+    from tests.faults.injector import FaultInjector
+
+    monkeypatch.setenv("PREFZOO_FAULTS", "nan_logps@3:1, exit@2")
+    inj = FaultInjector()  # reads the variable when built
+
+    def at(step: int, rank: int) -> SimpleNamespace:
+        return SimpleNamespace(global_step=step - 1, accelerator=SimpleNamespace(process_index=rank))
+
+    assert inj.fires("nan_logps", at(3, 1)) and not inj.fires("nan_logps", at(3, 0))
+    assert not inj.fires("nan_logps", at(2, 1))
+    assert inj.fires("exit", at(2, 0)) and inj.fires("exit", at(2, 5))
+    monkeypatch.delenv("PREFZOO_FAULTS")
+    assert not FaultInjector().faults
+    with pytest.raises(ValueError, match="bad entry 'explode@1'"):
+        parse_faults("explode@1")
 
 
 @pytest.mark.slow
@@ -107,6 +111,7 @@ def test_one_ranks_nan_skips_the_step_on_every_rank(tmp_path, tiny_dir, pairs_fi
     out = tmp_path / "two"
     # mmpo-no-aux gathers over ranks inside the loss: the ranks must agree before calling it
     cfg = base_config(tiny_dir, pairs_file, out, loss="mmpo-no-aux", per_device_batch_size=4, max_steps=4, save_steps=1)
+    cfg["callbacks"] = [INJECTOR]
     cfg["save_total_limit"] = 10
     res = run_processes(cfg, 2, timeout=240)
     assert res["step"] == 4

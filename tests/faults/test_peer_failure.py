@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from prefzoo.train.faults import is_peer_failure
+from prefzoo.train.guard import is_peer_failure
 from tests.faults._run import cli_args, env
+from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -35,6 +36,7 @@ def _torchrun_cli(cfg, faults: str) -> tuple[int, str]:
 
 def test_hung_peer_times_out_with_a_message(tmp_path, tiny_dir, pairs_file):
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run", max_steps=6, save_steps=1, dist_timeout=15)
+    cfg["callbacks"] = [INJECTOR]
     rc, text = _torchrun_cli(cfg, "hang@3:1")  # rank 1 stops answering in step 3
     assert rc != 0, text[-3000:]
     assert "another process died or hung" in text and "--dist-timeout=15s" in text, text[-3000:]
@@ -43,6 +45,7 @@ def test_hung_peer_times_out_with_a_message(tmp_path, tiny_dir, pairs_file):
 
 def test_peer_that_exits_ends_the_run(tmp_path, tiny_dir, pairs_file):
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run", max_steps=6, dist_timeout=60)
+    cfg["callbacks"] = [INJECTOR]
     rc, text = _torchrun_cli(cfg, "exit@2:1")
     assert rc != 0, text[-3000:]
     assert "rank 1 exits at step 2" in text

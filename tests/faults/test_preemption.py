@@ -12,9 +12,11 @@ import pytest
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.signals import PreemptionHandler
 from tests.faults._run import env, final_weights, logged_steps, max_diff, start_cli, wait_for
+from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 KW = dict(loss="dpo", per_device_batch_size=4, grad_accum=2, max_steps=12, eval_fraction=0.0, save_steps=5)
+KW["callbacks"] = [INJECTOR]  # faults come from PREFZOO_FAULTS through this callback
 
 
 def test_sigterm_in_process_checkpoints_at_step_boundary_and_resume_is_exact(tmp_path, tiny_dir, pairs_file, faults):
@@ -65,7 +67,9 @@ def test_sigterm_to_cli_subprocess_then_resume_equals_uninterrupted(tmp_path, ti
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, tiny_dir, pairs_file, monkeypatch):
     monkeypatch.setenv("PREFZOO_FAULTS", "sigterm@3:1")  # only rank 1 is signalled
     out = tmp_path / "two"
-    cfg = base_config(tiny_dir, pairs_file, out, loss="mmpo-no-aux", per_device_batch_size=4, max_steps=8)
+    cfg = base_config(
+        tiny_dir, pairs_file, out, loss="mmpo-no-aux", per_device_batch_size=4, max_steps=8, callbacks=[INJECTOR]
+    )
     res = run_processes(cfg, 2)
     assert res["step"] == 3
     assert find_latest_checkpoint(out).name == "step-00000003"

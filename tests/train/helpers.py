@@ -34,11 +34,11 @@ def base_config(model_dir: Path, data: Path, out: Path, **kw: Any) -> dict[str, 
     return cfg
 
 
-def run_inprocess(cfg: dict[str, Any]):
+def run_inprocess(cfg: dict[str, Any], callbacks: list[Any] = ()):
     from prefzoo.train.config import TrainConfig
     from prefzoo.train.loop import train
 
-    return train(TrainConfig.from_dict(cfg))
+    return train(TrainConfig.from_dict(cfg), callbacks=callbacks)
 
 
 def _free_port() -> int:

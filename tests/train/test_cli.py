@@ -21,7 +21,7 @@ def test_help_documents_every_option_with_its_default(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     for key in TrainConfig.keys():
-        flag = "--loss-param" if key == "loss_params" else "--" + key.replace("_", "-")
+        flag = {"loss_params": "--loss-param", "callbacks": "--callback"}.get(key, "--" + key.replace("_", "-"))
         assert flag in text, flag
     assert text.count("(default:") >= len(TrainConfig.keys())
     for required in (

@@ -1,4 +1,4 @@
-"""Fault handling in the training loop: non-finite step skipping, peer-failure messages, and test-only fault injection.
+"""What makes a step skip or a run stop: non-finite steps, dead or hung peers, and the errors that say so.
 
 Non-finite steps.  The trainer checks the policy/reference log-probs *before* it builds a ``PreferenceBatch`` (whose
 constructor keeps raising for user-built batches), then the per-pair losses, then the clipped gradient norm.  Any
@@ -6,32 +6,20 @@ non-finite value on any process marks the optimizer step as skipped on every pro
 backward for the rest of the step, no ``optimizer.step()``, no scheduler step, gradients zeroed.  Skips are counted,
 logged with the offending example ids, and after ``max_consecutive_skips`` in a row the run stops with a checkpoint.
 
-Fault injection (tests only).  ``PREFZOO_FAULTS`` holds comma-separated ``KIND@STEP[:RANK]`` entries:
-``nan_logps@3:1`` (rank 1's log-probs are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with
-status 3 when step 2 starts), ``hang@2:1`` (rank 1 sleeps forever), ``raise@2:1``, ``sigterm@3:1`` (rank 1 sends
-itself SIGTERM), ``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and
-``ckpt_sleep@4`` (the writer of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and
-before its completion marker).  STEP 0 matches every step.  Unset in production: ``FaultPlan.from_env()`` is then
-empty and every hook returns at once.
+Fault injection for tests is a callback the tests install (``tests/faults/injector.py``), not part of the package.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
 import sys
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "FAULTS_ENV",
-    "FaultPlan",
     "NonFiniteGuard",
     "NonFiniteStepsError",
     "PeerFailureError",
@@ -41,10 +29,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-FAULTS_ENV = "PREFZOO_FAULTS"
-SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
-KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep")
 
 
 class TrainingAborted(RuntimeError):
@@ -57,74 +41,6 @@ class NonFiniteStepsError(TrainingAborted):
 
 class PeerFailureError(TrainingAborted):
     """A collective failed or timed out: another process died or hung."""
-
-
-@dataclass(frozen=True)
-class _Fault:
-    kind: str
-    step: int  # optimizer step (1-based) it fires in; 0 = every step
-    rank: int | None  # None = every rank
-
-
-@dataclass
-class FaultPlan:
-    """Faults to inject, parsed from ``PREFZOO_FAULTS`` (empty in production)."""
-
-    faults: list[_Fault] = field(default_factory=list)
-    sleep_s: float = 0.3
-
-    @classmethod
-    def from_env(cls) -> FaultPlan:
-        raw = os.environ.get(FAULTS_ENV, "").strip()
-        plan = cls(sleep_s=float(os.environ.get(SLEEP_ENV, "0.3")))
-        for item in filter(None, (s.strip() for s in raw.split(","))):
-            m = re.fullmatch(r"([a-z_]+)@(\d+)(?::(\d+))?", item)
-            if not m or m.group(1) not in KINDS:
-                raise ValueError(f"{FAULTS_ENV}={raw!r}: bad entry {item!r}; use KIND@STEP[:RANK], KIND in {KINDS}")
-            plan.faults.append(_Fault(m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None))
-        return plan
-
-    def fires(self, kind: str, step: int, rank: int) -> bool:
-        return any(f.kind == kind and f.step in (0, step) and f.rank in (None, rank) for f in self.faults)
-
-    def at_step_start(self, step: int, rank: int) -> None:
-        """Process-level faults at the start of optimizer step ``step`` (1-based)."""
-        if not self.faults:
-            return
-        if self.fires("sleep_step", step, rank):
-            time.sleep(self.sleep_s)
-        if self.fires("exit", step, rank):
-            print(f"prefzoo fault injection: rank {rank} exits at step {step}", file=sys.stderr, flush=True)
-            os._exit(3)
-        if self.fires("sigterm", step, rank):
-            os.kill(os.getpid(), signal.SIGTERM)
-        if self.fires("raise", step, rank):
-            raise RuntimeError(f"prefzoo fault injection: rank {rank} raises at step {step}")
-        if self.fires("hang", step, rank):
-            print(f"prefzoo fault injection: rank {rank} hangs at step {step}", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(3600)
-
-    def in_checkpoint_write(self, step: int) -> None:
-        """Between the state files and the completion marker of checkpoint ``step``."""
-        if self.faults and self.fires("ckpt_sleep", step, 0):
-            print(f"prefzoo fault injection: checkpoint {step} written, no marker yet", file=sys.stderr, flush=True)
-            time.sleep(self.sleep_s)
-
-    def poison_logps(self, logps: Tensor, step: int, rank: int) -> Tensor:
-        """``logps`` (2B,) with NaN in its first row when ``nan_logps`` fires (keeps the autograd graph)."""
-        if self.faults and self.fires("nan_logps", step, rank):
-            poison = torch.zeros_like(logps)  # (2B,)
-            poison[0] = float("nan")
-            return logps + poison
-        return logps
-
-    def poison_grads(self, params: list[Any], step: int, rank: int) -> None:
-        if self.faults and self.fires("nan_grad", step, rank):
-            for p in params:
-                if p.grad is not None:
-                    p.grad.view(-1)[0] = float("nan")
-                    return
 
 
 def nonfinite_ids(ids: list[str], *tensors: Tensor | None) -> list[str]:

@@ -1,0 +1,85 @@
+"""``WinRateCallback``: the policy's win-rate against the starting model on held-out prompts, every few epochs.
+
+A trainer callback (``--callback win-rate:prompts=prompts.txt,judge=oracle``) built on the judge registry
+(:mod:`prefzoo.eval.judges`) and :func:`prefzoo.eval.winrate.win_rate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefzoo.train.callbacks import Callback, RunState
+
+__all__ = ["WinRateCallback", "read_prompts"]
+
+
+def read_prompts(source: str | Path) -> list[str]:
+    """Prompts from a text file (one per line) or a .jsonl file (a ``prompt`` field per line)."""
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts={source}: no such file (give a .txt with one prompt per line, or .jsonl)")
+    lines = [s for s in path.read_text().splitlines() if s.strip()]
+    if path.suffix == ".jsonl":
+        return [str(json.loads(s)["prompt"]) for s in lines]
+    return lines
+
+
+class WinRateCallback(Callback):
+    """At every ``every_epochs``-th epoch end, generate from the policy and the starting model and judge them.
+
+    Main process only (the other processes wait at the next collective); not with ZeRO-3, whose partitioned
+    weights cannot generate on one process.  Records ``winrate/win_rate``, ``winrate/lc_win_rate``, ... in
+    ``self.history``, metrics.jsonl and the trackers.  ``judge`` is a registered judge name, ``judge_options``
+    its options (e.g. ``{"model_path": "./rm"}`` for ``reward-model``).
+    """
+
+    name = "win-rate"
+
+    def __init__(
+        self,
+        prompts: Sequence[str] | str | Path,
+        judge: str = "oracle",
+        judge_options: dict[str, Any] | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 32,
+        every_epochs: int = 1,
+    ) -> None:
+        from prefzoo.eval.judges import get_judge
+
+        self.prompts = read_prompts(prompts) if isinstance(prompts, str | Path) else [str(p) for p in prompts]
+        if not self.prompts:
+            raise ValueError("prompts is empty: give at least one held-out prompt")
+        if int(every_epochs) < 1:
+            raise ValueError(f"every_epochs={every_epochs} must be >= 1")
+        self.judge = get_judge(judge, **(judge_options or {}))  # an unknown judge fails before training
+        self.max_new_tokens, self.batch_size = int(max_new_tokens), int(batch_size)
+        self.every_epochs = int(every_epochs)
+        self.baseline: Any = None
+        self.history: list[dict[str, float]] = []
+
+    def on_train_begin(self, state: RunState) -> None:
+        if state.cfg.deepspeed == "zero3":
+            raise ValueError("the win-rate callback cannot generate from ZeRO-3 partitioned weights; drop it or ZeRO-3")
+        if state.is_main_process:  # the starting policy, frozen: the baseline every epoch is compared with
+            self.baseline = copy.deepcopy(state.accelerator.unwrap_model(state.model).lm).eval().requires_grad_(False)
+
+    def on_epoch_end(self, state: RunState, model: Any) -> None:
+        if not state.is_main_process or state.epoch % self.every_epochs:
+            return
+        from prefzoo.eval.winrate import win_rate
+
+        res = win_rate(model, self.baseline, state.tokenizer, self.prompts, self.judge,
+                       max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)  # fmt: skip
+        summary = res.summary()
+        record = {f"winrate/{k}": float(v) for k, v in summary.items()}
+        record.update(epoch=state.epoch, step=state.global_step)
+        self.history.append(record)
+        state.log_metrics(record)
+        state.accelerator.print(
+            f"prefzoo train: epoch {state.epoch}: win-rate vs start {summary['win_rate']:.3f} "
+            f"(length-controlled {summary['lc_win_rate']:.3f}) on {len(self.prompts)} prompts"
+        )

@@ -1,0 +1,231 @@
+"""The trainer's public extension surface: ``Callback`` (no-op hooks), the ``RunState`` they see, and their loading.
+
+Modelled on transformers' ``TrainerCallback``.  A run calls, in this order::
+
+    on_train_begin
+    (eval_at_start: on_evaluate)
+    every optimizer step:  on_step_begin → on_batch (each micro-batch) → on_before_optimizer_step → on_step_end
+                           → on_log (logging steps) → on_save_files, on_save (checkpoint steps)
+    every epoch end:       on_evaluate (with an eval split) → on_epoch_end
+    on_train_end
+
+A callback asks the run to stop with ``state.should_stop = True`` (and optionally ``state.stop_reason``): every
+process stops at the next optimizer-step boundary with a checkpoint, as on SIGTERM, and the final model is written.
+Callbacks come from ``train(cfg, callbacks=[...])``, from ``cfg.callbacks`` / ``--callback SPEC`` where SPEC is
+``module:Class`` or a name (built-in, or an entry point of group ``prefzoo.callbacks``), optionally followed by
+``:KEY=VALUE,KEY=VALUE`` constructor arguments; in YAML also ``{callback: SPEC, KEY: VALUE, ...}``.  A callback
+that raises stops the run with a one-line :class:`CallbackError` naming it and the hook.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from prefzoo.train.guard import TrainingAborted
+
+__all__ = [
+    "BUILTIN_CALLBACKS",
+    "ENTRY_POINT_GROUP",
+    "Callback",
+    "CallbackError",
+    "CallbackList",
+    "RunState",
+    "load_callback",
+    "load_callbacks",
+]
+
+ENTRY_POINT_GROUP = "prefzoo.callbacks"
+BUILTIN_CALLBACKS = {  # name -> module:Class (third-party callbacks use the entry-point group instead)
+    "early-stopping": "prefzoo.train.early_stopping:EarlyStopping",
+    "win-rate": "prefzoo.eval.callbacks:WinRateCallback",
+}
+
+
+@dataclass
+class RunState:
+    """What callbacks see of a run: one object, updated in place by the run (callbacks may set the stop fields)."""
+
+    cfg: Any  # the TrainConfig
+    accelerator: Any  # accelerate's Accelerator (process_index, is_main_process, device, ...)
+    model: Any = None  # the accelerate-wrapped policy; accelerator.unwrap_model(model).lm is the causal LM
+    tokenizer: Any = None
+    has_eval: bool = False  # whether the run has an eval split (evaluations at epoch ends)
+    total_steps: int = 0  # optimizer steps of the whole run
+    steps_per_epoch: int = 0
+    global_step: int = 0  # optimizer steps completed (on_step_begin: the step about to run is global_step + 1)
+    epoch: int = 0  # 1-based epoch in progress (on_epoch_end: the epoch just completed; 0 before training)
+    loss: float | None = None  # this process's mean training loss in the last optimizer step (NaN if skipped)
+    batch: dict[str, Any] | None = None  # the collated micro-batch being trained on (on_batch, on_step_begin)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last logged metrics
+    timings: dict[str, float] = field(default_factory=dict)  # setup phases in seconds, e.g. 'reference'
+    should_stop: bool = False  # set by a callback: stop at the next step boundary with a checkpoint
+    stop_reason: str | None = None  # said in the log and in TrainResult.stop_reason when should_stop is set
+    writer: Any = None  # the run's metrics.jsonl writer (main process)
+
+    @property
+    def is_main_process(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """Write a callback's own metrics record to metrics.jsonl and the trackers (main process)."""
+        if self.writer is not None:
+            self.writer.write(record)
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=self.global_step)
+
+
+class Callback:
+    """Base class: override the hooks you need (each is a no-op here).  Hooks run on every process."""
+
+    def on_train_begin(self, state: RunState) -> None:
+        """After setup (model, data, reference, resume), before the first step."""
+
+    def on_step_begin(self, state: RunState) -> None:
+        """Before optimizer step ``state.global_step + 1`` (its first micro-batch is in ``state.batch``)."""
+
+    def on_batch(self, state: RunState, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """Each micro-batch's PreferenceBatch fields before the finiteness check and the loss; return replaced ones."""
+        return None
+
+    def on_before_optimizer_step(self, state: RunState, params: list[Any]) -> None:
+        """Gradients of the step are complete in ``params``: before clipping and the non-finite gradient check."""
+
+    def on_step_end(self, state: RunState) -> None:
+        """After the optimizer and scheduler step (or the skip); ``state.global_step`` counts it."""
+
+    def on_log(self, state: RunState, metrics: dict[str, float]) -> None:
+        """A metrics record was written (every ``logging_steps``)."""
+
+    def on_evaluate(self, state: RunState, metrics: dict[str, float]) -> None:
+        """An evaluation finished (``eval/reward_accuracy``, ``eval/loss``, ...; same values on every process)."""
+
+    def on_save_files(self, state: RunState, path: Path) -> None:
+        """Main process only: a checkpoint's files are in ``path`` and fsynced; its completion marker is not yet."""
+
+    def on_save(self, state: RunState, path: Path) -> None:
+        """A complete checkpoint was written to ``path``."""
+
+    def on_epoch_end(self, state: RunState, model: Any) -> None:
+        """After an epoch and its evaluation; ``model`` is the unwrapped causal LM (leave its weights unchanged)."""
+
+    def on_train_end(self, state: RunState) -> None:
+        """After the final model is written (not called when the run raises)."""
+
+
+class CallbackError(TrainingAborted):
+    """A callback raised; the message names the callback and the hook."""
+
+
+def callback_name(cb: Any) -> str:
+    return str(getattr(cb, "name", None) or type(cb).__name__)
+
+
+class CallbackList:
+    """Calls one hook on every callback in order; an exception becomes a one-line CallbackError naming the callback."""
+
+    def __init__(self, callbacks: Iterable[Any] = ()) -> None:
+        self.callbacks = list(callbacks)
+
+    def call(self, hook: str, state: RunState, *args: Any) -> None:
+        for cb in self.callbacks:
+            self._invoke(cb, hook, state, *args)
+
+    def on_batch(self, state: RunState, fields: dict[str, Any]) -> dict[str, Any]:
+        for cb in self.callbacks:
+            replaced = self._invoke(cb, "on_batch", state, fields)
+            if replaced is not None:
+                fields = replaced
+        return fields
+
+    @staticmethod
+    def _invoke(cb: Any, hook: str, state: RunState, *args: Any) -> Any:
+        method = getattr(cb, hook, None)
+        if method is None:
+            return None
+        try:
+            return method(state, *args)
+        except TrainingAborted:
+            raise
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise CallbackError(
+                f"callback {callback_name(cb)!r} ({type(cb).__module__}) failed in {hook} at step "
+                f"{state.global_step}: {type(e).__name__}: {first}; fix or remove it (--callback / callbacks:)"
+            ) from e
+
+
+def _value(text: str) -> Any:
+    """A KEY=VALUE value typed as YAML types it (2 -> int, 0.5 -> float, true -> bool, else the string)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _split_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """'module:Class:k=v,k2=v2' or 'name:k=v' -> (target, kwargs)."""
+    parts = spec.split(":")
+    keep = [p for p in parts if "=" not in p]
+    kwargs: dict[str, Any] = {}
+    for part in (p for p in parts if "=" in p):
+        for item in filter(None, part.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"bad argument {item!r}: use KEY=VALUE")
+            kwargs[key.strip()] = _value(value.strip())
+    return ":".join(keep), kwargs
+
+
+def _resolve(target: str) -> Any:
+    """The class (or factory) a 'module:Class' path or a built-in / entry-point name points to."""
+    if ":" in target:
+        module, _, attr = target.partition(":")
+        obj: Any = importlib.import_module(module)
+        for name in attr.split("."):
+            obj = getattr(obj, name)
+        return obj
+    if target in BUILTIN_CALLBACKS:
+        return _resolve(BUILTIN_CALLBACKS[target])
+    eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if target in eps:
+        return eps[target].load()
+    known = sorted({*BUILTIN_CALLBACKS, *eps})
+    raise LookupError(f"no callback named {target!r} (known: {', '.join(known)}); or give module:Class")
+
+
+def load_callback(spec: Any) -> Any:
+    """A callback instance from 'module:Class[:K=V,...]', a name, a mapping {callback: SPEC, K: V}, or an instance."""
+    from prefzoo.train.config import ConfigError
+
+    if not isinstance(spec, str | dict):
+        return spec  # already a callback object
+    if isinstance(spec, dict):
+        rest = dict(spec)
+        target, kwargs = rest.pop("callback", None), rest
+        if not isinstance(target, str):
+            raise ConfigError(f"callbacks: {spec!r} needs a 'callback: module:Class' (or name) key")
+    else:
+        try:
+            target, kwargs = _split_spec(spec)
+        except ValueError as e:
+            raise ConfigError(f"--callback {spec!r}: {e}") from None
+    try:
+        factory = _resolve(target)
+        return factory(**kwargs)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(
+            f"--callback {target!r}: cannot load it ({type(e).__name__}: {first}); give an importable module:Class, "
+            f"a built-in ({', '.join(BUILTIN_CALLBACKS)}) or an entry point of group {ENTRY_POINT_GROUP!r}"
+        ) from None
+
+
+def load_callbacks(specs: Sequence[Any]) -> list[Any]:
+    """Every spec of ``cfg.callbacks`` (or ``train(callbacks=...)``) loaded, in order."""
+    return [load_callback(s) for s in specs]

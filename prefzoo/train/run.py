@@ -1,0 +1,345 @@
+"""A training run as small phases: ``setup`` → (``step`` per micro-batch → ``after_step``)* → ``evaluate`` → ``finish``.
+
+The step reads top to bottom: batch → log-probs → loss → backward → optimizer; everything else (logging,
+checkpoints, preemption, evaluation) happens in ``after_step`` and at epoch ends, and callbacks see each phase
+through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never looks at a loss's name.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefzoo.train.batch import batch_fields, preference_batch
+from prefzoo.train.callbacks import CallbackList, RunState
+from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
+from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
+from prefzoo.train.moe import add_router_loss, router_metrics
+from prefzoo.train.runcard import write_final_model
+from prefzoo.train.setup import setup
+from prefzoo.types import FLOAT_FIELDS, PreferenceBatch
+
+__all__ = ["Run", "TrainResult", "evaluate"]
+
+
+@dataclass
+class TrainResult:
+    """What a run produced (on every process; ``model`` is the unwrapped trained causal LM)."""
+
+    global_step: int
+    history: list[dict[str, float]] = field(default_factory=list)  # one record per logging step
+    evals: list[dict[str, float]] = field(default_factory=list)  # one record per evaluation
+    data_stats: dict[str, Any] = field(default_factory=dict)
+    final_dir: Path | None = None
+    stopped_early: bool = False
+    stop_reason: str | None = None  # e.g. 'preempted by SIGTERM'; None when the run finished or stop_after_steps hit
+    skipped_steps: int = 0  # optimizer steps skipped for non-finite log-probs, losses or gradients
+    checkpoint: Path | None = None  # the newest checkpoint this run wrote
+    model: Any = None
+    tokenizer: Any = None
+    model_defaults: Any = None  # ModelDefaults: the dropout turned off (or kept) and the token limits used
+
+
+@torch.no_grad()
+def evaluate(
+    loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any
+) -> dict[str, float]:
+    """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, and the mean loss."""
+    was_training = policy.training
+    policy.eval()
+    correct, losses = [], []
+    for batch in dataloader:
+        pb = preference_batch(loss, policy, reference, batch, accelerator.autocast)
+        out = loss(pb, gather=gather)
+        correct.append(accelerator.gather_for_metrics((out.chosen_rewards > out.rejected_rewards).float()))
+        losses.append(accelerator.gather_for_metrics(out.losses.detach().float()))
+    policy.train(was_training)
+    acc = torch.cat(correct)
+    return {
+        "eval/reward_accuracy": float(acc.mean()),
+        "eval/loss": float(torch.cat(losses).mean()),
+        "eval/pairs": float(acc.numel()),
+    }
+
+
+@dataclass
+class _Step:
+    """The optimizer step in flight on this process."""
+
+    bad: bool = False  # skipped (agreed on by every process); its remaining micro-batches are not computed
+    reason: str = ""
+    bad_ids: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)  # example ids of this step on this process
+    losses: list[float] = field(default_factory=list)  # micro-batch mean losses
+    micro: int = 0  # micro-batches done
+    grad_norm: Any = None
+
+
+class Run:
+    """One training run: ``Run(cfg, callbacks, preemption).train(train_dataset, eval_dataset)``."""
+
+    def __init__(self, cfg: Any, callbacks: CallbackList, preemption: Any) -> None:
+        self.cfg, self.callbacks, self.preemption = cfg, callbacks, preemption
+
+    # -- phases -------------------------------------------------------------------------------------------------
+    def train(self, train_dataset: Any, eval_dataset: Any) -> TrainResult:
+        self.setup(train_dataset, eval_dataset)
+        p, state = self.parts, self.state
+        start_epoch = state.global_step // p.steps_per_epoch
+        skip = (state.global_step - start_epoch * p.steps_per_epoch) * self.cfg.grad_accum  # micro-batches seen
+        for epoch in range(start_epoch, p.num_epochs):
+            if self.done:
+                break
+            state.epoch = epoch + 1
+            p.train_dl.set_epoch(epoch)
+            batches = p.accelerator.skip_first_batches(p.train_dl, skip) if skip else p.train_dl
+            skip = 0
+            if self.train_epoch(batches):
+                break
+            if p.eval_dl is not None:
+                self.evaluate()
+            self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
+            if not self.done and self.stop_requested():
+                break
+        return self.finish()
+
+    def setup(self, train_dataset: Any, eval_dataset: Any) -> None:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        self.parts = p = setup(cfg, train_dataset, eval_dataset)
+        acc = p.accelerator
+        self.preemption.accelerator = acc
+        self.writer = JsonlWriter(Path(cfg.output_dir) / "metrics.jsonl", acc.is_main_process)
+        self.guard = NonFiniteGuard(acc, cfg.max_consecutive_skips, self.writer)
+        self.guard.skipped = p.start_skipped
+        self.check_grads = cfg.mixed_precision != "fp16"  # under fp16 the GradScaler already skips inf/NaN gradients
+        self.metrics = MetricsAccumulator()
+        self.result = TrainResult(
+            global_step=p.start_step, data_stats=p.data_stats, tokenizer=p.tokenizer, model_defaults=p.model_defaults
+        )
+        self.state = RunState(
+            cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
+            timings=dict(p.timings), writer=self.writer,
+        )  # fmt: skip
+        self.step_state = _Step()
+        self.done = p.start_step >= p.total_steps
+        self.saved: Path | None = None  # checkpoint written at the current step boundary
+        self.stopped_by_callback = False
+        self.bar = tqdm(total=p.total_steps, initial=p.start_step, desc="prefzoo train", dynamic_ncols=True,
+                        disable=not (cfg.progress and acc.is_main_process))  # fmt: skip
+        self.callbacks.call("on_train_begin", self.state)
+        if cfg.eval_at_start and p.start_step == 0 and p.eval_dl is not None:
+            self.evaluate()
+        self.t0 = time.perf_counter()
+
+    def train_epoch(self, batches: Any) -> bool:
+        """One pass over ``batches``; True when the run stops early (preemption, a callback, stop_after_steps)."""
+        for batch in batches:
+            self.step(batch)
+            if not self.parts.accelerator.sync_gradients:
+                continue
+            self.end_step()
+            if self.after_step():
+                return self.result.stopped_early
+        return False
+
+    def step(self, batch: dict[str, Any]) -> None:
+        """One micro-batch: log-probs → loss → backward; at the step's last micro-batch clip and step the optimizer."""
+        p, s = self.parts, self.step_state
+        self.state.batch = batch
+        if s.micro == 0:
+            self.callbacks.call("on_step_begin", self.state)
+        s.micro += 1
+        with p.accelerator.accumulate(p.policy):
+            s.grad_norm = None
+            if not s.bad:  # once a step is bad, its remaining micro-batches are not computed
+                self.forward_backward(batch)
+            if p.accelerator.sync_gradients and not s.bad:
+                self.clip_gradients()
+            if not s.bad:
+                p.optimizer.step()
+            p.optimizer.zero_grad()
+
+    def forward_backward(self, batch: dict[str, Any]) -> None:
+        p, s, guard = self.parts, self.step_state, self.guard
+        ids = [str(i) for i in batch["ids"]]
+        s.ids += ids
+        fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast)
+        aux = fields.pop("aux_loss", None)  # () MoE router term (coef × aux) or None
+        fields = self.callbacks.on_batch(self.state, fields)
+        local_bad = nonfinite_ids(ids, *(fields.get(k) for k in FLOAT_FIELDS))
+        out = None
+        if not guard.any_rank(bool(local_bad)):  # every rank agrees before the loss gathers
+            pb = PreferenceBatch(**fields)
+            out = p.loss(pb, gather=p.gather)
+            local_bad = nonfinite_ids(ids, out.losses)
+        if out is None or guard.any_rank(bool(local_bad)):
+            s.bad, s.reason, s.bad_ids = True, "non-finite log-probs or loss", guard.all_ids(local_bad)
+            if self.cfg.deepspeed:
+                raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
+            # settle DDP's pending gradient reduction with zeros; the step is discarded
+            p.accelerator.backward(sum((q * 0.0).sum() for q in p.trainable))
+            return
+        loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
+        loss_value = add_router_loss(loss_value, aux)
+        p.accelerator.backward(loss_value)
+        m = {**step_metrics(pb, out, loss_value), **router_metrics(aux)}
+        self.metrics.add(m, int(batch["attention_mask"].sum()))
+        s.losses.append(m["loss"])
+
+    def clip_gradients(self) -> None:
+        p, s = self.parts, self.step_state
+        self.callbacks.call("on_before_optimizer_step", self.state, p.trainable)
+        s.grad_norm = p.accelerator.clip_grad_norm_(p.trainable, self.cfg.max_grad_norm)
+        norm_bad = s.grad_norm is not None and not math.isfinite(float(s.grad_norm))
+        if self.check_grads and self.guard.any_rank(norm_bad):
+            s.bad, s.reason = True, f"non-finite gradient norm {float(s.grad_norm)}"
+            s.bad_ids = self.guard.all_ids(s.ids)
+
+    def end_step(self) -> None:
+        """The optimizer step is complete (or skipped): scheduler, skip bookkeeping, counters."""
+        s, state = self.step_state, self.state
+        if s.bad:
+            self.guard.record_skip(state.global_step + 1, s.reason, s.bad_ids)
+        else:
+            self.parts.schedule.step()
+            self.guard.record_ok()
+        state.global_step += 1
+        state.loss = sum(s.losses) / len(s.losses) if s.losses and not s.bad else math.nan
+        self.grad_norm = s.grad_norm
+        self.step_state = _Step()
+        self.bar.update(1)
+        self.callbacks.call("on_step_end", state)
+
+    def after_step(self) -> bool:
+        """Logging, checkpoint, preemption and stop checks at a step boundary; True ends the epoch loop."""
+        state, total = self.state, self.parts.total_steps
+        self.log()
+        self.saved = self.checkpoint()
+        if self.guard.exhausted():
+            self.abort_nonfinite()
+        if self.stop_requested():
+            return True
+        if self.cfg.stop_after_steps is not None and state.global_step >= self.cfg.stop_after_steps:
+            self.result.stopped_early = True
+            return True
+        if state.global_step >= total:
+            self.done = True
+            return True
+        return False
+
+    def evaluate(self) -> None:
+        p, state = self.parts, self.state
+        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather)
+        ev.update(epoch=state.epoch, step=state.global_step)
+        self.result.evals.append(ev)
+        self.writer.write(ev)
+        if state.epoch == 0:
+            where = "before training"
+        else:
+            p.accelerator.log(ev, step=state.global_step)
+            where = f"epoch {state.epoch}"
+        if p.accelerator.is_main_process:  # written around the progress bar (stderr) so the two do not mix
+            self.bar.write(
+                f"prefzoo train: {where}: eval reward accuracy {ev['eval/reward_accuracy']:.3f}, "
+                f"eval loss {ev['eval/loss']:.4f}"
+            )
+        self.callbacks.call("on_evaluate", state, ev)
+
+    def finish(self) -> TrainResult:
+        p, result = self.parts, self.result
+        self.bar.close()
+        result.global_step = self.state.global_step
+        result.skipped_steps = self.guard.skipped
+        if not result.stopped_early or self.stopped_by_callback:
+            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result)
+        result.model = p.accelerator.unwrap_model(p.policy).lm
+        self.callbacks.call("on_train_end", self.state)
+        p.accelerator.end_training()
+        return result
+
+    # -- after-step pieces ----------------------------------------------------------------------------------------
+    def log(self) -> None:
+        state, cfg, p = self.state, self.cfg, self.parts
+        if not (state.global_step % cfg.logging_steps == 0 or state.global_step == p.total_steps):
+            return
+        metrics, tokens = self.metrics.reduce(p.accelerator)
+        elapsed = time.perf_counter() - self.t0
+        metrics.update(
+            skipped_steps=self.guard.skipped,
+            grad_norm=float(self.grad_norm) if self.grad_norm is not None else float("nan"),
+            lr=float(p.schedule.get_last_lr()[0]),
+            tokens_per_second=tokens / max(elapsed, 1e-9),
+            epoch=state.epoch,
+            step=state.global_step,
+        )
+        self.t0 = time.perf_counter()
+        self.result.history.append(metrics)
+        self.writer.write(metrics)
+        p.accelerator.log(metrics, step=state.global_step)
+        self.bar.set_postfix(
+            loss=f"{metrics.get('loss', math.nan):.4f}", acc=f"{metrics.get('rewards/accuracies', math.nan):.2f}"
+        )
+        state.metrics = metrics
+        self.callbacks.call("on_log", state, metrics)
+
+    def checkpoint(self, force: bool = False) -> Path | None:
+        """Save at ``save_steps`` and epoch ends (or when ``force``d); returns the folder or None."""
+        state, cfg = self.state, self.cfg
+        end_of_epoch = state.global_step % state.steps_per_epoch == 0 or state.global_step == state.total_steps
+        if not (force or (cfg.save_steps and state.global_step % cfg.save_steps == 0) or end_of_epoch):
+            return None
+        info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped}
+        acc = self.parts.accelerator
+        saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
+                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp))  # fmt: skip
+        self.result.checkpoint = saved
+        self.callbacks.call("on_save", state, saved)
+        return saved
+
+    def abort_nonfinite(self) -> None:
+        saved = self.saved or self.checkpoint(force=True)
+        self.bar.close()
+        g = self.guard
+        raise NonFiniteStepsError(
+            f"{g.consecutive} optimizer steps in a row (up to step {self.state.global_step}) had non-finite "
+            f"log-probs, losses or gradients (last examples {g.last_ids[:8]}); stopped. The weights "
+            f"before those steps are saved in {saved}. Lower --lr, check those rows, or raise "
+            f"--max-consecutive-skips (now {self.cfg.max_consecutive_skips}); resume with --resume auto"
+        )
+
+    def stop_requested(self) -> bool:
+        """A signal (SIGTERM/SIGINT) or ``state.should_stop`` on any process: checkpoint and stop (True)."""
+        state, pre = self.state, self.preemption
+        signalled = pre.received is not None
+        if not self.guard.any_rank(signalled or state.should_stop):  # one all-reduce: every rank stops alike
+            return False
+        if signalled or not state.should_stop:
+            reason = f"preempted by {pre.reason()}"
+        else:
+            reason = state.stop_reason or "stopped by a callback (state.should_stop)"
+            self.stopped_by_callback = True  # the run ended by decision: the final model is written too
+        saved = self.saved or self.checkpoint(force=True)
+        self.result.checkpoint = saved
+        self.result.stopped_early, self.result.stop_reason = True, reason
+        self.parts.accelerator.print(
+            f"prefzoo train: {reason} at step {state.global_step}/{state.total_steps}; checkpoint saved to "
+            f"{saved}. Resume with the same command plus --resume auto (same --output-dir {self.cfg.output_dir})"
+        )
+        return True
+
+
+def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsError:
+    latest = find_latest_checkpoint(cfg.output_dir)
+    return NonFiniteStepsError(
+        f"non-finite log-probs or loss in step {step} (examples {ids[:8]}); under DeepSpeed the engine steps inside "
+        "backward, so prefzoo cannot skip the step and stops instead. "
+        + (f"Resume from {latest} with --resume auto (perhaps with a lower --lr)." if latest else "No checkpoint yet.")
+    )

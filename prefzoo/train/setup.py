@@ -1,0 +1,248 @@
+"""The setup phase of a run: check the config, load model and data, build reference, optimizer and dataloaders, resume.
+
+``setup(cfg, ...)`` returns :class:`Parts`, everything the step needs, already wrapped by ``accelerator.prepare``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefzoo.data.chat import set_chat_template
+from prefzoo.data.collate import PreferenceCollator
+from prefzoo.data.preview import describe_data
+from prefzoo.data.tokenize import ensure_pad_token
+from prefzoo.registry import get_loss
+from prefzoo.spec import Loss
+from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint, read_marker
+from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.data import prepare_datasets
+from prefzoo.train.distributed import build_accelerator, make_gather
+from prefzoo.train.logps import PolicyLogps
+from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
+from prefzoo.train.model_defaults import apply_model_defaults
+from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
+from prefzoo.train.selfcheck import first_pairs, run_self_check
+from prefzoo.train.trackers import resolve_trackers
+
+__all__ = ["Parts", "setup", "trackers"]
+
+
+@dataclass
+class Parts:
+    """Everything a run's steps use (built once by :func:`setup`)."""
+
+    cfg: TrainConfig
+    loss: Loss
+    accelerator: Any
+    tokenizer: Any
+    policy: Any  # the accelerate-wrapped PolicyLogps
+    trainable: list[Any]
+    optimizer: Any
+    schedule: Any
+    train_dl: Any
+    eval_dl: Any  # None without an eval split
+    reference: Any  # a Reference, or None for reference-free losses
+    gather: Any
+    info: dict[str, Any]  # run identity written into every checkpoint marker
+    data_stats: dict[str, Any]
+    model_defaults: Any  # ModelDefaults: the dropout turned off (or kept) and the token limits used
+    steps_per_epoch: int
+    total_steps: int
+    num_epochs: int
+    start_step: int = 0  # optimizer steps already done (resume)
+    start_skipped: int = 0  # skipped steps already counted (resume)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def trackers(cfg: TrainConfig) -> list[str] | None:
+    return resolve_trackers(cfg.report_to)
+
+
+def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
+    """Build a run: every bad setting fails before the model loads, then model, data, reference, optimizer, resume."""
+    from accelerate.utils import set_seed
+
+    loss = get_loss(cfg.loss, **cfg.loss_params)  # unknown names / bad params fail before any model loads
+    resume_path, resume_info = _check_config(cfg)
+    accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
+    set_seed(cfg.seed)
+    lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
+    defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
+    for line in defaults.lines():
+        accelerator.print(f"prefzoo train: {line}")
+    template = set_chat_template(tokenizer, cfg.chat_template)
+    with accelerator.main_process_first():
+        train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset, defaults.limits)
+    for line in describe_data(tokenizer, train_tok, data_stats, template):
+        accelerator.print(f"prefzoo train: {line}")
+    _print_data_stats(accelerator, data_stats)
+    if cfg.lora and not has_adapter:
+        lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
+    policy.train()
+    reference, ref_kind = build_reference(loss, cfg, policy, has_adapter, accelerator)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
+    optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
+    collate = PreferenceCollator(tokenizer.pad_token_id, share_prompt=cfg.share_prompt)
+    train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
+    steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
+    schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio)
+    policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
+    if eval_dl is not None:
+        eval_dl = accelerator.prepare(eval_dl)
+    if not _zero3_enabled():  # the fast path against the model's own forward, before any reference is cached
+        check_batch = first_pairs(train_tok, collate, accelerator.device)
+        run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
+    timings: dict[str, float] = {}
+    if reference is not None and cfg.precompute_ref:
+        t0 = time.perf_counter()
+        reference, ref_kind = precompute_reference(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
+        timings["reference"] = time.perf_counter() - t0
+    accelerator.print(
+        f"prefzoo train: loss {loss!r}; reference: {ref_kind}; {accelerator.num_processes} "
+        f"process(es) × {cfg.per_device_batch_size} pairs × {cfg.grad_accum} accumulation = "
+        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} pairs per step; "
+        f"{total_steps} steps"
+    )
+    parts = Parts(
+        cfg, loss, accelerator, tokenizer, policy, trainable, optimizer, schedule, train_dl, eval_dl, reference,
+        make_gather(accelerator), _run_info(cfg, identity, accelerator.num_processes), data_stats, defaults,
+        steps_per_epoch, total_steps, num_epochs, timings=timings,
+    )  # fmt: skip
+    _start_trackers(cfg, accelerator)
+    if resume_path is not None:
+        _resume(parts, resume_path, resume_info)
+    return parts
+
+
+def _check_config(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
+    """Settings that cannot work together, and the checkpoint to resume from (validated against this run)."""
+    if cfg.model is None:
+        raise ConfigError("model is not set: give --model (or neither --model nor --dataset for the default task)")
+    resume_path, resume_info = _resume_point(cfg)
+    if cfg.merge_lora and cfg.deepspeed == "zero3":
+        raise ConfigError("--merge-lora is not supported with ZeRO-3 here; save the adapter and merge afterwards")
+    return resume_path, resume_info
+
+
+def _load_model(
+    cfg: TrainConfig, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any]
+) -> tuple[Any, Any, bool, str]:
+    """(causal LM, tokenizer with a pad token, whether it came with an adapter, weight identity)."""
+    assert cfg.model is not None  # _check_config
+    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    identity = model_identity(lm, cfg.model)
+    if resume_info and resume_info.get("model_identity") != identity:
+        raise ResumeError(
+            f"--resume {resume_path}: checkpoint was trained from model {resume_info.get('model')!r} "
+            f"(identity {resume_info.get('model_identity')}), this run starts from {cfg.model!r} "
+            f"({identity}); use the same --model or a new --output-dir"
+        )
+    pad_note = ensure_pad_token(tokenizer)
+    if pad_note:
+        accelerator.print(f"prefzoo train: {pad_note}")
+        lm.config.pad_token_id = tokenizer.pad_token_id  # type: ignore[union-attr]
+    return lm, tokenizer, has_adapter, identity
+
+
+def _print_data_stats(accelerator: Any, data_stats: dict[str, Any]) -> None:
+    for split_name, s in data_stats.items():
+        accelerator.print(
+            f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
+            f"({s.get('identical', 0)} with chosen identical to rejected, {s.get('oversized', 0)} oversized, the "
+            f"rest with no completion token left), {s['prompt_truncated']} prompts / "
+            f"{s['completion_truncated']} completions truncated ({s['context_truncated']} pairs only because of the "
+            "model's context)"
+        )
+
+
+def _dataloaders(cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any) -> tuple[Any, Any]:
+    """Train DataLoader (shuffled, or length-grouped with ``group_by_length``) and eval DataLoader (or None)."""
+    if cfg.group_by_length:
+        from prefzoo.train.fastpath_batching import LengthGroupedSampler, pair_lengths
+
+        order: dict[str, Any] = {
+            "sampler": LengthGroupedSampler(pair_lengths(train_tok), cfg.per_device_batch_size, cfg.seed)
+        }
+    else:
+        order = {"shuffle": True}
+    train_dl = torch.utils.data.DataLoader(train_tok, batch_size=cfg.per_device_batch_size, collate_fn=collate, **order)
+    if eval_tok is None:
+        return train_dl, None
+    return train_dl, torch.utils.data.DataLoader(eval_tok, batch_size=cfg.per_device_batch_size, collate_fn=collate)
+
+
+def _step_counts(cfg: TrainConfig, pairs: int, processes: int) -> tuple[int, int, int]:
+    """(optimizer steps per epoch, total steps, epochs to iterate)."""
+    batches_per_process = math.ceil(pairs / (cfg.per_device_batch_size * processes))
+    steps_per_epoch = math.ceil(batches_per_process / cfg.grad_accum)
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs  # e.g. 60k pairs / (2 × 16 × 4) ≈ 469 per epoch
+    return steps_per_epoch, total_steps, math.ceil(total_steps / steps_per_epoch)
+
+
+def _run_info(cfg: TrainConfig, identity: str, processes: int) -> dict[str, Any]:
+    return {
+        "loss": cfg.loss,
+        "loss_params": {k: str(v) for k, v in cfg.loss_params.items()},
+        "model": cfg.model,
+        "model_identity": identity,
+        "batch": [processes, cfg.per_device_batch_size, cfg.grad_accum],
+        "seed": cfg.seed,
+    }
+
+
+def _start_trackers(cfg: TrainConfig, accelerator: Any) -> None:
+    if trackers(cfg):
+        simple = {k: v for k, v in cfg.to_dict().items() if isinstance(v, int | float | str | bool)}
+        accelerator.init_trackers("prefzoo", config=simple)
+
+
+def _resume_point(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
+    if not cfg.resume:
+        return None, {}
+    path = find_latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if path is None:
+        return None, {}  # 'auto' with nothing saved yet: a fresh start
+    info = read_marker(path)
+    if info.get("loss") != cfg.loss or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}:
+        raise ResumeError(
+            f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
+            f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
+        )
+    return path, info
+
+
+def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
+    """Load the checkpoint's state; the position in the data is counted in batches, so the geometry must match."""
+    for key, what in (("batch", "processes × per-device batch × accumulation"), ("seed", "seed")):
+        if key in saved and saved[key] != parts.info[key]:
+            raise ResumeError(
+                f"--resume {path}: checkpoint used {what} = {saved[key]}, this run {parts.info[key]}; "
+                "resume with the same settings (or start a new --output-dir)"
+            )
+    _load_state(parts.accelerator, path)
+    parts.start_step = int(saved["step"])
+    parts.start_skipped = int(saved.get("skipped_steps", 0))
+    parts.accelerator.print(f"prefzoo train: resumed from {path} at step {parts.start_step}")
+
+
+def _load_state(accelerator: Any, path: Path) -> None:
+    """accelerate's load_state (safetensors weights, ``torch.load(weights_only=True)`` for the rest), errors named."""
+    import pickle
+
+    try:
+        accelerator.load_state(str(path))
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ResumeError(
+            f"--resume {path}: the checkpoint's state files cannot be loaded ({type(e).__name__}: {first}); prefzoo "
+            "reads only safetensors and torch.load(weights_only=True) data, so pickled objects are refused. Resume "
+            "from another checkpoint"
+        ) from e

@@ -1,0 +1,97 @@
+"""Test-only fault injection, as a trainer callback: ``--callback tests.faults.injector:FaultInjector``.
+
+``PREFZOO_FAULTS`` holds comma-separated ``KIND@STEP[:RANK]`` entries: ``nan_logps@3:1`` (rank 1's chosen log-probs
+are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with status 3 when step 2 starts),
+``hang@2:1`` (rank 1 sleeps forever), ``raise@2:1``, ``sigterm@3:1`` (rank 1 sends itself SIGTERM),
+``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and ``ckpt_sleep@4`` (the writer
+of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker).
+STEP 0 matches every step; no RANK matches every rank.  The variables are read when the callback is built, so a
+subprocess run gets them from its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from prefzoo.train import Callback
+
+FAULTS_ENV = "PREFZOO_FAULTS"
+SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
+KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep")
+SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int  # optimizer step (1-based) it fires in; 0 = every step
+    rank: int | None  # None = every rank
+
+
+def parse_faults(raw: str) -> list[Fault]:
+    out = []
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        m = re.fullmatch(r"([a-z_]+)@(\d+)(?::(\d+))?", item)
+        if not m or m.group(1) not in KINDS:
+            raise ValueError(f"{FAULTS_ENV}={raw!r}: bad entry {item!r}; use KIND@STEP[:RANK], KIND in {KINDS}")
+        out.append(Fault(m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None))
+    return out
+
+
+@dataclass
+class FaultInjector(Callback):
+    """Injects the faults of ``PREFZOO_FAULTS`` (or ``faults=...``) through the trainer's callback hooks."""
+
+    faults: list[Fault] = field(default_factory=lambda: parse_faults(os.environ.get(FAULTS_ENV, "")))
+    sleep_s: float = field(default_factory=lambda: float(os.environ.get(SLEEP_ENV, "0.3")))
+
+    def fires(self, kind: str, state: Any, step: int | None = None) -> bool:
+        step = state.global_step + 1 if step is None else step
+        rank = state.accelerator.process_index
+        return any(f.kind == kind and f.step in (0, step) and f.rank in (None, rank) for f in self.faults)
+
+    def on_step_begin(self, state: Any) -> None:
+        step, rank = state.global_step + 1, state.accelerator.process_index
+        if self.fires("sleep_step", state):
+            time.sleep(self.sleep_s)
+        if self.fires("exit", state):
+            print(f"prefzoo fault injection: rank {rank} exits at step {step}", file=sys.stderr, flush=True)
+            os._exit(3)
+        if self.fires("sigterm", state):
+            os.kill(os.getpid(), signal.SIGTERM)
+        if self.fires("raise", state):
+            raise RuntimeError(f"prefzoo fault injection: rank {rank} raises at step {step}")
+        if self.fires("hang", state):
+            print(f"prefzoo fault injection: rank {rank} hangs at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+
+    def on_batch(self, state: Any, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """NaN in the first chosen log-prob (B,) when ``nan_logps`` fires; the autograd graph is kept."""
+        if not self.fires("nan_logps", state):
+            return None
+        logps = fields["policy_chosen_logps"]  # (B,)
+        poison = torch.zeros_like(logps)
+        poison[0] = float("nan")
+        return {**fields, "policy_chosen_logps": logps + poison}
+
+    def on_before_optimizer_step(self, state: Any, params: list[Any]) -> None:
+        if self.fires("nan_grad", state):
+            for p in params:
+                if p.grad is not None:
+                    p.grad.view(-1)[0] = float("nan")
+                    return
+
+    def on_save_files(self, state: Any, path: Any) -> None:
+        if any(f.kind == "ckpt_sleep" and f.step in (0, state.global_step) for f in self.faults):
+            step = state.global_step
+            print(f"prefzoo fault injection: checkpoint {step} written, no marker yet", file=sys.stderr, flush=True)
+            time.sleep(self.sleep_s)
