@@ -119,7 +119,7 @@ def test_a_raising_callback_is_one_cli_error_line(tmp_path, tiny_dir, pairs_file
 
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run")
     args = ["train", *_flags(cfg)]
-    assert main([*args, "--no-progress", "--callback", "test_callbacks:Boom"]) == 2
+    assert main([*args, "--no-progress", "--callback", "tests.train.test_callbacks:Boom"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("prefzoo train: error")]
     assert len(err) == 1 and "callback 'Boom'" in err[0], err
 
