@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = train(cfg)
         _print_summary(result)
-        if _is_main():
+        if _is_main() and not result.already_complete:  # a finished run resumed wrote nothing
             print(_produced(result, cfg))
         return 0
     except (
@@ -186,6 +186,13 @@ def _print_summary(result: Any) -> None:
     from accelerate import PartialState
 
     if not PartialState().is_main_process:
+        return
+    if result.already_complete:
+        print(
+            f"prefzoo train: this run is already complete (step {result.global_step} of {result.global_step}); its "
+            f"model is in {result.final_dir}. Nothing was changed: to train further give a larger --max-steps or "
+            "--epochs with --resume auto, or start a new --output-dir"
+        )
         return
     last = result.history[-1] if result.history else {}
     if result.stop_reason and result.final_dir is None:  # preempted: the loop said where the checkpoint is
@@ -254,7 +261,7 @@ def _run_default(values: dict[str, Any]) -> int:
     before = evaluate_policy(task, task.load_model(), tokenizer) if main else {}
     result = train(cfg, train_dataset=task.train, eval_dataset=task.eval)
     _print_summary(result)
-    if main:
+    if main and not result.already_complete and result.evals:
         print("prefzoo train: scoring the trained policy", flush=True)
         after = evaluate_policy(task, result.model.eval(), tokenizer)
         acc = [e["eval/reward_accuracy"] for e in result.evals]

@@ -8,12 +8,14 @@ and the callbacks from ``cfg.callbacks`` and the caller.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.outdir import finished_run, output_dir_lock
 from prefzoo.train.run import Run, TrainResult, evaluate
 from prefzoo.train.signals import PreemptionHandler
 
@@ -28,9 +30,20 @@ def train(
     ``callbacks`` (:class:`prefzoo.train.Callback` instances or specs) run after those of ``cfg.callbacks``.
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``), as does a
     callback setting ``state.should_stop``; a failed or hung peer process raises :class:`PeerFailureError`; too many
-    non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.
+    non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.  Another run holding
+    ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
+    ``result.already_complete`` and touches nothing.
     """
     hooks = CallbackList(load_callbacks([*cfg.callbacks, *callbacks]))  # a bad spec fails before any model loads
+    with output_dir_lock(cfg.output_dir):
+        finished = finished_run(cfg)
+        if finished is not None:
+            return TrainResult(global_step=int(finished["step"]), final_dir=Path(finished["final"]),
+                               checkpoint=Path(finished["checkpoint"]), already_complete=True)  # fmt: skip
+        return _train(cfg, hooks, train_dataset, eval_dataset)
+
+
+def _train(cfg: TrainConfig, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
     with PreemptionHandler() as preemption:
         try:
             return Run(cfg, hooks, preemption).train(train_dataset, eval_dataset)

@@ -41,6 +41,7 @@ class TrainResult:
     stop_reason: str | None = None  # e.g. 'preempted by SIGTERM'; None when the run finished or stop_after_steps hit
     skipped_steps: int = 0  # optimizer steps skipped for non-finite log-probs, losses or gradients
     checkpoint: Path | None = None  # the newest checkpoint this run wrote
+    already_complete: bool = False  # resumed a finished run: nothing was trained or written
     model: Any = None
     tokenizer: Any = None
     model_defaults: Any = None  # ModelDefaults: the dropout turned off (or kept) and the token limits used
@@ -296,7 +297,8 @@ class Run:
         end_of_epoch = state.global_step % state.steps_per_epoch == 0 or state.global_step == state.total_steps
         if not (force or (cfg.save_steps and state.global_step % cfg.save_steps == 0) or end_of_epoch):
             return None
-        info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped}
+        info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped,
+                "total_steps": state.total_steps, "max_steps": cfg.max_steps, "epochs": cfg.epochs}  # fmt: skip
         acc = self.parts.accelerator
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
                                 before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp))  # fmt: skip

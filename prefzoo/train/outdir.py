@@ -1,0 +1,89 @@
+"""What a run checks about its ``--output-dir`` before it loads anything: another run using it, or a finished run.
+
+* One run per output dir: the first process of each node (local rank 0) holds ``fcntl.flock`` on
+  ``output_dir/.prefzoo-train.lock`` for the whole run; a second ``prefzoo train`` on the same folder stops at once
+  with :class:`OutputDirLockedError` instead of interleaving checkpoints.  The OS drops the lock when the holder dies
+  (even by ``kill -9``), so a stale lock file never blocks a resume.
+* A finished run resumed (``--resume``) is reported by :func:`finished_run` and left untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prefzoo.train.checkpoint import find_latest_checkpoint, read_marker
+from prefzoo.train.guard import TrainingAborted
+
+__all__ = ["LOCK_FILE", "OutputDirLockedError", "finished_run", "output_dir_lock"]
+
+LOCK_FILE = ".prefzoo-train.lock"
+
+
+class OutputDirLockedError(TrainingAborted):
+    """Another ``prefzoo train`` holds the lock of this ``--output-dir``."""
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+@contextlib.contextmanager
+def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
+    """Hold the output dir's lock for the block on each node's local rank 0 (other ranks and non-POSIX: no-op)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    if _local_rank() != 0:
+        yield
+        return
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise OutputDirLockedError(
+                f"--output-dir {out} is in use by another prefzoo train ({holder}; lock {path}): wait for it to "
+                "finish, or give this run a different --output-dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def finished_run(cfg: Any) -> dict[str, Any] | None:
+    """The marker of the checkpoint ``cfg.resume`` points to when it ends a finished run with this length, else None.
+
+    Finished means: the checkpoint is at the run's last step (``total_steps`` in its marker), the run length settings
+    (``max_steps``, ``epochs``) are unchanged, and ``output_dir/final`` holds the model (its run card is written
+    last).  A longer run asked for (a larger ``--max-steps``) is not finished: it resumes and trains on.
+    """
+    if not cfg.resume:
+        return None
+    path = find_latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if path is None or not path.is_dir():
+        return None
+    try:
+        info = read_marker(path)
+    except ValueError:
+        return None  # setup reports the broken checkpoint
+    total = info.get("total_steps")
+    same_length = info.get("max_steps") == cfg.max_steps and info.get("epochs") == cfg.epochs
+    final = Path(cfg.output_dir) / "final"
+    if total is None or int(info["step"]) < int(total) or not same_length or not (final / "run_card.json").is_file():
+        return None
+    return {**info, "checkpoint": str(path), "final": str(final)}
