@@ -10,10 +10,13 @@ A kill at any moment (even ``kill -9`` inside ``save_state``) leaves the newest 
    killed writes removed.
 
 A checkpoint counts as complete only if its marker parses and every file of the manifest is present with its size.
+A full disk (ENOSPC) on any process during steps 1-3 removes the temp folder and stops the run on every process with
+:class:`DiskFullError` (path, space needed, space free); the previous checkpoint stays the newest complete one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,8 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefzoo.train.guard import TrainingAborted
+
 __all__ = [
     "COMPLETE_MARKER",
+    "DiskFullError",
     "ResumeError",
     "complete_checkpoints",
     "find_latest_checkpoint",
@@ -39,6 +45,10 @@ COMPLETE_MARKER = "prefzoo_checkpoint.json"  # written last inside the temp fold
 
 class ResumeError(ValueError):
     """A checkpoint cannot be resumed (missing, incomplete, or from a different loss/model)."""
+
+
+class DiskFullError(TrainingAborted):
+    """The disk filled up (ENOSPC) while a checkpoint was written; the message names the path and the space needed."""
 
 
 def _checkpoint_root(output_dir: str | Path) -> Path:
@@ -87,28 +97,83 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
+    full = _enospc(lambda: accelerator.save_state(str(tmp)))
+    if _any_process(accelerator, full is not None):
+        raise _disk_full(accelerator, output_dir, step, tmp, full)
+    full = None
     if accelerator.is_main_process:
-        manifest = _manifest(tmp)
-        for rel in manifest:
-            _fsync(tmp / rel)
-        if before_marker is not None:
-            before_marker(tmp)  # the callbacks' on_save_files (tests kill -9 here: state written, no marker yet)
-        marker = tmp / COMPLETE_MARKER
-        marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
-        _fsync(marker)
-        _fsync(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)  # atomic on one filesystem: 'final' is either absent or complete
-        _fsync(root)
+        full = _enospc(lambda: _seal(tmp, final, root, step, info, before_marker))
+    if _any_process(accelerator, full is not None):
+        raise _disk_full(accelerator, output_dir, step, tmp, full)
+    if accelerator.is_main_process:
         for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".tmp-step-*"):  # left by writes that were killed
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _seal(
+    tmp: Path, final: Path, root: Path, step: int, info: dict[str, Any], before_marker: Callable[[Path], None] | None
+) -> None:
+    """Main process: fsync the state files, write the completion marker last, rename the folder into place."""
+    manifest = _manifest(tmp)
+    for rel in manifest:
+        _fsync(tmp / rel)
+    if before_marker is not None:
+        before_marker(tmp)  # the callbacks' on_save_files (tests kill -9 here: state written, no marker yet)
+    marker = tmp / COMPLETE_MARKER
+    marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
+    _fsync(marker)
+    _fsync(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)  # atomic on one filesystem: 'final' is either absent or complete
+    _fsync(root)
+
+
+def _enospc(write: Callable[[], None]) -> OSError | None:
+    """Run ``write``; a full disk is returned (so every process can agree on it), any other error raises."""
+    try:
+        write()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return e
+    return None
+
+
+def _any_process(accelerator: Any, flag: bool) -> bool:
+    """``flag`` or-ed over processes (one tiny all-reduce when there are several)."""
+    if accelerator.num_processes == 1:
+        return flag
+    import torch
+
+    return bool(accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum").item() > 0)
+
+
+def _bytes(folder: Path | None) -> int:
+    if folder is None or not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _disk_full(accelerator: Any, output_dir: str | Path, step: int, tmp: Path, err: OSError | None) -> DiskFullError:
+    """Remove the half-written folder and say what is kept, how much space a checkpoint needs, and how to go on."""
+    latest = find_latest_checkpoint(output_dir)
+    written = _bytes(tmp)
+    needed = max(_bytes(latest), written)  # the previous checkpoint's size; at least what this one had written
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(tmp.parent).free
+    where = (err.filename if err is not None and err.filename else None) or tmp
+    kept = f"the newest complete checkpoint {latest} is kept" if latest else "no earlier checkpoint exists"
+    return DiskFullError(
+        f"disk full (ENOSPC) writing checkpoint {step} at {where}: a checkpoint needs about {needed / 1e6:.1f} MB, "
+        f"{free / 1e6:.1f} MB are free in {tmp.parent}; the partial folder was removed and {kept}. Free space (or "
+        "lower --save-total-limit, or use an --output-dir on a larger disk) and rerun with --resume auto"
+    )
 
 
 def is_complete(path: str | Path) -> bool:

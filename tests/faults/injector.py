@@ -4,13 +4,16 @@
 are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with status 3 when step 2 starts),
 ``hang@2:1`` (rank 1 sleeps forever), ``raise@2:1``, ``sigterm@3:1`` (rank 1 sends itself SIGTERM),
 ``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and ``ckpt_sleep@4`` (the writer
-of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker).
+of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker);
+``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
+half of ``model.safetensors``: the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``.
 STEP 0 matches every step; no RANK matches every rank.  The variables are read when the callback is built, so a
 subprocess run gets them from its environment.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -25,7 +28,7 @@ from prefzoo.train import Callback
 
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
-KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep")
+KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc")
 SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
 
 
@@ -57,6 +60,22 @@ class FaultInjector(Callback):
         step = state.global_step + 1 if step is None else step
         rank = state.accelerator.process_index
         return any(f.kind == kind and f.step in (0, step) and f.rank in (None, rank) for f in self.faults)
+
+    def on_train_begin(self, state: Any) -> None:
+        if any(f.kind == "enospc" for f in self.faults):
+            acc = state.accelerator
+            save_state = acc.save_state
+
+            def full_disk_save_state(output_dir: str, *args: Any, **kwargs: Any) -> Any:
+                result = save_state(output_dir, *args, **kwargs)
+                if self.fires("enospc", state, step=state.global_step):  # the step being saved
+                    weights = os.path.join(output_dir, "model.safetensors")
+                    os.truncate(weights, os.path.getsize(weights) // 2)  # the write stopped halfway
+                    print(f"prefzoo fault injection: ENOSPC writing {weights}", file=sys.stderr, flush=True)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), weights)
+                return result
+
+            acc.save_state = full_disk_save_state
 
     def on_step_begin(self, state: Any) -> None:
         step, rank = state.global_step + 1, state.accelerator.process_index

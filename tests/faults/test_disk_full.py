@@ -1,0 +1,35 @@
+"""A full disk while checkpointing (ENOSPC in the writer): the previous checkpoint stays newest, --resume auto works."""
+
+from __future__ import annotations
+
+from _run import cli_args, final_weights, max_diff
+from helpers import base_config, run_inprocess
+from injector import SPEC as INJECTOR
+
+from prefzoo.cli.main import main
+from prefzoo.train.checkpoint import complete_checkpoints, find_latest_checkpoint
+
+KW = dict(loss="dpo", max_steps=6, save_steps=2)
+
+
+def test_enospc_in_the_checkpoint_writer_keeps_the_previous_one_and_resumes(
+    tmp_path, tiny_dir, pairs_file, faults, capsys
+):
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, **KW)
+    faults("enospc@4")
+    assert main(["train", *cli_args({**cfg, "callbacks": [INJECTOR]})]) != 0
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("prefzoo fault injection")]
+    tmp = out / "checkpoints" / ".tmp-step-00000004"
+    assert len(err) == 1, err
+    line = err[0]
+    assert "disk full (ENOSPC) writing checkpoint 4" in line and str(tmp / "model.safetensors") in line, line
+    assert " MB, " in line and "MB are free" in line and "step-00000002 is kept" in line and "--resume auto" in line
+    assert [p.name for p in complete_checkpoints(out)] == ["step-00000002"]  # the previous one is the newest
+    assert not tmp.exists() and not (out / "final").exists()
+    faults("")  # space freed
+    res = run_inprocess({**cfg, "resume": "auto"})
+    assert res.global_step == 6 and find_latest_checkpoint(out).name == "step-00000006"
+    run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **KW))
+    diff = max_diff(final_weights(tmp_path / "full"), final_weights(out))
+    assert diff < 1e-6, diff
