@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefzoo.data.cache import checked_map
 from prefzoo.data.validate import DataFormatError, check_messages, check_text, locate_file_error
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
         raise DataFormatError(f"--format {fmt!r} is not a recognised format; choose one of {', '.join(FORMATS)}")
     else:
         detect_format(list(ds.column_names), _first_complete_row(ds))  # still names missing columns clearly
-    out = ds.map(
+    out = checked_map(
+        ds,
         lambda row, idx: _normalize_row(row, idx, fmt),
         with_indices=True,
         remove_columns=list(ds.column_names),
@@ -165,7 +167,7 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
     out.info.description = f"{FORMAT_PREFIX}{fmt}"  # read back by detected_format() for the start-of-run report
     ids = out["id"]
     if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique
-        out = out.map(lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)
+        out = checked_map(out, lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)
     return out
 
 

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from prefzoo.data.cache import checked_map
 from prefzoo.data.chat import render_completion, render_prompt
 from prefzoo.data.formats import DataFormatError
 from prefzoo.data.validate import MAX_TEXT_CHARS
@@ -121,7 +122,7 @@ def tokenize_pairs(
 
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
-    enc = ds.map(encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc="tokenizing pairs")
+    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc="tokenizing pairs")
     keep = enc["keep"]
     stats = TokenizeStats(
         total=len(enc),
@@ -142,7 +143,9 @@ def tokenize_pairs(
             f"{MAX_TEXT_CHARS} characters; check the chosen/rejected columns and --max-completion-length"
         )
     if stats.dropped:
-        enc = enc.filter(lambda k: k, input_columns="keep", desc="dropping empty pairs")
+        enc = checked_map(
+            enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep", desc="dropping empty pairs"
+        )
         log.warning(
             "dropped %d of %d pairs (%d with chosen identical to rejected, %d oversized, the rest with no completion "
             "token left)",

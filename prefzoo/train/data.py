@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prefzoo.data.cache import checked_map
 from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize
 from prefzoo.data.mixing import load_mixture
 from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def _prefix_ids(ds: Any, prefix: str) -> Any:
-    return ds.map(lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
+    return checked_map(ds, lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
 
 
 def prepare_datasets(

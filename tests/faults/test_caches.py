@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +91,22 @@ def test_precomputed_table_equals_the_live_reference(tmp_path, tiny_dir, pairs_f
     for a, b in zip(live.history, cached.history, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-5
     assert torch.isfinite(torch.tensor([h["loss"] for h in cached.history])).all()
+
+
+def test_a_truncated_tokenised_dataset_cache_is_rebuilt(tmp_path, tiny_dir, pairs_file, caplog):
+    from prefzoo.data.formats import load_preference_dataset
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_bytes(pairs_file.read_bytes())  # a file of its own: its datasets cache folder is new
+    cfg = dict(loss="dpo", max_steps=2)
+    run_inprocess(base_config(tiny_dir, data, tmp_path / "a", **cfg))
+    folder = Path(load_preference_dataset(str(data)).cache_files[0]["filename"]).parent
+    cached = sorted(folder.glob("cache-*.arrow"))
+    assert cached  # the id-naming and tokenising maps were cached
+    for f in cached:  # a run killed while writing them, or a full disk
+        os.truncate(f, f.stat().st_size // 2)
+    with caplog.at_level(logging.WARNING, logger="prefzoo.data.cache"):
+        run_inprocess(base_config(tiny_dir, data, tmp_path / "b", **cfg))
+    rebuilt = [r.getMessage() for r in caplog.records if "corrupt tokenised-dataset cache" in r.getMessage()]
+    assert rebuilt and str(folder) in rebuilt[0] and "rebuilding it" in rebuilt[0], caplog.text
+    assert max_diff(final_weights(tmp_path / "a"), final_weights(tmp_path / "b")) == 0.0  # trained on the same rows
