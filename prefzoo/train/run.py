@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prefzoo.train.batch import batch_fields, preference_batch
+from prefzoo.train.batch import batch_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
@@ -51,22 +51,58 @@ class TrainResult:
 def evaluate(
     loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any
 ) -> dict[str, float]:
-    """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, and the mean loss."""
+    """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, and the mean loss.
+
+    A pair with a non-finite log-prob, loss or reward is counted in ``eval/skipped_pairs`` and left out of both
+    means.  Its inputs are replaced by zeros before the loss, so every process calls the loss (and its gathers) with
+    the same batch and a NaN in one process's shard cannot desynchronise or hang the others.
+    """
     was_training = policy.training
     policy.eval()
     correct, losses = [], []
     for batch in dataloader:
-        pb = preference_batch(loss, policy, reference, batch, accelerator.autocast)
-        out = loss(pb, gather=gather)
-        correct.append(accelerator.gather_for_metrics((out.chosen_rewards > out.rejected_rewards).float()))
-        losses.append(accelerator.gather_for_metrics(out.losses.detach().float()))
+        fields = batch_fields(loss, policy, reference, batch, accelerator.autocast)
+        ok = _finite_rows(fields)  # (B,) bool
+        fields = {k: _zero_rows(v, ok) if k in FLOAT_FIELDS else v for k, v in fields.items()}
+        out = loss(PreferenceBatch(**fields), gather=gather)
+        ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
+        nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
+        correct.append(
+            accelerator.gather_for_metrics(torch.where(ok, (out.chosen_rewards > out.rejected_rewards).float(), nan))
+        )
+        losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
     policy.train(was_training)
-    acc = torch.cat(correct)
+    acc, mean_loss = torch.cat(correct), torch.cat(losses)
+    kept = torch.isfinite(acc)
+    skipped = int((~kept).sum())
+    if skipped:
+        accelerator.print(
+            f"prefzoo train: evaluation skipped {skipped} of {acc.numel()} pairs with non-finite log-probs, loss or "
+            "rewards (left out of eval reward accuracy and loss; counted in eval/skipped_pairs)"
+        )
     return {
-        "eval/reward_accuracy": float(acc.mean()),
-        "eval/loss": float(torch.cat(losses).mean()),
-        "eval/pairs": float(acc.numel()),
+        "eval/reward_accuracy": float(acc[kept].mean()) if kept.any() else math.nan,
+        "eval/loss": float(mean_loss[kept].mean()) if kept.any() else math.nan,
+        "eval/pairs": float(kept.sum()),
+        "eval/skipped_pairs": float(skipped),
     }
+
+
+def _finite_rows(fields: dict[str, Any]) -> Any:
+    """(B,) True where every float field of the pair is finite."""
+    ok = torch.ones_like(fields["policy_chosen_logps"], dtype=torch.bool)
+    for k in FLOAT_FIELDS:
+        t = fields.get(k)
+        if t is not None:
+            ok &= torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(dim=1)
+    return ok
+
+
+def _zero_rows(t: Any, ok: Any) -> Any:
+    """``t`` ((B,) or (B, T)) with the rows where ``ok`` is False set to 0."""
+    if t is None:
+        return None
+    return torch.where(ok.reshape(-1, *([1] * (t.dim() - 1))), t, torch.zeros_like(t))
 
 
 @dataclass

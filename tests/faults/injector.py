@@ -6,7 +6,9 @@ are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with st
 ``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and ``ckpt_sleep@4`` (the writer
 of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker);
 ``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
-half of ``model.safetensors``: the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``.
+half of ``model.safetensors``: the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``;
+``nan_eval@0:1`` gives rank 1's first sequence of every evaluation batch NaN hidden states (a forward hook on the
+decoder's final norm that acts while the policy is in eval mode), so its first pair's log-probs are NaN.
 STEP 0 matches every step; no RANK matches every rank.  The variables are read when the callback is built, so a
 subprocess run gets them from its environment.
 """
@@ -28,7 +30,7 @@ from prefzoo.train import Callback
 
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
-KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc")
+KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc", "nan_eval")
 SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
 
 
@@ -62,6 +64,18 @@ class FaultInjector(Callback):
         return any(f.kind == kind and f.step in (0, step) and f.rank in (None, rank) for f in self.faults)
 
     def on_train_begin(self, state: Any) -> None:
+        if self.fires("nan_eval", state, step=0):
+            lm = state.accelerator.unwrap_model(state.model).lm
+            norm = lm.get_decoder().norm
+
+            def poison(module: Any, args: Any, output: Any) -> Any:
+                if module.training:
+                    return None
+                out = output.clone()
+                out[0] = float("nan")  # (B, T, H): the batch's first sequence
+                return out
+
+            norm.register_forward_hook(poison)
         if any(f.kind == "enospc" for f in self.faults):
             acc = state.accelerator
             save_state = acc.save_state
