@@ -47,6 +47,8 @@ class WinRateCallback(Callback):
         max_new_tokens: int = 32,
         batch_size: int = 32,
         every_epochs: int = 1,
+        judge_timeout_s: float | None = 300.0,  # per judge call: a hung or slow judge is skipped and counted
+        judge_batch_size: int = 8,  # prompts per judge call (the unit a timeout skips)
     ) -> None:
         from prefzoo.eval.judges import get_judge
 
@@ -58,6 +60,8 @@ class WinRateCallback(Callback):
         self.judge = get_judge(judge, **(judge_options or {}))  # an unknown judge fails before training
         self.max_new_tokens, self.batch_size = int(max_new_tokens), int(batch_size)
         self.every_epochs = int(every_epochs)
+        self.judge_timeout_s = None if judge_timeout_s is None else float(judge_timeout_s)
+        self.judge_batch_size = int(judge_batch_size)
         self.baseline: Any = None
         self.history: list[dict[str, float]] = []
 
@@ -73,7 +77,8 @@ class WinRateCallback(Callback):
         from prefzoo.eval.winrate import win_rate
 
         res = win_rate(model, self.baseline, state.tokenizer, self.prompts, self.judge,
-                       max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)  # fmt: skip
+                       max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                       judge_timeout_s=self.judge_timeout_s, judge_batch_size=self.judge_batch_size)  # fmt: skip
         summary = res.summary()
         record = {f"winrate/{k}": float(v) for k, v in summary.items()}
         record.update(epoch=state.epoch, step=state.global_step)
@@ -82,4 +87,6 @@ class WinRateCallback(Callback):
         state.accelerator.print(
             f"prefzoo train: epoch {state.epoch}: win-rate vs start {summary['win_rate']:.3f} "
             f"(length-controlled {summary['lc_win_rate']:.3f}) on {len(self.prompts)} prompts"
-        )
+            + (f"; {res.skipped} skipped: the judge did not answer within {self.judge_timeout_s:g}s per call"
+               if res.skipped else "")
+        )  # fmt: skip

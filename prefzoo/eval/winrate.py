@@ -12,12 +12,15 @@ all-win or all-loss data stay finite), and report ``σ(θ₀)``.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["WinRateResult", "judge_completions", "length_controlled_win_rate", "win_rate"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,9 +34,15 @@ class WinRateResult:
     policy_lengths: list[int]  # completion tokens
     baseline_lengths: list[int]
     prompts_truncated: int = 0  # prompts cut (keeping their end) to fit the context beside max_new_tokens
+    skipped: int = 0  # prompts left out: the judge did not answer within its timeout
 
     def summary(self) -> dict[str, float]:
         n = len(self.preferences)
+        if n == 0:
+            nan = float("nan")
+            return {"win_rate": nan, "wins": 0, "ties": 0, "losses": 0, "n": 0, "lc_win_rate": nan,
+                    "mean_policy_length": nan, "mean_baseline_length": nan, "prompts_truncated": self.prompts_truncated,
+                    "skipped": self.skipped}  # fmt: skip
         wins = sum(p > 0.5 for p in self.preferences)
         losses = sum(p < 0.5 for p in self.preferences)
         return {
@@ -46,6 +55,7 @@ class WinRateResult:
             "mean_policy_length": sum(self.policy_lengths) / n,
             "mean_baseline_length": sum(self.baseline_lengths) / n,
             "prompts_truncated": self.prompts_truncated,
+            "skipped": self.skipped,
         }
 
 
@@ -87,6 +97,8 @@ def win_rate(
     temperature: float = 1.0,
     seed: int = 0,
     baseline_tokenizer: Any = None,
+    judge_timeout_s: float | None = None,
+    judge_batch_size: int | None = None,
 ) -> WinRateResult:
     """Generate from ``policy`` and ``baseline`` (greedy, or seeded sampling) and let ``judge`` compare them.
 
@@ -94,6 +106,7 @@ def win_rate(
     registered judge name.  Lengths for the length control are completion tokens
     under ``tokenizer``.  Each model's prompts are cut (keeping their end) to fit its context beside
     ``max_new_tokens``; ``prompts_truncated`` counts them (the larger of the two models' counts).
+    ``judge_timeout_s`` / ``judge_batch_size``: see :func:`judge_completions`.
     """
     from prefzoo.eval.generation import generate
     from prefzoo.eval.judges import get_judge
@@ -109,19 +122,26 @@ def win_rate(
     base_report: dict[str, Any] = {}
     pol = generate(policy, tokenizer, prompts, report=pol_report, **kw)
     base = generate(baseline, baseline_tokenizer or tokenizer, prompts, report=base_report, **kw)
-    result = judge_completions(
-        prompts, pol, base, judge, tokenizer, lengths=(pol_report["new_tokens"], base_report["new_tokens"])
-    )  # lengths as generated: re-tokenizing the decoded text can count differently
+    result = judge_completions(prompts, pol, base, judge, tokenizer,
+                               lengths=(pol_report["new_tokens"], base_report["new_tokens"]),
+                               timeout_s=judge_timeout_s, batch_size=judge_batch_size)  # fmt: skip
+    # lengths as generated: re-tokenizing the decoded text can count differently
     result.prompts_truncated = max(pol_report["prompts_truncated"], base_report["prompts_truncated"])
     return result
 
 
 def judge_completions(
     prompts: Sequence[str], policy_completions: Sequence[str], baseline_completions: Sequence[str], judge: Any,
-    tokenizer: Any, lengths: tuple[Sequence[int], Sequence[int]] | None = None,
+    tokenizer: Any, lengths: tuple[Sequence[int], Sequence[int]] | None = None, *, timeout_s: float | None = None,
+    batch_size: int | None = None,
 ) -> WinRateResult:  # fmt: skip
     """Judge completions already generated (e.g. cached baseline completions); lengths are the generated token
-    counts ``lengths`` (policy, baseline) when given, else the completions re-tokenized with ``tokenizer``."""
+    counts ``lengths`` (policy, baseline) when given, else the completions re-tokenized with ``tokenizer``.
+
+    The judge is called on ``batch_size`` prompts at a time (default: all at once).  With ``timeout_s`` each call
+    runs in a daemon thread and a call that has not answered in time is abandoned: its prompts are left out and
+    counted in ``result.skipped`` (a warning says so), so a hung or slow judge never stalls a run.
+    """
     from prefzoo.eval.judges import get_judge
 
     if isinstance(judge, str):
@@ -129,17 +149,58 @@ def judge_completions(
     prompts, pol, base = list(prompts), list(policy_completions), list(baseline_completions)
     if not len(prompts) == len(pol) == len(base):
         raise ValueError(f"judge_completions: {len(prompts)} prompts, {len(pol)} and {len(base)} completions")
-    prefs = [float(v) for v in judge(prompts, pol, base)]
-    if len(prefs) != len(prompts):
-        raise ValueError(
-            f"judge {getattr(judge, 'name', judge)!r} returned {len(prefs)} verdicts for {len(prompts)} prompts"
-        )
+    name = getattr(judge, "name", judge)
+    step = batch_size or max(len(prompts), 1)
+    kept: list[int] = []
+    prefs: list[float] = []
+    for start in range(0, len(prompts), step):
+        rows = list(range(start, min(start + step, len(prompts))))
+        got = _call_judge(judge, [prompts[i] for i in rows], [pol[i] for i in rows], [base[i] for i in rows],
+                          timeout_s)  # fmt: skip
+        if got is None:
+            log.warning("judge %r did not answer within %gs for prompts %d-%d: skipped", name, timeout_s, rows[0],
+                        rows[-1])  # fmt: skip
+            continue
+        verdicts = [float(v) for v in got]
+        if len(verdicts) != len(rows):
+            raise ValueError(f"judge {name!r} returned {len(verdicts)} verdicts for {len(rows)} prompts")
+        kept += rows
+        prefs += verdicts
     bad = [v for v in prefs if not 0.0 <= v <= 1.0]
     if bad:
-        raise ValueError(f"judge {getattr(judge, 'name', judge)!r} returned {bad[0]}; verdicts must lie in [0, 1]")
+        raise ValueError(f"judge {name!r} returned {bad[0]}; verdicts must lie in [0, 1]")
+    skipped = len(prompts) - len(kept)
+    prompts, pol, base = [prompts[i] for i in kept], [pol[i] for i in kept], [base[i] for i in kept]
 
     def n_tokens(texts: list[str]) -> list[int]:
         return [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
 
-    pol_len, base_len = (list(lengths[0]), list(lengths[1])) if lengths is not None else (n_tokens(pol), n_tokens(base))
-    return WinRateResult(prompts, pol, base, prefs, pol_len, base_len)
+    if lengths is not None:
+        pol_len, base_len = [int(lengths[0][i]) for i in kept], [int(lengths[1][i]) for i in kept]
+    else:
+        pol_len, base_len = n_tokens(pol), n_tokens(base)
+    return WinRateResult(prompts, pol, base, prefs, pol_len, base_len, skipped=skipped)
+
+
+def _call_judge(judge: Any, prompts: list[str], pol: list[str], base: list[str], timeout_s: float | None) -> Any:
+    """``judge(prompts, pol, base)``, or None when it has not returned within ``timeout_s`` (its errors re-raised)."""
+    if timeout_s is None:
+        return judge(prompts, pol, base)
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["out"] = judge(prompts, pol, base)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["err"] = e
+
+    worker = threading.Thread(target=call, name="prefzoo-judge", daemon=True)  # a hung judge cannot block exit
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return None
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
