@@ -220,6 +220,11 @@ class Run:
         if out is None or guard.any_rank(bool(local_bad)):
             s.bad, s.reason, s.bad_ids = True, "non-finite log-probs or loss", guard.all_ids(local_bad)
             if self.cfg.deepspeed:
+                # the engine steps inside backward at its accumulation boundary: with one micro-batch per step,
+                # no rank calling backward skips the step exactly (weights, moments and scheduler untouched);
+                # with several, earlier micro-batches' gradients are already in the engine, so the run stops
+                if self.cfg.grad_accum == 1:
+                    return
                 raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
             # settle DDP's pending gradient reduction with zeros; the step is discarded
             p.accelerator.backward(sum((q * 0.0).sum() for q in p.trainable))
@@ -378,6 +383,7 @@ def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsE
     latest = find_latest_checkpoint(cfg.output_dir)
     return NonFiniteStepsError(
         f"non-finite log-probs or loss in step {step} (examples {ids[:8]}); under DeepSpeed the engine steps inside "
-        "backward, so prefzoo cannot skip the step and stops instead. "
+        "backward, so with --grad-accum > 1 prefzoo cannot skip the step and stops instead (with --grad-accum 1 it "
+        "skips it). "
         + (f"Resume from {latest} with --resume auto (perhaps with a lower --lr)." if latest else "No checkpoint yet.")
     )
