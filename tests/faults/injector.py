@@ -6,7 +6,8 @@ are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with st
 ``sleep_step@0`` (every step sleeps ``PREFZOO_FAULT_SLEEP`` seconds, default 0.3) and ``ckpt_sleep@4`` (the writer
 of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker);
 ``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
-half of ``model.safetensors``: the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``;
+half of ``model.safetensors`` (rank 0) or of its RNG-state file (other ranks): the callback wraps
+``state.accelerator.save_state`` in ``on_train_begin``;
 ``nan_eval@0:1`` gives rank 1's first sequence of every evaluation batch NaN hidden states (a forward hook on the
 decoder's final norm that acts while the policy is in eval mode), so its first pair's log-probs are NaN.
 STEP 0 matches every step; no RANK matches every rank.  The variables are read when the callback is built, so a
@@ -83,10 +84,13 @@ class FaultInjector(Callback):
             def full_disk_save_state(output_dir: str, *args: Any, **kwargs: Any) -> Any:
                 result = save_state(output_dir, *args, **kwargs)
                 if self.fires("enospc", state, step=state.global_step):  # the step being saved
-                    weights = os.path.join(output_dir, "model.safetensors")
-                    os.truncate(weights, os.path.getsize(weights) // 2)  # the write stopped halfway
-                    print(f"prefzoo fault injection: ENOSPC writing {weights}", file=sys.stderr, flush=True)
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), weights)
+                    rank = state.accelerator.process_index  # each process truncates a file it wrote itself
+                    name = "model.safetensors" if rank == 0 else f"random_states_{rank}.pkl"
+                    victim = os.path.join(output_dir, name)
+                    if os.path.exists(victim):
+                        os.truncate(victim, os.path.getsize(victim) // 2)  # the write stopped halfway
+                    print(f"prefzoo fault injection: ENOSPC writing {victim}", file=sys.stderr, flush=True)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), victim)
                 return result
 
             acc.save_state = full_disk_save_state

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from _run import cli_args, final_weights, max_diff
-from helpers import base_config, run_inprocess
+from helpers import base_config, run_inprocess, run_processes
 from injector import SPEC as INJECTOR
 
 from prefzoo.cli.main import main
@@ -33,3 +34,16 @@ def test_enospc_in_the_checkpoint_writer_keeps_the_previous_one_and_resumes(
     run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **KW))
     diff = max_diff(final_weights(tmp_path / "full"), final_weights(out))
     assert diff < 1e-6, diff
+
+
+@pytest.mark.slow  # about 40 s on a loaded 2-core machine (2 spawned processes)
+@pytest.mark.distributed
+def test_enospc_on_one_rank_stops_every_rank_without_a_hang(tmp_path, tiny_dir, pairs_file, faults):
+    out = tmp_path / "run"
+    faults("enospc@4:1")  # rank 1's writer only (its RNG-state file); rank 0 wrote everything
+    cfg = base_config(tiny_dir, pairs_file, out, **KW, per_device_batch_size=2, dist_timeout=60, callbacks=[INJECTOR])
+    with pytest.raises(AssertionError, match=r"disk full \(ENOSPC\) writing checkpoint 4") as err:
+        run_processes(cfg, 2)
+    assert "timed out" not in str(err.value) and "--dist-timeout" not in str(err.value)
+    assert [p.name for p in complete_checkpoints(out)] == ["step-00000002"]
+    assert not (out / "checkpoints" / ".tmp-step-00000004").exists()
