@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from _run import max_diff
-from helpers import base_config, max_param_diff, run_inprocess, run_processes
+from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 LORA = dict(loss="dpo", lora=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["q_proj", "v_proj"])
 
@@ -41,3 +41,20 @@ def test_lora_with_precompute_ref_on_two_processes_equals_one(tmp_path, tiny_dir
     assert any("lora_B" in k for k in two["params"])
     for a, b in zip(two["history"], one["history"], strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-5
+
+
+@pytest.mark.slow  # about 25 s each on a loaded 2-core machine (a 2-process DeepSpeed run and a plain one)
+@pytest.mark.deepspeed
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_lora_with_precompute_ref_under_zero_on_two_processes_equals_one_plain(tmp_path, tiny_dir, pairs_file, stage):
+    pytest.importorskip("deepspeed")
+    kw = dict(**LORA, max_steps=3, precompute_ref=True, lr=1e-2)
+    two = run_processes(base_config(tiny_dir, pairs_file, tmp_path / "two", per_device_batch_size=2, deepspeed=stage,
+                                    **kw, ref_cache_dir=str(tmp_path / "ref2")), 2)  # fmt: skip
+    one = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "one", per_device_batch_size=4, **kw,
+                                    ref_cache_dir=str(tmp_path / "ref1")))  # fmt: skip
+    assert two["step"] == one.global_step == 3
+    diff = max_param_diff(two["params"], params_of(one.model))
+    assert diff < 1e-4, diff
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(two["history"], one.history, strict=True)) < 1e-4
