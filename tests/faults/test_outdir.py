@@ -50,7 +50,7 @@ def test_a_longer_run_resumed_from_a_finished_one_trains_on(tmp_path, tiny_dir, 
     assert not res.already_complete and res.global_step == 4
 
 
-@pytest.mark.slow  # about 15 s with a warm default-task cache (plus its warm-up, about 60 s, when it is empty)
+@pytest.mark.slow  # 2-15 s (two default-task runs of 2 steps)
 def test_resume_of_a_finished_default_run_says_so_and_touches_nothing(tmp_path, capsys):
     out = tmp_path / "default"
     argv = ["train", "--output-dir", str(out), "--max-steps", "2", "--no-progress"]
