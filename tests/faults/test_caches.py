@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _run import final_weights, max_diff
-from helpers import base_config, run_inprocess
+
+from tests.faults._run import final_weights, max_diff
+from tests.train.helpers import base_config, run_inprocess
 
 KW = dict(loss="dpo", max_steps=4, save_steps=2, precompute_ref=True)
 

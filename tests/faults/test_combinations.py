@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from _run import max_diff
-from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
+
+from tests.faults._run import max_diff
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 LORA = dict(loss="dpo", lora=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["q_proj", "v_proj"])
 

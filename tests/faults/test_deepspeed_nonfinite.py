@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
-from injector import SPEC as INJECTOR
+
+from tests.faults.injector import SPEC as INJECTOR
+from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
 pytest.importorskip("deepspeed")
 

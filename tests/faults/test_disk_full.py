@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from _run import cli_args, final_weights, max_diff
-from helpers import base_config, run_inprocess, run_processes
-from injector import SPEC as INJECTOR
 
 from prefzoo.cli.main import main
 from prefzoo.train.checkpoint import complete_checkpoints, find_latest_checkpoint
+from tests.faults._run import cli_args, final_weights, max_diff
+from tests.faults.injector import SPEC as INJECTOR
+from tests.train.helpers import base_config, run_inprocess, run_processes
 
 KW = dict(loss="dpo", max_steps=6, save_steps=2)
 

@@ -6,8 +6,9 @@ import json
 import math
 
 import pytest
-from helpers import base_config, run_inprocess, run_processes
-from injector import SPEC as INJECTOR
+
+from tests.faults.injector import SPEC as INJECTOR
+from tests.train.helpers import base_config, run_inprocess, run_processes
 
 KW = dict(loss="dpo", max_steps=2, eval_fraction=0.25, eval_at_start=True, callbacks=[INJECTOR])  # 16 eval pairs
 

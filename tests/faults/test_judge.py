@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from helpers import base_config, run_inprocess
-
 from prefzoo.eval.winrate import judge_completions
+from tests.train.helpers import base_config, run_inprocess
 
 
 class _CharTok:

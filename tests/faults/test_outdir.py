@@ -6,12 +6,12 @@ import os
 import signal
 
 import pytest
-from _run import cli_args, start_cli, wait_for
-from helpers import base_config, run_inprocess
-from injector import SPEC as INJECTOR
 
 from prefzoo.cli.main import main
 from prefzoo.train.outdir import LOCK_FILE, OutputDirLockedError
+from tests.faults._run import cli_args, start_cli, wait_for
+from tests.faults.injector import SPEC as INJECTOR
+from tests.train.helpers import base_config, run_inprocess
 
 KW = dict(loss="dpo", max_steps=3, save_steps=2)
 
