@@ -177,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
         task = load_default_task(seed=args.seed)
     model_path = args.model or str(task.model_dir)
     model, tok = _load(model_path)
+    if args.model and task is not None and tok.get_vocab() != task.load_tokenizer().get_vocab():
+        raise CLIError(
+            f"--model {args.model} does not use the default task's tokenizer, so the default task's pairs, prompts "
+            "and starting policy do not apply to it: pass your --dataset/--prompts and --baseline PATH"
+        )
     baseline_path = args.baseline or (str(task.model_dir) if task is not None else None)
     results: dict[str, Any] = {"model": model_path, "baseline": baseline_path}
 

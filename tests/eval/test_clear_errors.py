@@ -67,3 +67,19 @@ def test_win_rate_of_a_user_model_on_user_prompts_needs_a_baseline(monkeypatch, 
     rc = main(["eval", "--model", str(causal_dirs[0]), "--win-rate", "--prompts", str(prompts)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "--win-rate compares" in err and "--baseline PATH" in err
+
+
+def test_a_user_model_with_another_tokenizer_is_not_evaluated_on_the_default_task(capsys, tmp_path):
+    from prefzoo.testing import tiny_causal_lm
+
+    model, tok = tiny_causal_lm(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    tok.add_tokens(["<user>"])
+    model.resize_token_embeddings(len(tok))
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    capsys.readouterr()  # the save's progress bar
+    rc = main(["eval", "--model", str(tmp_path), "--reward-accuracy"])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip() and "Loading weights" not in x]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("prefzoo eval: error: ")
+    err = lines[0]
+    assert "does not use the default task's tokenizer" in err and "--baseline PATH" in err
