@@ -155,7 +155,7 @@ class TrainConfig:
             raise ConfigError(f"{where}: unknown keys {', '.join(hints)}; known keys: {', '.join(cls.keys())}")
         types_ = typing.get_type_hints(cls)
         names = names or {}
-        coerced = {k: _coerce(v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
+        coerced = {k: _coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
         return cls(**coerced)
 
 
@@ -180,7 +180,7 @@ _EXPECTED = {int: "an integer", float: "a number", bool: "true or false", tuple:
              dict: "a mapping of names to values"}  # fmt: skip
 
 
-def _coerce(value: Any, typ: Any, name: str) -> Any:
+def _coerce(key: str, value: Any, typ: Any, name: str) -> Any:
     """Coerce a YAML/flag value to the declared type; on failure a ConfigError naming the key as ``name``."""
     if value is None:
         return None
