@@ -109,6 +109,20 @@ def _print_block(title: str, values: dict[str, Any]) -> None:
             print(f"  {k:28s} {v}")
 
 
+def _check_own_data(args: argparse.Namespace, needs_ref: bool, modes: list[str]) -> None:
+    """A user's model on the user's data never gets the default task's model as its reference or baseline."""
+    if not args.model or args.baseline:
+        return
+    if needs_ref and args.dataset is not None:
+        raise CLIError(
+            f"--reward-accuracy with --loss {args.loss} needs a reference model for --model {args.model}: pass "
+            "--baseline PATH (the model it was trained from) or --reference PATH, or use a reference-free --loss "
+            "such as simpo"
+        )
+    if "win_rate" in modes and args.prompts is not None:
+        raise CLIError(f"--win-rate compares --model {args.model} with a baseline: pass --baseline PATH")
+
+
 def run(args: argparse.Namespace) -> int:
     from prefzoo.eval.judges import (
         DEFAULT_JUDGE,
@@ -149,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.types import Need
 
     needs_ref = loss is not None and Need.REFERENCE in loss.needs and not args.reference
+    _check_own_data(args, needs_ref, modes)
     need_task = (
         not args.model
         or (("win_rate" in modes or needs_ref) and not args.baseline)
@@ -162,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
         task = load_default_task(seed=args.seed)
     model_path = args.model or str(task.model_dir)
     model, tok = _load(model_path)
+    if args.model and task is not None and tok.get_vocab() != task.load_tokenizer().get_vocab():
+        raise CLIError(
+            f"--model {args.model} does not use the default task's tokenizer, so the default task's pairs, prompts "
+            "and starting policy do not apply to it: pass your --dataset/--prompts and --baseline PATH"
+        )
     baseline_path = args.baseline or (str(task.model_dir) if task is not None else None)
     results: dict[str, Any] = {"model": model_path, "baseline": baseline_path}
 

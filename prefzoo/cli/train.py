@@ -23,7 +23,19 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
 
 
+class _TRLRedirect(argparse.Action):
+    """A TRL flag that means something else in prefzoo: remembered, and reported by run() as a one-line error."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        namespace.trl_redirects = [*getattr(namespace, "trl_redirects", []), self.dest]
+
+
+def _flag(name: str) -> str:
+    return "--" + _RENAMED.get(name, name.replace("_", "-"))
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from prefzoo.train.aliases import TRL_OPTIONS
     from prefzoo.train.config import TrainConfig, field_docs
 
     p = subparsers.add_parser(
@@ -43,11 +55,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     docs = field_docs()
     types = _field_types()
+    aliases: dict[str, list[str]] = {}  # key -> TRL's spellings of its flag (docs/training.md, "Coming from TRL")
+    for trl, opt in TRL_OPTIONS.items():
+        if opt.key is None:
+            p.add_argument("--" + trl, dest=trl, nargs="?", action=_TRLRedirect, help=argparse.SUPPRESS)
+            continue
+        spellings = {"--" + trl, "--" + trl.replace("_", "-")} - {_flag(opt.key)}
+        aliases.setdefault(opt.key, []).extend(sorted(spellings))
     for f in dataclasses.fields(TrainConfig):
         name = f.name
         default = f.default_factory() if callable(f.default_factory) else f.default
         help_text = f"{docs.get(name, '')} (default: {default!r})".replace("%", "%%")
-        flag = "--" + _RENAMED.get(name, name.replace("_", "-"))
+        flag = _flag(name)
+        flags = [flag, *aliases.get(name, [])]
         typ = types[name]
         if name == "loss_params":
             p.add_argument(
@@ -59,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             )
         elif name == "dataset":
             p.add_argument(
-                flag,
+                *flags,
                 dest=name,
                 action="append",
                 metavar="PATH[:WEIGHT]",
@@ -76,19 +96,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 "--callback early-stopping:metric=eval/loss,patience=2 (default: none)",
             )
         elif typ is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            p.add_argument(flag, dest=name, metavar=name.upper(), help=help_text)
+            p.add_argument(*flags, dest=name, metavar=name.upper(), help=help_text)
     return p
 
 
 def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """(config values from --config and flags, --loss-param pairs); flags override the YAML file."""
-    from prefzoo.train.config import TrainConfig, load_yaml_config
+    from prefzoo.train.aliases import TRL_OPTIONS
+    from prefzoo.train.config import TrainConfig, load_yaml_config, resolve_aliases
 
+    for trl in getattr(args, "trl_redirects", []):
+        raise CLIError(f"--{trl} is TRL's option; in prefzoo: {TRL_OPTIONS[trl].instead}")
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
-        values.update(load_yaml_config(args.config))
+        values.update(resolve_aliases(load_yaml_config(args.config), f"--config {args.config}"))
     flags = {k: v for k, v in vars(args).items() if k in TrainConfig.keys()}
     pairs = list(flags.pop("loss_params", None) or [])
     if "callbacks" in flags:  # --callback adds to the YAML file's callbacks
@@ -138,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{missing} is not set: give both --model and --dataset, or neither to train the embedded default task"
             )
         if values.get("model") is None:
-            return _run_default(values)
-        cfg = TrainConfig.from_dict(values, where="prefzoo train")
+            return _run_default(values, _where(args), _flag_names(args))
+        cfg = TrainConfig.from_dict(values, where=_where(args), names=_flag_names(args))
         from prefzoo.train.loop import train
 
         result = train(cfg)
@@ -158,6 +181,16 @@ def run(args: argparse.Namespace) -> int:
         LossOutputError,  # a plugin loss broke the LossOutput contract (the message names the plugin)
     ) as e:
         raise CLIError(str(e)) from None
+
+
+def _where(args: argparse.Namespace) -> str:
+    """How errors name a key that did not come from a flag."""
+    return f"--config {args.config}" if getattr(args, "config", None) else "prefzoo train"
+
+
+def _flag_names(args: argparse.Namespace) -> dict[str, str]:
+    """Config keys set by a flag -> the flag, so a bad value's error names the flag."""
+    return {k: _flag(k) for k in vars(args) if k in _field_types()}
 
 
 def _is_main() -> bool:
@@ -222,7 +255,7 @@ def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
     return f"prefzoo train: {when}; wrote " + (", ".join(parts) if parts else "nothing")
 
 
-def _run_default(values: dict[str, Any]) -> int:
+def _run_default(values: dict[str, Any], where: str, names: dict[str, str]) -> int:
     """The embedded default task: tiny warmed-up Llama + synthetic pairs with an exact oracle, fully offline."""
     import time
 
@@ -231,7 +264,7 @@ def _run_default(values: dict[str, Any]) -> int:
     from prefzoo.train.loop import train
 
     t0 = time.perf_counter()
-    seed = int(values.get("seed", 0))
+    seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
     main = _is_main()
     task = load_default_task(seed=seed, progress=main)
     merged = {
@@ -243,7 +276,7 @@ def _run_default(values: dict[str, Any]) -> int:
         "model": str(task.model_dir),
         "dataset": None,
     }
-    cfg = TrainConfig.from_dict(merged, where="prefzoo train")
+    cfg = TrainConfig.from_dict(merged, where, names)
     if main:
         print(
             f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "

@@ -15,6 +15,7 @@ After normalization ``prompt`` is a string (plain) or a list of ``{"role", "cont
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,10 +69,11 @@ def detect_format(columns: list[str], first_row: dict[str, Any]) -> str:
             return "plain"
     missing = sorted({"prompt", "chosen", "rejected"} - cols)
     hint = ""
-    lower = {c.lower(): c for c in columns}
-    for want in ("prompt", "chosen", "rejected"):
-        if want not in cols and want in lower:
-            hint += f" (column {lower[want]!r} looks like {want!r}: rename it)"
+    lower = {c.lower(): c for c in columns if c not in ("prompt", "chosen", "rejected")}
+    for want in missing:
+        near = difflib.get_close_matches(want, list(lower), n=1, cutoff=0.75)  # 'Prompt', 'rejeted', 'choosen'
+        if near:
+            hint += f" (column {lower[near[0]]!r}: did you mean {want!r}? rename it)"
     raise DataFormatError(
         f"dataset columns {sorted(cols)} match no preference format: missing {missing}{hint}. "
         f"Recognised formats: {_recognised()}. Rename the columns or pass --format."

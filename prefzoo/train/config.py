@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "TrainConfig", "field_docs", "load_yaml_config"]
+__all__ = ["ConfigError", "TrainConfig", "field_docs", "load_yaml_config", "resolve_aliases"]
 
 
 class ConfigError(ValueError):
@@ -136,7 +136,12 @@ class TrainConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], where: str = "config") -> TrainConfig:
+    def from_dict(
+        cls, values: dict[str, Any], where: str = "config", names: dict[str, str] | None = None
+    ) -> TrainConfig:
+        """A config from ``values`` (TRL's option names accepted, see prefzoo.train.aliases).  An error names a key
+        as ``names[key]`` (e.g. the flag it came from), else as ``where: key``."""
+        values = resolve_aliases(values, where)
         unknown = sorted(set(values) - set(cls.keys()))
         if unknown:
             import difflib
@@ -149,12 +154,34 @@ class TrainConfig:
             ]
             raise ConfigError(f"{where}: unknown keys {', '.join(hints)}; known keys: {', '.join(cls.keys())}")
         types_ = typing.get_type_hints(cls)
-        coerced = {k: _coerce(k, v, types_[k], where) for k, v in values.items()}
+        names = names or {}
+        coerced = {k: _coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
         return cls(**coerced)
 
 
-def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
-    """Coerce YAML/flag values to the declared type, naming the key on failure."""
+def resolve_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` with TRL's aliases renamed to prefzoo's keys; a ConfigError names a TRL option that means something
+    else here (and what to write instead), or a key given under both names."""
+    from prefzoo.train.aliases import TRL_OPTIONS
+
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        opt = TRL_OPTIONS.get(name)
+        if opt is not None and opt.key is None:
+            raise ConfigError(f"{where}: {name} is TRL's option; in prefzoo: {opt.instead}")
+        key = opt.key if opt is not None and opt.key is not None else name
+        if key in out:
+            raise ConfigError(f"{where}: {key} is given twice (under prefzoo's and TRL's name {name}); keep one")
+        out[key] = value
+    return out
+
+
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", tuple: "numbers separated by commas",
+             dict: "a mapping of names to values"}  # fmt: skip
+
+
+def _coerce(key: str, value: Any, typ: Any, name: str) -> Any:
+    """Coerce a YAML/flag value to the declared type; on failure a ConfigError naming the key as ``name``."""
     if value is None:
         return None
     args = [a for a in typing.get_args(typ) if a is not type(None)]
@@ -183,7 +210,8 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
                 raise ValueError(value)
             return dict(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {key}={value!r} is not a valid {getattr(base, '__name__', base)}") from None
+        what = _EXPECTED.get(base, f"a {getattr(base, '__name__', base)}")
+        raise ConfigError(f"{name} {value!r}: expected {what}") from None
     return value
 
 

@@ -129,8 +129,20 @@ def test_misnamed_columns_are_named_with_the_formats(tmp_path):
     with pytest.raises(DataFormatError) as e:
         load_preference_dataset(str(path))
     msg = str(e.value)
-    assert "missing ['chosen', 'prompt']" in msg and "'Prompt' looks like 'prompt'" in msg
+    assert "missing ['chosen', 'prompt']" in msg and "column 'Prompt': did you mean 'prompt'?" in msg
     assert "ultrafeedback" in msg and "orca" in msg
+
+
+@pytest.mark.parametrize(("typo", "want"), [("rejeted", "rejected"), ("choosen", "chosen"), ("promt", "prompt")])
+def test_a_near_miss_column_gets_a_did_you_mean(tmp_path, typo, want):
+    row = {"prompt": "x", "chosen": "a", "rejected": "b"}
+    row[typo] = row.pop(want)
+    path = tmp_path / "typo.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataFormatError) as e:
+        load_preference_dataset(str(path))
+    assert f"column {typo!r}: did you mean {want!r}? rename it" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_empty_dataset_is_an_error(tmp_path):

@@ -108,6 +108,7 @@ def test_the_default_task_evaluation_is_chosen_by_capability_not_by_name(files, 
     J.reset_judge_registry(J.build_judge_registry(extra_plugins=plugins, autoload=False))
     try:
         data = ["--reward-accuracy", "--dataset", str(files / "pairs.jsonl"), "--model", str(files / "no-model")]
+        data += ["--loss", "simpo"]  # reference-free: a user model with dpo would need --baseline
         assert main(["eval", "--judge", "plain-judge", *data]) == 2
         assert "--judge is used by --win-rate" in capsys.readouterr().err
         assert main(["eval", "--judge", "exact-task-judge", *data]) == 2  # gets past the judge, to the missing model
