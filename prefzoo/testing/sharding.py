@@ -80,18 +80,27 @@ def run_sharded(
     ``batch`` is split by ``sizes``, or is already a list of shards.  Returns the results in rank order.
     """
     shards = list(batch) if not isinstance(batch, PreferenceBatch) else shard_batch(batch, sizes or [batch.batch_size])
-    ex = _Exchange(len(shards))
-    outs: list[Any] = [None] * len(shards)
+    return run_threads(lambda rank, ex: loss(shards[rank], gather=lambda t: ex.gather(rank, t)), len(shards))
+
+
+def run_threads(fn: Callable[[int, _Exchange], Any], world: int) -> list[Any]:
+    """``fn(rank, exchange)`` on ``world`` threads sharing one :class:`_Exchange`; results in rank order.
+
+    An exception in any thread aborts the others' barrier and is re-raised here (the first real one, not the
+    ``BrokenBarrierError`` it caused elsewhere).
+    """
+    ex = _Exchange(world)
+    outs: list[Any] = [None] * world
     errors: list[BaseException] = []
 
     def work(rank: int) -> None:
         try:
-            outs[rank] = loss(shards[rank], gather=lambda t: ex.gather(rank, t))
-        except BaseException as e:  # re-raised in the caller, named by rank
+            outs[rank] = fn(rank, ex)
+        except BaseException as e:  # re-raised in the caller
             errors.append(e)
             ex.barrier.abort()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(shards))]
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
     for th in threads:
         th.start()
     for th in threads:

@@ -63,28 +63,7 @@ class ThreadAccelerator:
 def run_on_ranks(fn: Any, world: int) -> list[Any]:
     """``fn(rank, gather)`` on ``world`` threads, ``gather`` being prefzoo.train.distributed.make_gather of a
     ThreadAccelerator; results in rank order."""
-    import threading
-
-    from prefzoo.testing.sharding import _Exchange
+    from prefzoo.testing.sharding import run_threads
     from prefzoo.train.distributed import make_gather
 
-    ex = _Exchange(world)
-    outs: list[Any] = [None] * world
-    errors: list[BaseException] = []
-
-    def work(rank: int) -> None:
-        try:
-            outs[rank] = fn(rank, make_gather(ThreadAccelerator(rank, ex)))
-        except BaseException as e:
-            errors.append(e)
-            ex.barrier.abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-    if real or errors:
-        raise (real or errors)[0]
-    return outs
+    return run_threads(lambda rank, ex: fn(rank, make_gather(ThreadAccelerator(rank, ex))), world)
