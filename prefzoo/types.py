@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
-__all__ = ["LossContext", "LossOutput", "Need", "PreferenceBatch", "PreferenceBatchError"]
+__all__ = ["LossContext", "LossOutput", "Need", "PreferenceBatch", "PreferenceBatchError", "error_summary"]
 
 
 class PreferenceBatchError(ValueError):
@@ -226,3 +226,8 @@ class LossContext:
     @property
     def distributed(self) -> bool:
         return self.gather is not _identity
+
+
+def error_summary(e: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message`` (at most ``limit`` characters of it), for one-line errors."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:limit]}"

@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from prefzoo.types import error_summary
+
 __all__ = ["checked_map"]
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,6 @@ def checked_map(ds: Any, fn: Any, *, method: str = "map", rows: int | None = Non
             return out
         why = f"{len(out)} rows cached where {expected} were expected"
     except (pyarrow.ArrowException, OSError) as e:  # a truncated file fails as either
-        why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        why = error_summary(e, 200)
     log.warning("corrupt tokenised-dataset cache in %s (%s): rebuilding it", _where(ds), why)
     return getattr(ds, method)(fn, load_from_cache_file=False, **kwargs)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.train.guard import TrainingAborted
+from prefzoo.types import error_summary
 
 __all__ = [
     "BUILTIN_CALLBACKS",
@@ -151,10 +152,9 @@ class CallbackList:
         except TrainingAborted:
             raise
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:300]
             raise CallbackError(
                 f"callback {callback_name(cb)!r} ({type(cb).__module__}) failed in {hook} at step "
-                f"{state.global_step}: {type(e).__name__}: {first}; fix or remove it (--callback / callbacks:)"
+                f"{state.global_step}: {error_summary(e)}; fix or remove it (--callback / callbacks:)"
             ) from e
 
 
@@ -219,9 +219,8 @@ def load_callback(spec: Any) -> Any:
         factory = _resolve(target)
         return factory(**kwargs)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:300]
         raise ConfigError(
-            f"--callback {target!r}: cannot load it ({type(e).__name__}: {first}); give an importable module:Class, "
+            f"--callback {target!r}: cannot load it ({error_summary(e)}); give an importable module:Class, "
             f"a built-in ({', '.join(BUILTIN_CALLBACKS)}) or an entry point of group {ENTRY_POINT_GROUP!r}"
         ) from None
 
