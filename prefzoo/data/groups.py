@@ -74,14 +74,17 @@ def _tokenize(
     if len(ds) == 0:
         raise DataFormatError(f"the dataset (or the selected split) is empty: it holds no {what}")
     enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
-    keep = enc["keep"]
+    count = {k: int(sum(enc[k])) for k in _FLAGS}
     stats = TokenizeStats(
         total=len(enc),
-        kept=int(sum(keep)),
-        dropped=len(enc) - int(sum(keep)),
-        **{k: int(sum(enc[k])) for k in ("prompt_truncated", "completion_truncated", "identical", "oversized",
-                                         "context_truncated")},
-    )  # fmt: skip
+        kept=count["keep"],
+        dropped=len(enc) - count["keep"],
+        prompt_truncated=count["prompt_truncated"],
+        completion_truncated=count["completion_truncated"],
+        identical=count["identical"],
+        oversized=count["oversized"],
+        context_truncated=count["context_truncated"],
+    )
     if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
         stats.examples = _examples(enc)
     if stats.kept == 0:

@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     import datasets
 
 __all__ = [
+    "LISTS",
     "PAIRS",
     "PAIRS_FROM_LISTS",
-    "LISTS",
     "SHAPE_COLUMNS",
     "UNPAIRED",
     "data_shape",
@@ -78,7 +78,9 @@ def _answer(value: Any, where: str, field: str, rid: str) -> str:
 
 
 def _prompt(value: Any, rid: str, field: str) -> Any:
-    return check_text(value, rid, field) if isinstance(value, str) or value is None else check_messages(value, rid, field)
+    if isinstance(value, str) or value is None:
+        return check_text(value, rid, field)
+    return check_messages(value, rid, field)
 
 
 def _score(value: Any, where: str, field: str) -> float:
@@ -87,7 +89,9 @@ def _score(value: Any, where: str, field: str) -> float:
             f"{where}: field {field!r} is {value!r}; scores must be numbers (higher is better): fix or drop the row"
         )
     if not math.isfinite(value):
-        raise DataFormatError(f"{where}: field {field!r} is {value}; scores must be finite numbers: fix or drop the row")
+        raise DataFormatError(
+            f"{where}: field {field!r} is {value}; scores must be finite numbers: fix or drop the row"
+        )
     return float(value)
 
 

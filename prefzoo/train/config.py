@@ -29,7 +29,7 @@ class TrainConfig:
     model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
     dataset: str | list[Any] | None = None  # hub name, jsonl/json/parquet/csv file or folder; several: PATH:WEIGHT
     format: str | None = None  # plain|conversational|ultrafeedback|orca|ultrafeedback-raw|list|unpaired; None = detect
-    pairs_from_lists: str | None = None  # a pairwise loss on lists: best-worst | all-pairs | best-vs-rest pairs per list
+    pairs_from_lists: str | None = None  # pairwise loss on list data: best-worst | all-pairs | best-vs-rest
     unpair: bool = False  # an unpaired loss (kto, bco) on pairs: chosen desirable, rejected undesirable (as TRL)
     chat_template: str = "auto"  # conversations only: auto (the tokenizer's) | none | PATH.jinja; strings go as given
     train_split: str = "train"  # the split of --dataset to train on
