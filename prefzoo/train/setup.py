@@ -91,7 +91,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         )
     for line in describe_data(tokenizer, train_tok, data_stats, template):
         accelerator.print(f"prefzoo train: {line}")
-    _print_data_stats(accelerator, data_stats)
+    _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
@@ -190,11 +190,13 @@ def _load_model(
     return lm, tokenizer, has_adapter, identity
 
 
-def _print_data_stats(accelerator: Any, data_stats: dict[str, Any]) -> None:
+def _print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = "pairs") -> None:
     for split_name, s in data_stats.items():
+        tied = f", {s['tied_lists']} lists with every completion tied left out" if s.get("tied_lists") else ""
+        same = "with chosen identical to rejected" if what == "pairs" else "with identical completions"
         accelerator.print(
-            f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
-            f"({s.get('identical', 0)} with chosen identical to rejected, {s.get('oversized', 0)} oversized, the "
+            f"prefzoo train: {split_name}: {s['kept']} {what} kept, {s['dropped']} dropped{tied} "
+            f"({s.get('identical', 0)} {same}, {s.get('oversized', 0)} oversized, the "
             f"rest with no completion token left), {s['prompt_truncated']} prompts / "
             f"{s['completion_truncated']} completions truncated ({s['context_truncated']} pairs only because of the "
             "model's context)"
