@@ -173,7 +173,7 @@ def test_kl_rows_rotate_completions_like_trl(tokenizer):
     examples = [tok[i] for i in range(4)]
     batch = UnpairedCollator(tokenizer.pad_token_id, kl=True)(examples)
     comps = [e["completion_ids"] for e in examples]
-    trl_kl = [comps[-1]] + comps[:-1]  # trl/trainer/kto_trainer.py add_kl_completion_ids
+    trl_kl = [comps[-1]] + comps[:-1]  # noqa: RUF005 (TRL's spelling)  trl/trainer/kto_trainer.py add_kl_completion_ids
     for i, e in enumerate(examples):
         row = batch["kl_input_ids"][i][batch["kl_attention_mask"][i].bool()].tolist()
         assert row == e["prompt_ids"] + trl_kl[i]

@@ -10,7 +10,7 @@ def make_ultrafeedback_raw(n: int, k: int = 4, seed: int = 0) -> list[dict[str, 
     """n raw UltraFeedback rows: an instruction and k completions rated by closeness to the sum (10 = exact)."""
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    for _ in range(n):
         a, b = rng.randint(0, 49), rng.randint(0, 49)
         offsets = rng.sample([0, 1, 2, 3, 4, 5, 6, 7], k)
         comps = [
@@ -30,7 +30,8 @@ def make_lists(n: int, k: int = 4, seed: int = 0, scores: bool = True) -> list[d
         offsets = rng.sample([0, 1, 2, 3, 4, 5, 6, 7], k)
         if not scores:
             offsets.sort()
-        row: dict[str, Any] = {"id": f"l{i}", "prompt": f"add {a}+{b}=", "completions": [str(a + b + o) for o in offsets]}
+        comps = [str(a + b + o) for o in offsets]
+        row: dict[str, Any] = {"id": f"l{i}", "prompt": f"add {a}+{b}=", "completions": comps}
         if scores:
             row["scores"] = [float(-o) for o in offsets]
         rows.append(row)
