@@ -16,10 +16,16 @@ from torch import Tensor
 from prefzoo.spec import LossParamError
 from prefzoo.types import GroupBatch, GroupBatchError, PreferenceBatch, group_from_pairs
 
-__all__ = ["REDUCTIONS", "Reduction", "group_from_pairs", "pair_indices", "pairs_from_lists"]
+__all__ = ["REDUCTIONS", "Reduction", "best_worst_columns", "group_from_pairs", "pair_indices", "pairs_from_lists"]
 
 Reduction = Literal["best-worst", "all-pairs", "best-vs-rest"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
+
+
+def best_worst_columns(batch: GroupBatch) -> tuple[Tensor, Tensor]:
+    """(G,) column of each group's best and of its worst real completion (the first such column among ties)."""
+    r, valid = batch.ranking_scores, batch.valid  # (G, K)
+    return torch.where(valid, r, -torch.inf).argmax(dim=1), torch.where(valid, r, torch.inf).argmin(dim=1)
 
 
 def pair_indices(batch: GroupBatch, how: Reduction) -> tuple[Tensor, Tensor, Tensor]:
@@ -39,10 +45,9 @@ def pair_indices(batch: GroupBatch, how: Reduction) -> tuple[Tensor, Tensor, Ten
         better = (r[:, :, None] > r[:, None, :]) & valid[:, :, None] & valid[:, None, :]  # (G, K, K) i beats j
         g, i, j = torch.nonzero(better, as_tuple=True)
         return g, i, j
-    best = torch.where(valid, r, -torch.inf).argmax(dim=1)  # (G,) first best column
+    best, worst = best_worst_columns(batch)  # (G,)
     r_best = r.gather(1, best[:, None])  # (G, 1)
     if how == "best-worst":
-        worst = torch.where(valid, r, torch.inf).argmin(dim=1)  # (G,) first worst column
         g = torch.nonzero(r_best[:, 0] > r.gather(1, worst[:, None])[:, 0]).flatten()
         return g, best[g], worst[g]
     g, j = torch.nonzero((r < r_best) & valid, as_tuple=True)  # best-vs-rest
