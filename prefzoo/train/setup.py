@@ -115,10 +115,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         t0 = time.perf_counter()
         reference, ref_kind = precompute_reference(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
         timings["reference"] = time.perf_counter() - t0
+    unit = {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs")
     accelerator.print(
         f"prefzoo train: loss {loss!r}; reference: {ref_kind}; {accelerator.num_processes} "
-        f"process(es) × {cfg.per_device_batch_size} pairs × {cfg.grad_accum} accumulation = "
-        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} pairs per step; "
+        f"process(es) × {cfg.per_device_batch_size} {unit} × {cfg.grad_accum} accumulation = "
+        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} {unit} per step; "
         f"{total_steps} steps"
     )
     parts = Parts(
