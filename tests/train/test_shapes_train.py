@@ -212,3 +212,23 @@ def test_train_kto_on_pairs_with_unpair(tmp_path, tiny_dir, capsys):
     rc, out, err = _run(capsys, "--loss", "kto", "--unpair", *_train_args(tmp_path, tiny_dir, data))
     assert rc == 0, err
     assert "trained as unpaired (--unpair" in out and "train: 16 examples kept" in out  # 8 pairs -> 16 examples
+
+
+def test_group_and_unpaired_metrics():
+    from prefzoo.train.metrics import step_metrics
+    from prefzoo.types import GroupBatch, LossOutput, UnpairedBatch
+
+    group = GroupBatch(policy_logps=torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, 0.0]]),
+                       scores=torch.tensor([[2.0, 2.0, 0.0], [1.0, 0.0, 0.0]]),
+                       mask=torch.tensor([[True, True, True], [True, True, False]]))  # fmt: skip
+    rewards = torch.tensor([[0.1, 0.5, 0.0], [0.0, 0.3, 9.0]])  # group 0: a tied best on top; group 1: the worst
+    out = LossOutput(torch.zeros(2), torch.tensor([0.5, 0.0]), torch.tensor([0.0, 0.3]), rewards=rewards)
+    m = step_metrics(group, out, torch.tensor(0.0))
+    assert m["rewards/ranking_accuracy"] == 0.5  # the padded slot's 9.0 is ignored
+    assert m["rewards/accuracies"] == 0.5 and m["logps/mean"] == pytest.approx(-9.0 / 5)
+    un = UnpairedBatch(policy_logps=torch.tensor([-1.0, -3.0, -2.0]), labels=torch.tensor([True, False, False]))
+    out = LossOutput(torch.zeros(3), torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3))
+    m = step_metrics(un, out, torch.tensor(0.0))
+    assert m["rewards/accuracies"] == pytest.approx(1 / 3)  # reward > point agrees with the label only for 0
+    assert m["logps/desirable"] == -1.0 and m["logps/undesirable"] == -2.5
+    assert m["data/desirable"] == pytest.approx(1 / 3)
