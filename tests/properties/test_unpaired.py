@@ -1,6 +1,6 @@
 """Properties of the unpaired losses (kto, apo-zero-unpaired, bco) on random UnpairedBatches.
 
-Domains: N in 1..24 completions, summed log-probs in [−1e4, 0] (ρ up to ±1e4), β and the weights drawn from their
+Domains: N in 1..24 completions, summed log-probs in [−1e4, 0] (ρ in ±10 or up to ±1e4, KL log-ratios ±10), β and the weights drawn from their
 declared ranges (prefzoo.testing.loss_params), float64 unless stated.
 
 * only-desirable (only-undesirable) batches: every loss is its desirable (undesirable) branch as the formula says,
@@ -32,13 +32,14 @@ LOGP = st.floats(-1e4, 0.0, allow_nan=False, width=64)
 
 @st.composite
 def unpaired_batches(draw, *, min_size=1, max_size=24, labels=None, dtype=F64, span=1e4):
-    """An UnpairedBatch with KL completions; ρ = log π − log π_ref spans ±``span``, ties (ρ = 0) drawn on purpose."""
+    """An UnpairedBatch with KL completions: ρ = log π − log π_ref in ±10 or ±``span``, ties (ρ = 0) drawn on purpose;
+    mismatched-completion log-ratios in ±10."""
     n = draw(st.integers(min_size, max_size))
     ref = torch.tensor(draw(st.lists(LOGP, min_size=n, max_size=n)), dtype=F64)
-    rho = torch.tensor(draw(st.lists(st.one_of(st.just(0.0), st.floats(-span, span)), min_size=n, max_size=n)),
-                       dtype=F64)
+    rhos = st.one_of(st.just(0.0), st.floats(-10, 10), st.floats(-span, span))  # mostly in σ's transition region
+    rho = torch.tensor(draw(st.lists(rhos, min_size=n, max_size=n)), dtype=F64)
     kl_ref = torch.tensor(draw(st.lists(LOGP, min_size=n, max_size=n)), dtype=F64)
-    kl = torch.tensor(draw(st.lists(st.floats(-50, 50), min_size=n, max_size=n)), dtype=F64)
+    kl = torch.tensor(draw(st.lists(st.floats(-10, 10), min_size=n, max_size=n)), dtype=F64)
     lab = labels if labels is not None else draw(st.lists(st.booleans(), min_size=n, max_size=n))
     lab = torch.tensor([lab] * n if isinstance(lab, bool) else lab)
     return prefzoo.UnpairedBatch(
