@@ -128,6 +128,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         steps_per_epoch, total_steps, num_epochs, timings=timings,
     )  # fmt: skip
     _start_trackers(cfg, accelerator)
+    if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
+        accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
     return parts

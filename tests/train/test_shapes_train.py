@@ -232,3 +232,16 @@ def test_group_and_unpaired_metrics():
     assert m["rewards/accuracies"] == pytest.approx(1 / 3)  # reward > point agrees with the label only for 0
     assert m["logps/desirable"] == -1.0 and m["logps/undesirable"] == -2.5
     assert m["data/desirable"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.slow
+def test_train_bco_keeps_its_state_in_checkpoints(tmp_path, tiny_dir, capsys):
+    """A stateful unpaired loss: its running mean δ is registered for checkpointing and advances every step."""
+    _needs("bco")
+    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(16))
+    rc, _, err = _run(capsys, "--loss", "bco", "--save-steps", "1", *_train_args(tmp_path, tiny_dir, data))
+    assert rc == 0, err
+    saved = sorted((tmp_path / "out" / "checkpoints").glob("step-*/custom_checkpoint_0.*"))
+    assert len(saved) == 2
+    states = [torch.load(f, weights_only=True) for f in saved]
+    assert float(states[0]["count"]) < float(states[1]["count"])  # δ advanced between the two steps
