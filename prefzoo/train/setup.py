@@ -79,7 +79,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
     plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
-    accelerator.print(f"prefzoo train: {plan.describe()}")
+    if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
+        accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
     defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
     for line in defaults.lines():

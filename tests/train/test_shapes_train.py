@@ -173,12 +173,15 @@ def _history(tmp_path) -> list[dict]:
 @pytest.mark.slow
 def test_train_mmpo_list_on_raw_ultrafeedback(tmp_path, tiny_dir, capsys):
     _needs("mmpo-list")
-    data = write_jsonl(tmp_path / "ultrafeedback_raw.jsonl", make_ultrafeedback_raw(16))
-    rc, out, err = _run(capsys, "--loss", "mmpo-list", *_train_args(tmp_path, tiny_dir, data))
+    data = write_jsonl(tmp_path / "ultrafeedback_raw.jsonl", make_ultrafeedback_raw(24))
+    args = [*_train_args(tmp_path, tiny_dir, data), "--eval-fraction", "0.25", "--eval-at-start"]
+    rc, out, err = _run(capsys, "--loss", "mmpo-list", *args)
     assert rc == 0, err
-    assert "data shape lists, trained as lists" in out
+    assert "data shape lists, trained as lists" in out and "train: 18 lists kept" in out
     steps = [r for r in _history(tmp_path) if "loss" in r]
     assert len(steps) == 2 and all("rewards/ranking_accuracy" in r and "logps/mean" in r for r in steps)
+    evals = [r for r in _history(tmp_path) if "eval/reward_accuracy" in r]
+    assert len(evals) == 2 and all(r["eval/pairs"] == 6 for r in evals)  # the 6 held-out lists, before and after
 
 
 @pytest.mark.slow
@@ -195,10 +198,11 @@ def test_train_dpo_with_pairs_from_lists(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 def test_train_kto_on_unpaired_examples(tmp_path, tiny_dir, capsys):
     _needs("kto")
-    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(16))
-    rc, out, err = _run(capsys, "--loss", "kto", *_train_args(tmp_path, tiny_dir, data))
+    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(24))
+    rc, out, err = _run(capsys, "--loss", "kto", *_train_args(tmp_path, tiny_dir, data), "--eval-fraction", "0.25")
     assert rc == 0, err
     assert "KL pairs: completions rotated by one" in out
+    assert [r["eval/pairs"] for r in _history(tmp_path) if "eval/pairs" in r] == [6.0]
     steps = [r for r in _history(tmp_path) if "loss" in r]
     assert len(steps) == 2 and all(0.0 <= r["data/desirable"] <= 1.0 for r in steps)
 
