@@ -249,3 +249,16 @@ def test_train_bco_keeps_its_state_in_checkpoints(tmp_path, tiny_dir, capsys):
     assert len(saved) == 2
     states = [torch.load(f, weights_only=True) for f in saved]
     assert float(states[0]["count"]) < float(states[1]["count"])  # δ advanced between the two steps
+
+
+@pytest.mark.slow
+def test_train_list_loss_on_pairs_as_k2_groups(tmp_path, tiny_dir, capsys):
+    """A list loss on pair data trains on K = 2 groups: mmpo-list on pairs equals mmpo (lists' K = 2 identity)."""
+    _needs("mmpo-list")
+    data = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(8))
+    losses = {}
+    for name in ("mmpo-list", "mmpo"):
+        rc, out, err = _run(capsys, "--loss", name, *_train_args(tmp_path / name, tiny_dir, data))
+        assert rc == 0, err
+        losses[name] = [r["loss"] for r in _history(tmp_path / name) if "loss" in r]
+    assert losses["mmpo-list"] == pytest.approx(losses["mmpo"], abs=1e-5)
