@@ -258,7 +258,7 @@ def test_train_list_loss_on_pairs_as_k2_groups(tmp_path, tiny_dir, capsys):
     data = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(8))
     losses = {}
     for name in ("mmpo-list", "mmpo"):
-        rc, out, err = _run(capsys, "--loss", name, *_train_args(tmp_path / name, tiny_dir, data))
+        rc, _, err = _run(capsys, "--loss", name, *_train_args(tmp_path / name, tiny_dir, data))
         assert rc == 0, err
         losses[name] = [r["loss"] for r in _history(tmp_path / name) if "loss" in r]
     assert losses["mmpo-list"] == pytest.approx(losses["mmpo"], abs=1e-5)
