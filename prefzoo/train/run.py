@@ -340,9 +340,10 @@ class Run:
             return None
         info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped,
                 "total_steps": state.total_steps, "max_steps": cfg.max_steps, "epochs": cfg.epochs}  # fmt: skip
-        acc = self.parts.accelerator
+        acc, storage = self.parts.accelerator, self.parts.storage
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
-                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp))  # fmt: skip
+                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp),
+                                node_local=storage is not None and not storage.shared)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved
