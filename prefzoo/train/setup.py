@@ -75,6 +75,9 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
     storage = detect_storage(accelerator, cfg.output_dir)
     accelerator.project_configuration.save_on_each_node = not storage.shared  # each node's disk gets model + optimizer
+    if not storage.shared and cfg.deepspeed:  # DeepSpeed's own switch: model states on every node, not rank 0 only
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_config.setdefault("checkpoint", {})["use_node_local_storage"] = True
     resume_path, resume_info = _resume_point(cfg, accelerator, storage)
     set_seed(cfg.seed)
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
