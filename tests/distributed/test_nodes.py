@@ -72,6 +72,10 @@ def test_two_nodes_with_local_dirs_checkpoint_agree_resume_and_equal_one_node(tm
         assert "step-00000003 at step 3" in texts[r], texts[r][-3000:]
     assert (out[0] / "final" / "model.safetensors").is_file() and not (out[1] / "final").exists()
 
+    # resubmitted once finished: every node returns at once (node 1 has no final/, but its finished marker)
+    codes, texts = run_nodes([{**c, "resume": "auto", "dist_timeout": 60} for c in cfgs], logs, timeout=300)
+    assert codes == [0, 0] and "already complete" in texts[0], texts[0][-3000:] + texts[1][-3000:]
+
     one = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "one", per_device_batch_size=8, max_steps=4))
     assert max_diff(final_weights(out[0]), params_of(one.model)) < 1e-5
 
