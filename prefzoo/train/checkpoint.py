@@ -1,13 +1,17 @@
 """Atomic accelerate checkpoints: written to a temp folder, fsynced, marked complete, renamed; resume validation.
 
-A kill at any moment (even ``kill -9`` inside ``save_state``) leaves the newest *complete* checkpoint intact:
+A kill at any moment (even ``kill -9`` inside ``save_state``) leaves the newest *complete* checkpoint intact.  The
+*writer* of a folder is global rank 0 when the output dir is shared, else each node's local rank 0 (node-local
+disks, :mod:`prefzoo.train.nodes`); the save is two-phase across nodes:
 
-1. every process writes its state into ``checkpoints/.tmp-step-N`` (a name ``--resume auto`` never looks at);
-2. the main process fsyncs those files, then writes the completion marker ``prefzoo_checkpoint.json`` last, holding
-   the run info and a manifest (relative path -> size) of every file;
-3. it renames the folder to ``step-N`` (atomic on one filesystem) and fsyncs the parent folder;
-4. only then are checkpoints beyond ``--save-total-limit`` deleted, oldest first, and stale ``.tmp-*`` folders of
-   killed writes removed.
+1. every process writes its state into ``checkpoints/.tmp-step-N`` on its node (a name ``--resume auto`` never looks
+   at): on node-local disks each node's local rank 0 writes the model and optimizer, every rank its RNG state;
+2. each writer fsyncs those files, then writes the completion marker ``prefzoo_checkpoint.json`` last, holding the
+   run info and a manifest (relative path -> size) of every file of its folder;
+3. barrier: every node's folder is complete; each writer renames its folder to ``step-N`` (atomic on one
+   filesystem) and fsyncs the parent folder; barrier;
+4. only then are checkpoints beyond ``--save-total-limit`` deleted (rank 0 picks the steps, every writer deletes the
+   same ones), oldest first, and stale ``.tmp-*`` folders of killed writes removed.
 
 A checkpoint counts as complete only if its marker parses and every file of the manifest is present with its size.
 A full disk (ENOSPC) on any process during steps 1-3 removes the temp folder and stops the run on every process with
@@ -84,40 +88,50 @@ def save_checkpoint(
     info: dict[str, Any],
     keep: int,
     before_marker: Callable[[Path], None] | None = None,
+    node_local: bool = False,
 ) -> Path:
     """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written).
 
+    ``node_local``: every node has its own ``output_dir`` (each node's local rank 0 writes a complete folder).
     ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
     """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
-    if accelerator.is_main_process:
+    writer = accelerator.is_local_main_process if node_local else accelerator.is_main_process
+    if writer:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     full = _enospc(lambda: accelerator.save_state(str(tmp)))
     if _any_process(accelerator, full is not None):
-        raise _disk_full(accelerator, output_dir, step, tmp, full)
+        raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
     full = None
-    if accelerator.is_main_process:
-        full = _enospc(lambda: _seal(tmp, final, root, step, info, before_marker))
-    if _any_process(accelerator, full is not None):
-        raise _disk_full(accelerator, output_dir, step, tmp, full)
-    if accelerator.is_main_process:
-        for old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    if writer:
+        hook = before_marker if accelerator.is_main_process else None
+        full = _enospc(lambda: _seal(tmp, step, info, hook))
+    if _any_process(accelerator, full is not None):  # phase 1 done: every node's folder is complete, or none renames
+        raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
+    if writer:
+        _rename(tmp, final, root)
+    accelerator.wait_for_everyone()  # phase 2 done: step-N exists on every node
+    doomed = [p.name for p in complete_checkpoints(output_dir)[:-keep]] if accelerator.is_main_process else None
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        doomed = broadcast_object_list([doomed])[0]  # rank 0's choice: every node prunes the same steps
+    if writer:
+        for name in doomed or []:
+            shutil.rmtree(root / name, ignore_errors=True)
         for stale in root.glob(".tmp-step-*"):  # left by writes that were killed
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
 
-def _seal(
-    tmp: Path, final: Path, root: Path, step: int, info: dict[str, Any], before_marker: Callable[[Path], None] | None
-) -> None:
-    """Main process: fsync the state files, write the completion marker last, rename the folder into place."""
+def _seal(tmp: Path, step: int, info: dict[str, Any], before_marker: Callable[[Path], None] | None) -> None:
+    """A writer: fsync the state files, write the completion marker last."""
     manifest = _manifest(tmp)
     for rel in manifest:
         _fsync(tmp / rel)
@@ -127,9 +141,13 @@ def _seal(
     marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
     _fsync(marker)
     _fsync(tmp)
+
+
+def _rename(tmp: Path, final: Path, root: Path) -> None:
+    """A writer: move the sealed folder into place (atomic on one filesystem: 'final' is either absent or complete)."""
     if final.exists():
         shutil.rmtree(final)
-    tmp.rename(final)  # atomic on one filesystem: 'final' is either absent or complete
+    tmp.rename(final)
     _fsync(root)
 
 
@@ -159,12 +177,14 @@ def _bytes(folder: Path | None) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _disk_full(accelerator: Any, output_dir: str | Path, step: int, tmp: Path, err: OSError | None) -> DiskFullError:
+def _disk_full(
+    accelerator: Any, output_dir: str | Path, step: int, tmp: Path, err: OSError | None, writer: bool
+) -> DiskFullError:
     """Remove the half-written folder and say what is kept, how much space a checkpoint needs, and how to go on."""
     latest = find_latest_checkpoint(output_dir)
     written = _bytes(tmp)
     needed = max(_bytes(latest), written)  # the previous checkpoint's size; at least what this one had written
-    if accelerator.is_main_process:
+    if writer:
         shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(tmp.parent).free
     where = (err.filename if err is not None and err.filename else None) or tmp

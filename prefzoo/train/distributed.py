@@ -92,6 +92,25 @@ def _prepare_deepspeed_on_cpu() -> None:
         )
 
 
+def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:
+    """``accelerate launch --use_fsdp`` where accelerate would quietly run something else: one line, not silent DDP."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true", "yes"):
+        return
+    from prefzoo.train.config import ConfigError
+
+    if cfg.deepspeed:
+        raise ConfigError(
+            f"accelerate launch --use_fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine "
+            "(drop --use_fsdp, or drop --deepspeed)"
+        )
+    if no_gpu:
+        raise ConfigError(
+            "accelerate launch --use_fsdp (ACCELERATE_USE_FSDP=true): without a GPU accelerate ignores FSDP and would "
+            "run plain DDP, every process holding the whole model; drop --use_fsdp to train with DDP, or shard on CPU "
+            "with --deepspeed zero3"
+        )
+
+
 def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) -> Any:
     """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, DeepSpeed, trackers."""
     from accelerate import Accelerator
@@ -107,6 +126,7 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) ->
         "project_config": ProjectConfiguration(project_dir=project_dir, logging_dir=str(Path(project_dir) / "tb")),
     }
     no_gpu = cfg.cpu or not torch.cuda.is_available()
+    _refuse_ignored_fsdp(cfg, no_gpu)
     # a collective that waits longer than this for a dead or hung peer fails (the loop turns it into a message)
     timeout = timedelta(seconds=float(getattr(cfg, "dist_timeout", 1800.0)))
     if cfg.deepspeed:

@@ -7,6 +7,7 @@ and the callbacks from ``cfg.callbacks`` and the caller.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
 from prefzoo.train.run import Run, TrainResult, evaluate
 from prefzoo.train.signals import PreemptionHandler
@@ -53,15 +55,23 @@ def _train(cfg: TrainConfig, hooks: CallbackList, train_dataset: Any, eval_datas
             if not (_world_size() > 1 and is_peer_failure(e)):
                 raise
             latest = find_latest_checkpoint(cfg.output_dir)
+            lost = lost_ranks(min(5.0, cfg.dist_timeout))  # the ranks that do not check in: dead or hung
+            who = f"lost rank(s) {', '.join(_rank_names(lost))}" if lost else "another process died or hung"
             raise PeerFailureError(
-                f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: another process "
-                f"died or hung (see its log above; {type(e).__name__}: {str(e).strip()[:200]!r}). "
+                f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: {who} "
+                f"(see its log; {type(e).__name__}: {str(e).strip()[:200]!r}). "
                 + (
                     f"The newest complete checkpoint is {latest}: rerun with --resume auto."
                     if latest
                     else "No checkpoint was written yet."
                 )
             ) from e
+
+
+def _rank_names(ranks: list[int]) -> list[str]:
+    """'1 (node 1)': a rank and its node (ranks are numbered node by node, LOCAL_WORLD_SIZE per node)."""
+    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return [f"{r} (node {r // per_node})" for r in ranks]
 
 
 def _world_size() -> int:

@@ -4,7 +4,9 @@
   ``output_dir/.prefzoo-train.lock`` for the whole run; a second ``prefzoo train`` on the same folder stops at once
   with :class:`OutputDirLockedError` instead of interleaving checkpoints.  The OS drops the lock when the holder dies
   (even by ``kill -9``), so a stale lock file never blocks a resume.
-* A finished run resumed (``--resume``) is reported by :func:`finished_run` and left untouched.
+* A finished run resumed (``--resume``) is reported by :func:`finished_run` and left untouched.  The final model is
+  written once (node 0); each node's writer also leaves :data:`FINISHED_MARKER`, so a node whose disk is its own
+  knows the run finished and returns with node 0 instead of waiting for it in a collective.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 from prefzoo.train.checkpoint import find_latest_checkpoint, read_marker
 from prefzoo.train.guard import TrainingAborted
 
-__all__ = ["LOCK_FILE", "OutputDirLockedError", "finished_run", "output_dir_lock"]
+__all__ = ["FINISHED_MARKER", "LOCK_FILE", "OutputDirLockedError", "finished_run", "mark_finished", "output_dir_lock"]
 
 LOCK_FILE = ".prefzoo-train.lock"
+FINISHED_MARKER = ".prefzoo-finished.json"  # {"step": N, "final": path}: written once the final model is complete
 
 
 class OutputDirLockedError(TrainingAborted):
@@ -84,6 +87,27 @@ def finished_run(cfg: Any) -> dict[str, Any] | None:
     total = info.get("total_steps")
     same_length = info.get("max_steps") == cfg.max_steps and info.get("epochs") == cfg.epochs
     final = Path(cfg.output_dir) / "final"
-    if total is None or int(info["step"]) < int(total) or not same_length or not (final / "run_card.json").is_file():
+    if total is None or int(info["step"]) < int(total) or not same_length:
+        return None
+    if not (final / "run_card.json").is_file() and _marked_step(cfg.output_dir) != int(info["step"]):
         return None
     return {**info, "checkpoint": str(path), "final": str(final)}
+
+
+def mark_finished(output_dir: str | Path, step: int, final: Path | None) -> None:
+    """Record on this node's disk that the run finished at ``step`` with its final model in ``final``."""
+    import json
+
+    path = Path(output_dir) / FINISHED_MARKER
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"step": step, "final": str(final)}))
+    os.replace(tmp, path)
+
+
+def _marked_step(output_dir: str | Path) -> int | None:
+    import json
+
+    try:
+        return int(json.loads((Path(output_dir) / FINISHED_MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

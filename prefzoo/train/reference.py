@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,7 @@ def model_identity(lm: nn.Module, name: str | None) -> str:
 
 @contextlib.contextmanager
 def _atomic_path(path: Path) -> Iterator[Path]:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{socket.gethostname()}-{os.getpid()}")  # unique on a shared disk too
     yield tmp
     os.replace(tmp, path)
 
@@ -190,7 +191,8 @@ def load_or_compute_reference_table(
 
     path = _cache_file(Path(cache_dir).expanduser(), key)
     table = _read_cache(path, key, ids)
-    if table is not None:
+    if _hit_everywhere(accelerator, table is not None):
+        assert table is not None
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
@@ -203,7 +205,7 @@ def load_or_compute_reference_table(
     missing = set(ids) - set(table)
     if missing:
         raise RuntimeError(f"reference precomputation missed {len(missing)} examples")
-    if accelerator.is_main_process:
+    if accelerator.is_local_main_process:  # once per node: a node-local cache dir is filled on every node
         path.parent.mkdir(parents=True, exist_ok=True)
         logps = torch.tensor([table[i] for i in ids], dtype=torch.float32)  # (n, 2)
         with _atomic_path(path) as tmp:
@@ -211,6 +213,15 @@ def load_or_compute_reference_table(
             save_file({"logps": logps}, str(tmp), metadata=meta)
     accelerator.wait_for_everyone()
     return table, False
+
+
+def _hit_everywhere(accelerator: Any, hit: bool) -> bool:
+    """Whether every rank read a valid cache; else all compute (a node whose own cache dir is empty computes with
+    the others instead of waiting in gathers they never make)."""
+    if accelerator.num_processes == 1:
+        return hit
+    flag = torch.tensor([0.0 if hit else 1.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() == 0)
 
 
 def _zero3_enabled() -> bool:

@@ -21,6 +21,7 @@ from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
+from prefzoo.train.outdir import mark_finished
 from prefzoo.train.runcard import write_final_model
 from prefzoo.train.setup import setup
 
@@ -304,6 +305,8 @@ class Run:
         result.skipped_steps = self.guard.skipped
         if not result.stopped_early or self.stopped_by_callback:
             result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result)
+            if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
+                mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
         result.model = p.accelerator.unwrap_model(p.policy).lm
         self.callbacks.call("on_train_end", self.state)
         p.accelerator.end_training()
@@ -342,9 +345,10 @@ class Run:
             return None
         info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped,
                 "total_steps": state.total_steps, "max_steps": cfg.max_steps, "epochs": cfg.epochs}  # fmt: skip
-        acc = self.parts.accelerator
+        acc, storage = self.parts.accelerator, self.parts.storage
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
-                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp))  # fmt: skip
+                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp),
+                                node_local=storage is not None and not storage.shared)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved

@@ -21,13 +21,14 @@ from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
-from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint, read_marker
+from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import load_splits, prepare_datasets
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
 from prefzoo.train.model_defaults import apply_model_defaults
+from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
 from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, plan_shape
@@ -61,6 +62,7 @@ class Parts:
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
     timings: dict[str, float] = field(default_factory=dict)
+    storage: Storage | None = None  # shared or node-local output dir (None: one process)
 
 
 def trackers(cfg: TrainConfig) -> list[str] | None:
@@ -72,8 +74,14 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     from accelerate.utils import set_seed
 
     loss = get_loss(cfg.loss, **cfg.loss_params)  # unknown names / bad params fail before any model loads
-    resume_path, resume_info = _check_config(cfg)
+    _check_config(cfg)
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
+    storage = detect_storage(accelerator, cfg.output_dir)
+    accelerator.project_configuration.save_on_each_node = not storage.shared  # each node's disk gets model + optimizer
+    if not storage.shared and cfg.deepspeed:  # DeepSpeed's own switch: model states on every node, not rank 0 only
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_config.setdefault("checkpoint", {})["use_node_local_storage"] = True
+    resume_path, resume_info = _resume_point(cfg, accelerator, storage)
     set_seed(cfg.seed)
     with accelerator.main_process_first():  # the data's shape is checked against the loss before any model loads
         train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
@@ -93,6 +101,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     for line in describe_data(tokenizer, train_tok, data_stats, template):
         accelerator.print(f"prefzoo train: {line}")
     _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
+    _agree_on_identity(cfg, accelerator, storage, train_tok, eval_tok, identity)
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
@@ -126,7 +135,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     parts = Parts(
         cfg, loss, accelerator, tokenizer, policy, trainable, optimizer, schedule, train_dl, eval_dl, reference,
         make_gather(accelerator), _run_info(cfg, identity, accelerator.num_processes), data_stats, defaults,
-        steps_per_epoch, total_steps, num_epochs, timings=timings,
+        steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage,
     )  # fmt: skip
     _start_trackers(cfg, accelerator)
     if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
@@ -164,14 +173,41 @@ def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
         )
 
 
-def _check_config(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
-    """Settings that cannot work together, and the checkpoint to resume from (validated against this run)."""
+def _check_config(cfg: TrainConfig) -> None:
+    """Settings that cannot work together."""
     if cfg.model is None:
         raise ConfigError("model is not set: give --model (or neither --model nor --dataset for the default task)")
-    resume_path, resume_info = _resume_point(cfg)
     if cfg.merge_lora and cfg.deepspeed == "zero3":
         raise ConfigError("--merge-lora is not supported with ZeRO-3 here; save the adapter and merge afterwards")
-    return resume_path, resume_info
+
+
+def _agree_on_identity(
+    cfg: TrainConfig, accelerator: Any, storage: Storage, train_tok: Any, eval_tok: Any, identity: str
+) -> None:
+    """Every rank trains the same data, loss and model (and would key the reference cache alike), or none starts."""
+    if accelerator.num_processes == 1:
+        return
+    data = f"{content_digest(train_tok)}/{content_digest(eval_tok) if eval_tok is not None else '-'}"
+    values = {
+        "tokenized dataset fingerprint (train/eval content)": data,
+        "loss and its parameters": f"{cfg.loss} {dict(sorted((k, str(v)) for k, v in cfg.loss_params.items()))}",
+        "model identity": identity,
+    }
+    notes = {
+        "tokenized dataset fingerprint (train/eval content)": f" (--dataset {cfg.dataset})",
+        "model identity": f" (--model {cfg.model})",
+    }
+    if cfg.precompute_ref:
+        key = f"{data}|{identity}|p{cfg.max_prompt_length}c{cfg.max_completion_length}|{cfg.mixed_precision}"
+        values["precomputed-reference cache key"] = key
+    fix = "give every node the same {} (a copy of the same file is fine)"
+    hints = {
+        "tokenized dataset fingerprint (train/eval content)": fix.format("--dataset, split and length settings"),
+        "loss and its parameters": fix.format("--loss and --loss-param values"),
+        "model identity": fix.format("--model weights"),
+        "precomputed-reference cache key": fix.format("--max-prompt-length, --max-completion-length and precision"),
+    }
+    agree_on_values(accelerator, storage, values, hints, notes)
 
 
 def _load_model(
@@ -248,10 +284,9 @@ def _start_trackers(cfg: TrainConfig, accelerator: Any) -> None:
         accelerator.init_trackers("prefzoo", config=simple)
 
 
-def _resume_point(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
-    if not cfg.resume:
-        return None, {}
-    path = find_latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+def _resume_point(cfg: TrainConfig, accelerator: Any, storage: Storage) -> tuple[Path | None, dict[str, Any]]:
+    """The checkpoint every rank resumes from (the same step on all; see prefzoo.train.nodes), checked against cfg."""
+    path = agree_on_resume(accelerator, storage, cfg.output_dir, cfg.resume)
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
     info = read_marker(path)
