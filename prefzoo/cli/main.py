@@ -62,5 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m prefzoo.cli.main`: run the imported module, whose CLIError the commands raise
+    from prefzoo.cli.main import main as _main
+
+    sys.exit(_main())

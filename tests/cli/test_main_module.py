@@ -1,0 +1,22 @@
+"""`python -m prefzoo.cli.main` (as tests/faults/_run.py runs it) reports errors in one line like `prefzoo`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["prefzoo", "prefzoo.cli.main"])
+def test_cli_error_is_one_line_whichever_module_runs(module: str, tmp_path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "train", "--config", str(tmp_path / "missing.yaml")],
+        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"prefzoo train: error: --config {tmp_path / 'missing.yaml'}: no such file"
