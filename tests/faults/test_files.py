@@ -102,7 +102,8 @@ class _CountingReference(Reference):
 
 
 class _OneProcess:
-    is_main_process = True
+    is_main_process = is_local_main_process = True
+    num_processes = 1
 
     def gather_for_metrics(self, t):
         return t
