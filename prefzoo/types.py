@@ -365,12 +365,12 @@ class GroupBatch:
 
     @property
     def ranking_scores(self) -> Tensor:
-        """(G, K) detached values whose order is the ranking (higher is better): ``scores``, else K − 1 − column."""
+        """(G, K) detached values whose order is the ranking (higher is better): ``scores``, else the rank grade,
+        the number of real completions in later columns (K − 1 − column without padding; padding never counts)."""
         if self.scores is not None:
             return self.scores.detach()
-        k = self.group_size
-        col = torch.arange(k - 1, -1, -1, dtype=self.policy_logps.dtype, device=self.policy_logps.device)
-        return col.expand(self.batch_size, k)
+        v = self.valid.to(self.policy_logps.dtype)
+        return (v.flip(1).cumsum(1).flip(1) - v).detach()
 
     def replace(self, **changes: Any) -> GroupBatch:
         """A copy with some fields replaced (validated again)."""

@@ -17,7 +17,7 @@ from prefzoo.cli.losses import format_table
 from prefzoo.cli.main import CLIError
 from prefzoo.registry import get_loss, parse_loss_params
 from prefzoo.spec import Loss
-from prefzoo.types import PreferenceBatch
+from prefzoo.types import GroupBatch, PreferenceBatch, Shape
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--logp", type=float, default=-20.0, help="log π of both responses at m = 0 (default -20)")
     p.add_argument("--ref-logp", type=float, default=-20.0, help="log π_ref of both responses (default -20)")
     p.add_argument("--length", type=int, default=10, help="completion length of both responses (default 10)")
+    p.add_argument("--k", type=int, default=2, metavar="K",
+                   help="list losses: K completions per group, ranked best first and spread by the margin "
+                   "(log π of rank j is logp + m·((K−1)/2 − j)/(K−1)); prints −∂L/∂log π of every rank (default 2)")
     p.add_argument("--plot", metavar="PNG", help="also write a plot of w_w and w_l to this PNG (needs matplotlib)")
     return p
 
@@ -109,6 +112,43 @@ def summary(fp: Fingerprint) -> str:
     return "The signs of w_w and w_l change with the margin: the loss is not monotone in the two likelihoods."
 
 
+def list_weights(loss: Loss, k: int, margin: float, logp: float = -20.0, ref_logp: float = -20.0,
+                 length: int = 10) -> list[float]:
+    """−∂L/∂log π(z_j) for ranks j = 1..K of one group whose log-probs fall evenly by ``margin`` from best to worst."""
+    f64 = torch.float64
+    spread = torch.tensor([((k - 1) / 2 - j) / (k - 1) for j in range(k)], dtype=f64)
+    pol = (logp + margin * spread)[None].requires_grad_()
+    batch = GroupBatch(policy_logps=pol, ref_logps=torch.full((1, k), ref_logp, dtype=f64),
+                       lengths=torch.full((1, k), length))
+    (g,) = torch.autograd.grad(loss(batch).losses.sum(), pol)
+    return [-x for x in g[0].tolist()]
+
+
+def list_summary(rows: list[list[float]]) -> str:
+    """What the per-rank weights show, e.g. mmpo-list's NLL on the best plus a zero-sum ranking of the rest."""
+    tol = 1e-9
+    best = [r[0] for r in rows]
+    rest_sums = [sum(r[1:]) for r in rows]
+    if max(best) - min(best) < tol and max(abs(x) for x in rest_sums) < 1e-6:
+        return (f"w_1 = {best[0]:g} at every margin: NLL on the best completion; the other ranks' weights sum to 0, "
+                "a Plackett–Luce ranking of the rest that does not involve the best (docs/theory.md).")
+    if all(abs(sum(r) - 1.0) < 1e-6 and min(r) >= -tol for r in rows):
+        return "The weights are a softmax over the group (sum 1, all ≥ 0): Theorem 3.1 with n = K samples."
+    return "Per-rank weights against the margin; positive raises that completion's likelihood."
+
+
+def _run_list(loss: Loss, args: argparse.Namespace, margins: list[float]) -> int:
+    rows = [list_weights(loss, args.k, m, args.logp, args.ref_logp, args.length) for m in margins]
+    print(f"{loss.name}: {loss.spec.formula}")
+    print(f"params: {loss.params}")
+    print(f"w_j = −∂L/∂log π(z_j) for K = {args.k} completions ranked best (j = 1) first; the margin m is "
+          "log π(z_1) − log π(z_K)\n")
+    table = [[f"{m:+.3f}", *(f"{w:+.6g}" for w in r)] for m, r in zip(margins, rows, strict=True)]
+    print(format_table(table, ["m", *(f"w_{j + 1}" for j in range(args.k))]))
+    print("\n" + list_summary(rows))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.points < 2 or args.min >= args.max:
         raise CLIError("--points must be >= 2 and --min < --max")
@@ -117,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
     loss = get_loss(args.name, **parse_loss_params(args.name, args.loss_param))
     step = (args.max - args.min) / (args.points - 1)
     margins = [args.min + i * step for i in range(args.points)]
+    if args.k != 2:
+        if args.k < 2 or Shape.LIST not in loss.spec.shapes:
+            raise CLIError(f"--k {args.k}: needs K >= 2 and a list loss ({loss.name!r} takes pairs)")
+        return _run_list(loss, args, margins)
     fp = fingerprint(loss, margins, args.logp, args.ref_logp, args.length)
     print(f"{loss.name}: {loss.spec.formula}")
     print(f"params: {loss.params}")

@@ -6,6 +6,7 @@ import argparse
 
 from prefzoo.registry import get_registry, loss_spec
 from prefzoo.spec import LossSpec, param_infos
+from prefzoo.types import Shape
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,6 +60,18 @@ def list_table() -> str:
     return text
 
 
+_SHAPE_TEXT = {Shape.PAIR: "pairs (PreferenceBatch)", Shape.LIST: "lists of K ≥ 2 ranked completions (GroupBatch)",
+               Shape.UNPAIRED: "unpaired labelled completions (UnpairedBatch)"}
+
+
+def takes(spec: LossSpec) -> str:
+    """The batch shapes a loss takes, in words (pairs reach a list-only loss as K = 2 groups)."""
+    text = "; ".join(_SHAPE_TEXT[x] for x in Shape if x in spec.shapes)
+    if Shape.PAIR not in spec.shapes and spec.accepts(Shape.PAIR):
+        text += "; pairs as K = 2 groups"
+    return text
+
+
 def describe(spec: LossSpec) -> str:
     lines = [
         f"{spec.name}  ({spec.family} family, {source_of(spec)}: {spec.plugin})",
@@ -69,6 +82,8 @@ def describe(spec: LossSpec) -> str:
         f"  batch:   {'coupled (in-batch, gathered across processes)' if spec.batch_coupled else 'per-example'}",
         f"  paper:   {spec.paper}",
     ]
+    if spec.shapes != {Shape.PAIR}:
+        lines.insert(5, f"  takes:   {takes(spec)}")
     if spec.description:
         lines += ["", f"  {spec.description}"]
     if spec.notes:
@@ -105,6 +120,8 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
     for s in specs:
         out += ["", f"## {s.name}", "", s.description, "", f"**Loss:** `L = {s.formula}`", ""]
         out += [f"**Scores** (reward accuracy): {s.scores}", ""]
+        if s.shapes != {Shape.PAIR}:
+            out += [f"**Takes:** {takes(s)}", ""]
         if s.notes:
             out += [f"**Note:** {s.notes}", ""]
         infos = param_infos(s.params_cls)

@@ -41,8 +41,8 @@ class MMLParams(MMPOParams):
     reward_from: str = param(
         "rank",
         "where r_k comes from: 'rank' (r_ε for the best completion, rejected_reward for the rest) or 'score' "
-        "(the scores, or the rank grades K−1−k of a batch without scores, min-max scaled to [0, 1] over the "
-        "gathered batch)",
+        "(the scores, or without scores the rank grade, the number of completions ranked below, min-max scaled to "
+        "[0, 1] over the gathered batch)",
         choices=("rank", "score"),
     )
 
@@ -284,8 +284,8 @@ def prefzoo_register_losses() -> list[LossSpec]:
             shift_invariant=True,
             shapes=LISTS,
             description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
-            "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (the rank grades "
-            "K−1−k without scores).",
+            "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
+            "rank grade: how many completions are ranked below).",
             notes="Δ is held constant (the ranks τ come from a sort). D uses log₂ as NDCG does; a natural log only "
             "scales every Δ by ln 2.",
         ),

@@ -11,6 +11,7 @@ for tests of code that runs a model.
 
 from prefzoo.data.tiny import char_tokenizer, tiny_causal_lm, tiny_llama_config
 from prefzoo.testing.conformance import (
+    ALL_PROPERTIES,
     ConformanceReport,
     PropertyResult,
     check_loss,
@@ -18,11 +19,15 @@ from prefzoo.testing.conformance import (
     dtypes_from_env,
 )
 from prefzoo.testing.properties import GENERIC_PROPERTIES, Property, PropertyFailure, cast_batch, grads
+from prefzoo.testing.properties_shapes import LIST_PROPERTIES, UNPAIRED_PROPERTIES
 from prefzoo.testing.sharding import gloo_gather, run_sharded, shard_batch, split_sizes
-from prefzoo.testing.strategies import batches_for, loss_params, preference_batches
+from prefzoo.testing.strategies import batches_for, group_batches, loss_params, preference_batches, unpaired_batches
 
 __all__ = [
+    "ALL_PROPERTIES",
     "GENERIC_PROPERTIES",
+    "LIST_PROPERTIES",
+    "UNPAIRED_PROPERTIES",
     "ConformanceReport",
     "Property",
     "PropertyFailure",
@@ -35,6 +40,7 @@ __all__ = [
     "dtypes_from_env",
     "gloo_gather",
     "grads",
+    "group_batches",
     "loss_params",
     "preference_batches",
     "run_sharded",
@@ -42,4 +48,5 @@ __all__ = [
     "split_sizes",
     "tiny_causal_lm",
     "tiny_llama_config",
+    "unpaired_batches",
 ]

@@ -23,10 +23,15 @@ from hypothesis import strategies as st
 
 from prefzoo.spec import Loss, LossSpec
 from prefzoo.testing.properties import GENERIC_PROPERTIES, Property, check_low_precision, check_matches_reference
+from prefzoo.testing.properties_shapes import LIST_PROPERTIES, UNPAIRED_PROPERTIES, check_shape_low_precision
 from prefzoo.testing.strategies import DTYPES, batches_for, loss_params
-from prefzoo.types import PreferenceBatch
+from prefzoo.types import PreferenceBatch, Shape
 
-__all__ = ["ConformanceReport", "PropertyResult", "check_loss", "conformance_tests", "dtypes_from_env"]
+__all__ = ["ALL_PROPERTIES", "ConformanceReport", "PropertyResult", "check_loss", "conformance_tests",
+           "dtypes_from_env"]
+
+# every shape's properties; each is checked on the losses that accept its shape (Property.applies_to)
+ALL_PROPERTIES: tuple[Property, ...] = (*GENERIC_PROPERTIES, *LIST_PROPERTIES, *UNPAIRED_PROPERTIES)
 
 DTYPES_ENV = "PREFZOO_TEST_DTYPES"  # e.g. "bfloat16" or "float64,float32": what the tox props-* envs select
 
@@ -91,10 +96,11 @@ class ConformanceReport:
             raise AssertionError(f"{self.table()}\n{self.failures_text()}")
 
 
-def describe_batch(batch: PreferenceBatch, params: Any, limit: int = 8) -> str:
-    """A reproducible description of a batch (values in full precision) and params."""
-    parts = [f"params={params!r}", f"B={batch.batch_size}", f"dtype={batch.policy_chosen_logps.dtype}"]
-    for name in PreferenceBatch.__dataclass_fields__:
+def describe_batch(batch: Any, params: Any, limit: int = 8) -> str:
+    """A reproducible description of a batch of any shape (values in full precision) and params."""
+    first = batch.policy_chosen_logps if isinstance(batch, PreferenceBatch) else batch.policy_logps
+    parts = [f"params={params!r}", f"{type(batch).__name__}", f"B={batch.batch_size}", f"dtype={first.dtype}"]
+    for name in type(batch).__dataclass_fields__:
         t = getattr(batch, name)
         if isinstance(t, torch.Tensor):
             vals = t.detach().flatten().tolist()
@@ -146,7 +152,7 @@ def check_loss(
     spec, fixed = _resolve(name_or_loss)
     dts = tuple(dtypes) if dtypes is not None else dtypes_from_env()
     wanted = set(properties) if properties is not None else None
-    props = list(GENERIC_PROPERTIES)
+    props = list(ALL_PROPERTIES)
     ref = (reference, False) if reference is not None else _builtin_reference(spec)
     if ref is not None:
         fn, mean_only = ref
@@ -175,7 +181,7 @@ def _check_reference(
 def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple[str, ...], max_batch: int,
                   derandomize: bool) -> PropertyResult:
     res = PropertyResult(prop.name, prop.guarantee, "n/a")
-    if not prop.applies(spec):
+    if not prop.applies_to(spec):
         return res
     if fixed is not None:
         if prop.params_filter is not None and not prop.params_filter(spec, fixed):
@@ -188,18 +194,19 @@ def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple
             params_st = params_st.filter(lambda p: f(spec, p))
     batch_dts = dts
     check = prop.check
-    if prop.name == "low-precision":  # draw float64 values, compare the requested low-precision dtypes
+    if prop.name.endswith("low-precision"):  # draw float64 values, compare the requested low-precision dtypes
         low = tuple(DTYPES[d] for d in dts if d != "float64") or (torch.float32,)
         batch_dts = ("float64",)
-        check = lambda loss, b: check_low_precision(loss, b, low)  # noqa: E731
+        lp = check_low_precision if prop.shape is Shape.PAIR else check_shape_low_precision
+        check = lambda loss, b: lp(loss, b, low)  # noqa: E731
     last: dict[str, Any] = {}
     count = [0]
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=derandomize, report_multiple_bugs=False,
               phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
               suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(batch=batches_for(spec, dtypes=batch_dts, max_size=max_batch), params=params_st)
-    def run(batch: PreferenceBatch, params: Any) -> None:
+    @given(batch=batches_for(spec, prop.shape, dtypes=batch_dts, max_size=max_batch), params=params_st)
+    def run(batch: Any, params: Any) -> None:
         count[0] += 1
         loss = fixed_loss if fixed_loss is not None else Loss(spec, params)
         try:
@@ -233,7 +240,7 @@ def conformance_tests(name_or_loss: str | Loss | LossSpec, **kw: Any) -> Callabl
     """
     import pytest
 
-    names = [p.name for p in GENERIC_PROPERTIES] + ["reference"]
+    names = [p.name for p in ALL_PROPERTIES] + ["reference"]
 
     @pytest.mark.parametrize("property_name", names)
     def test_conformance(property_name: str) -> None:

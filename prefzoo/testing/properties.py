@@ -23,7 +23,7 @@ from torch import Tensor
 
 from prefzoo.spec import Loss, LossOutputError, LossParamError, LossSpec, param_infos
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
-from prefzoo.types import FLOAT_FIELDS, LossOutput, Need, PreferenceBatch
+from prefzoo.types import FLOAT_FIELDS, LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = [
     "GENERIC_PROPERTIES",
@@ -352,9 +352,14 @@ class Property:
 
     name: str
     guarantee: str
-    check: Callable[[Loss, PreferenceBatch], None]
+    check: Callable[[Loss, Any], None]  # (loss, a batch of ``shape``)
     applies: Callable[[LossSpec], bool] = lambda spec: True
     params_filter: Callable[[LossSpec, Any], bool] | None = None
+    shape: Shape = Shape.PAIR  # the batches it is checked on; it applies only to losses that accept them
+
+    def applies_to(self, spec: LossSpec) -> bool:
+        """Whether the property is checked on ``spec``: the loss accepts the shape and ``applies`` says yes."""
+        return spec.accepts(self.shape) and self.applies(spec)
 
 
 def _monotone_possible(spec: LossSpec) -> bool:

@@ -23,7 +23,8 @@ Group = list[dict[str, float]]  # the real completions of one group: logp, ref, 
 
 
 def groups_of(batch: GroupBatch) -> list[Group]:
-    """The batch as Python floats, padding dropped; ``rank`` is the score, or K − 1 − column without scores."""
+    """The batch as Python floats, padding dropped; ``rank`` is the score, else the number of real completions in
+    later columns."""
     g, k = batch.policy_logps.shape
     valid = batch.valid.tolist()
     out: list[Group] = []
@@ -32,11 +33,12 @@ def groups_of(batch: GroupBatch) -> list[Group]:
         for j in range(k):
             if not valid[i][j]:
                 continue
+            below = sum(valid[i][j + 1 :])  # the rank grade: real completions in later columns
             items.append({
                 "logp": float(batch.policy_logps[i, j]),
                 "ref": float(batch.ref_logps[i, j]) if batch.ref_logps is not None else math.nan,
                 "length": float(batch.lengths[i, j]) if batch.lengths is not None else math.nan,
-                "rank": float(batch.scores[i, j]) if batch.scores is not None else float(k - 1 - j),
+                "rank": float(batch.scores[i, j]) if batch.scores is not None else float(below),
             })
         out.append(items)
     return out

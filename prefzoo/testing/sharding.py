@@ -9,14 +9,17 @@ group whose ranks may hold different batch sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-from prefzoo.types import PreferenceBatch
+from prefzoo.types import AnyBatch, shape_of
+
+B = TypeVar("B", bound=AnyBatch)
 
 __all__ = ["gloo_gather", "run_sharded", "shard_batch", "split_sizes"]
 
@@ -31,22 +34,22 @@ def split_sizes(b: int, shards: int) -> list[int]:
     return [1] + [rest // k + (1 if i < rest % k else 0) for i in range(k)]
 
 
-def shard_batch(batch: PreferenceBatch, sizes: Sequence[int]) -> list[PreferenceBatch]:
-    """Split every per-example field along dim 0 into consecutive shards of ``sizes``."""
+def shard_batch(batch: B, sizes: Sequence[int]) -> list[B]:
+    """Split every per-example field along dim 0 into consecutive shards of ``sizes`` (pairs, groups or completions)."""
     assert sum(sizes) == batch.batch_size, (sizes, batch.batch_size)
     out = []
     start = 0
     for n in sizes:
         ch: dict[str, Any] = {}
-        for name in PreferenceBatch.__dataclass_fields__:
-            t = getattr(batch, name)
+        for f in dataclasses.fields(batch):
+            t = getattr(batch, f.name)
             if isinstance(t, Tensor):
-                ch[name] = t[start : start + n]
-            elif name == "example_ids" and t is not None:
-                ch[name] = tuple(t[start : start + n])
+                ch[f.name] = t[start : start + n]
+            elif f.name == "example_ids" and t is not None:
+                ch[f.name] = tuple(t[start : start + n])
             else:
-                ch[name] = t
-        out.append(PreferenceBatch(**ch))
+                ch[f.name] = t
+        out.append(type(batch)(**ch))
         start += n
     return out
 
@@ -73,13 +76,18 @@ class _Exchange:
 
 
 def run_sharded(
-    loss: Callable[..., Any], batch: PreferenceBatch | Sequence[PreferenceBatch], sizes: Sequence[int] | None = None
+    loss: Callable[..., Any], batch: AnyBatch | Sequence[AnyBatch], sizes: Sequence[int] | None = None
 ) -> list[Any]:
     """Call ``loss(shard, gather=hook)`` on each shard in its own thread, the hooks forming one all-gather group.
 
-    ``batch`` is split by ``sizes``, or is already a list of shards.  Returns the results in rank order.
+    ``batch`` (any batch shape) is split by ``sizes``, or is already a list of shards.  Returns the results in rank
+    order.
     """
-    shards = list(batch) if not isinstance(batch, PreferenceBatch) else shard_batch(batch, sizes or [batch.batch_size])
+    if shape_of(batch) is not None:
+        one: Any = batch
+        shards = shard_batch(one, sizes or [one.batch_size])
+    else:
+        shards = list(batch)  # type: ignore[arg-type]
     return run_threads(lambda rank, ex: loss(shards[rank], gather=lambda t: ex.gather(rank, t)), len(shards))
 
 

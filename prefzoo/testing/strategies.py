@@ -1,4 +1,4 @@
-"""Hypothesis strategies for preference batches and loss hyperparameters over realistic domains.
+"""Hypothesis strategies for batches of every shape (pairs, lists, unpaired) and loss hyperparameters.
 
 Domains (stated so a failing example can be judged): summed log-probs in
 [−1e4, 0], completion lengths in [1, 4096], batch sizes 1..64, dtypes
@@ -19,15 +19,17 @@ import torch
 from hypothesis import strategies as st
 
 from prefzoo.spec import LossParamError, LossSpec, ParamInfo, param_infos
-from prefzoo.types import Need, PreferenceBatch
+from prefzoo.types import GroupBatch, Need, PreferenceBatch, Shape, UnpairedBatch
 
 __all__ = [
     "DTYPES",
     "LOGP_MIN",
     "MAX_LENGTH",
     "batches_for",
+    "group_batches",
     "loss_params",
     "preference_batches",
+    "unpaired_batches",
 ]
 
 LOGP_MIN = -1e4  # smallest summed log-prob drawn
@@ -107,12 +109,22 @@ def preference_batches(
     )
 
 
-def batches_for(spec: LossSpec, **kw: Any) -> st.SearchStrategy[PreferenceBatch]:
-    """Batches carrying every input ``spec`` needs; optional inputs are drawn either way."""
+def batches_for(spec: LossSpec, shape: Shape = Shape.PAIR, **kw: Any) -> st.SearchStrategy[Any]:
+    """Batches of ``shape`` carrying every input ``spec`` needs; optional inputs are drawn either way.
+
+    PAIR: :func:`preference_batches`, LIST: :func:`group_batches` (``max_size`` is capped at 16 groups),
+    UNPAIRED: :func:`unpaired_batches`.
+    """
     kw.setdefault("reference", True if Need.REFERENCE in spec.needs else None)
     kw.setdefault("lengths", True if Need.LENGTHS in spec.needs else None)
     token = Need.TOKEN_LOGPS in spec.needs or Need.TOKEN_ENTROPIES in spec.needs
     kw.setdefault("token_level", True if token else False)
+    if shape is Shape.LIST:
+        kw["max_size"] = min(kw.get("max_size", 16), 16)
+        return group_batches(**kw)
+    if shape is Shape.UNPAIRED:
+        kw.setdefault("kl", True if Need.KL_REFERENCE in spec.needs else None)
+        return unpaired_batches(**kw)
     return preference_batches(**kw)
 
 
@@ -173,3 +185,135 @@ def loss_params(draw: st.DrawFn, spec: LossSpec, *, defaults_weight: float = 0.2
         except LossParamError:
             continue
     return spec.params()
+
+
+@st.composite
+def group_batches(
+    draw: st.DrawFn,
+    *,
+    min_size: int = 1,
+    max_size: int = 16,
+    max_k: int = 6,
+    dtypes: tuple[str | torch.dtype, ...] = ("float64", "float32", "bfloat16"),
+    reference: bool | None = None,
+    lengths: bool | None = None,
+    scores: bool | None = None,
+    padding: bool | None = None,
+    token_level: bool | None = False,
+    logp_min: float = LOGP_MIN,
+    requires_grad: bool = False,
+) -> GroupBatch:
+    """A GroupBatch of 1..16 groups of K = 2..6 slots; ``None`` for a field group means "drawn either way".
+
+    Scores are drawn from a few grades (0..3, so ties are common) or as floats in [0, 10]; padding leaves at
+    least two real completions per group, anywhere in the row, with a 0 filler.  Ties of the policy log-prob
+    across a group's completions are drawn on purpose, as in :func:`preference_batches`.
+    """
+    g = draw(st.integers(min_size, max_size), label="groups")
+    k = draw(st.integers(2, max_k), label="K")
+    dtype = _as_dtype(draw(st.sampled_from(dtypes), label="dtype"))
+    logp = st.floats(logp_min, 0.0, allow_nan=False, allow_infinity=False, width=64)
+    mat = st.lists(logp, min_size=g * k, max_size=g * k)
+    pol = torch.tensor(draw(mat, label="policy_logps"), dtype=torch.float64).view(g, k)
+    ties = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="policy_ties")).view(g, k)
+    ties[:, 0] = False
+    pol = torch.where(ties, pol[:, :1].expand(g, k), pol)  # a tied slot copies the group's first completion
+    mask = torch.ones(g, k, dtype=torch.bool)
+    if padding is None:
+        padding = draw(st.booleans(), label="with_padding")
+    if padding and k > 2:
+        keep = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="real_slots"))
+        mask = keep.view(g, k)
+        for i in range(g):  # at least two real completions per group
+            if int(mask[i].sum()) < 2:
+                mask[i, :2] = True
+    fields: dict[str, Any] = {"mask": mask if padding else None}
+    if reference is None:
+        reference = draw(st.booleans(), label="with_reference")
+    if reference:
+        ref = torch.tensor(draw(mat, label="ref_logps"), dtype=torch.float64).view(g, k)
+        same = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="ref_is_policy"))
+        fields["ref_logps"] = torch.where(same.view(g, k), pol, ref).masked_fill(~mask, 0.0).to(dtype)
+    if lengths is None:
+        lengths = draw(st.booleans(), label="with_lengths")
+    if lengths:
+        lens = st.lists(st.integers(1, MAX_LENGTH), min_size=g * k, max_size=g * k)
+        fields["lengths"] = torch.tensor(draw(lens, label="lengths")).view(g, k).masked_fill(~mask, 0)
+    if scores is None:
+        scores = draw(st.booleans(), label="with_scores")
+    if scores:
+        grade = draw(st.booleans(), label="integer_grades")
+        val = st.integers(0, 3).map(float) if grade else st.floats(0.0, 10.0, allow_nan=False)
+        sc = torch.tensor(draw(st.lists(val, min_size=g * k, max_size=g * k), label="scores"), dtype=torch.float64)
+        fields["scores"] = sc.view(g, k).masked_fill(~mask, 0.0).to(dtype)
+    if token_level is None:
+        token_level = draw(st.booleans(), label="with_token_fields")
+    if token_level:
+        t = draw(st.integers(1, MAX_TOKENS), label="T")
+        n = torch.tensor(draw(st.lists(st.integers(1, t), min_size=g * k, max_size=g * k), label="token_counts"))
+        tmask = torch.arange(t)[None, :] < n[:, None]  # (G·K, T)
+        tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=g * k * t, max_size=g * k * t)
+        ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=g * k * t,
+                       max_size=g * k * t)
+        lp = torch.tensor(draw(tok, label="token_logps"), dtype=torch.float64).view(g * k, t) * tmask
+        h = torch.tensor(draw(ent, label="token_entropies"), dtype=torch.float64).view(g * k, t) * tmask
+        fields["policy_token_logps"] = lp.view(g, k, t).to(dtype).requires_grad_(requires_grad)
+        fields["token_entropies"] = h.view(g, k, t).to(dtype).requires_grad_(requires_grad)
+        fields["token_mask"] = tmask.view(g, k, t)
+    pol = pol.masked_fill(~mask, 0.0)
+    return GroupBatch(policy_logps=pol.to(dtype).requires_grad_(requires_grad), **fields)
+
+
+@st.composite
+def unpaired_batches(
+    draw: st.DrawFn,
+    *,
+    min_size: int = 1,
+    max_size: int = 64,
+    dtypes: tuple[str | torch.dtype, ...] = ("float64", "float32", "bfloat16"),
+    reference: bool | None = None,
+    lengths: bool | None = None,
+    kl: bool | None = None,
+    token_level: bool | None = False,
+    logp_min: float = LOGP_MIN,
+    requires_grad: bool = False,
+) -> UnpairedBatch:
+    """An UnpairedBatch of 1..64 labelled completions (all-desirable and all-undesirable batches included).
+
+    ``kl``: the mismatched-pair log-probs of KTO's reference point.  Policy equal to reference is drawn on purpose.
+    """
+    n = draw(st.integers(min_size, max_size), label="N")
+    dtype = _as_dtype(draw(st.sampled_from(dtypes), label="dtype"))
+    logp = st.floats(logp_min, 0.0, allow_nan=False, allow_infinity=False, width=64)
+    vec = st.lists(logp, min_size=n, max_size=n)
+    flags = st.lists(st.booleans(), min_size=n, max_size=n)
+    pol = torch.tensor(draw(vec, label="policy_logps"), dtype=torch.float64)
+    labels = torch.tensor(draw(flags, label="labels"), dtype=torch.bool)
+    fields: dict[str, Any] = {}
+    if reference is None:
+        reference = draw(st.booleans(), label="with_reference")
+    if reference:
+        ref = torch.tensor(draw(vec, label="ref_logps"), dtype=torch.float64)
+        fields["ref_logps"] = torch.where(torch.tensor(draw(flags, label="ref_is_policy")), pol, ref).to(dtype)
+    if lengths is None:
+        lengths = draw(st.booleans(), label="with_lengths")
+    if lengths:
+        lens = st.lists(st.integers(1, MAX_LENGTH), min_size=n, max_size=n)
+        fields["lengths"] = torch.tensor(draw(lens, label="lengths"))
+    if kl is None:
+        kl = draw(st.booleans(), label="with_kl")
+    if kl:
+        fields["kl_policy_logps"] = torch.tensor(draw(vec, label="kl_policy_logps"), dtype=torch.float64).to(dtype)
+        fields["kl_ref_logps"] = torch.tensor(draw(vec, label="kl_ref_logps"), dtype=torch.float64).to(dtype)
+    if token_level:
+        t = draw(st.integers(1, MAX_TOKENS), label="T")
+        cnt = torch.tensor(draw(st.lists(st.integers(1, t), min_size=n, max_size=n), label="token_counts"))
+        tmask = torch.arange(t)[None, :] < cnt[:, None]
+        tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=n * t, max_size=n * t)
+        ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=n * t, max_size=n * t)
+        lp = torch.tensor(draw(tok, label="token_logps"), dtype=torch.float64).view(n, t) * tmask
+        h = torch.tensor(draw(ent, label="token_entropies"), dtype=torch.float64).view(n, t) * tmask
+        fields["policy_token_logps"] = lp.to(dtype).requires_grad_(requires_grad)
+        fields["token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
+        fields["token_mask"] = tmask
+    return UnpairedBatch(policy_logps=pol.to(dtype).requires_grad_(requires_grad), labels=labels, **fields)

@@ -47,6 +47,34 @@ def make_batch(theta: torch.Tensor, b: int, seed: int = 0):
                                    mask.flip(0))
 
 
+def make_group_batch(theta: torch.Tensor, b: int, seed: int = 0, k: int = 4):
+    """A GroupBatch of b groups of K = 4 slots (some padded, scores with ties) whose log-probs depend on θ."""
+    import prefzoo
+
+    g = torch.Generator().manual_seed(seed + 1)
+    a = torch.randn(b, k, 3, generator=g, dtype=F64)
+    scale = torch.randint(1, 50, (b, k), generator=g).to(F64)
+    pol = -torch.nn.functional.softplus(a @ theta) * scale  # (B, K)
+    ref = -torch.rand(b, k, generator=g, dtype=F64) * 60
+    scores = torch.randint(0, 3, (b, k), generator=g).to(F64)  # grades 0..2: ties on purpose
+    mask = torch.ones(b, k, dtype=torch.bool)
+    mask[1::3, 3] = False  # every third group holds three completions
+    mask[2::5, 2:] = False  # and every fifth two
+    lengths = torch.randint(1, 40, (b, k), generator=g).masked_fill(~mask, 0)
+    return prefzoo.GroupBatch(policy_logps=pol.masked_fill(~mask, 0.0), ref_logps=ref.masked_fill(~mask, 0.0),
+                              scores=scores.masked_fill(~mask, 0.0), mask=mask, lengths=lengths)
+
+
+def batch_for(name: str, theta: torch.Tensor, b: int):
+    """The batch a coupled loss is checked on: K = 4 groups for a list loss, pairs otherwise (None: neither)."""
+    import prefzoo
+
+    spec = prefzoo.loss_spec(name)
+    if prefzoo.Shape.LIST in spec.shapes:
+        return make_group_batch(theta, b)
+    return make_batch(theta, b) if spec.accepts(prefzoo.Shape.PAIR) else None
+
+
 def theta0() -> torch.Tensor:
     return torch.tensor([0.3, -0.7, 1.1], dtype=F64)
 
@@ -59,7 +87,10 @@ def rank_results(rank: int, world: int, gather, b: int, sizes: list[int]) -> dic
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name in coupled_losses():
         theta = theta0().requires_grad_()
-        shard = shard_batch(make_batch(theta, b), sizes)[rank]
+        batch = batch_for(name, theta, b)
+        if batch is None:  # a shape these workers do not build yet
+            continue
+        shard = shard_batch(batch, sizes)[rank]
         losses = prefzoo.get_loss(name)(shard, gather=gather).losses  # (B_rank,)
         (g_sum,) = torch.autograd.grad(losses.sum(), theta, retain_graph=True)
         (g_mean,) = torch.autograd.grad(losses.mean(), theta)

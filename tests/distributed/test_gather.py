@@ -1,6 +1,6 @@
 """Distributed gather correctness on multi-process CPU (gloo), before any GPU run.
 
-For every batch-coupled loss (MMPO family, AOT): a batch sharded across 2 and 4
+For every batch-coupled loss (MMPO family, AOT; mml and mmpo-list on K = 4 groups): a batch sharded across 2 and 4
 spawned processes (uneven shards with a shard of 1, and equal shards), with
 prefzoo.testing.gloo_gather as the hook, gives per-example losses equal to one
 process on the full batch; Σ over ranks of ∇θ Σ_shard L equals ∇θ Σ L; and with
@@ -61,7 +61,7 @@ def test_local_normalization_would_differ():
     ref = W.single_process(W.B_UNEVEN)
     sizes = split_sizes(W.B_UNEVEN, 2)
     local = [W.rank_results(r, 2, lambda t: t, W.B_UNEVEN, sizes) for r in range(2)]
-    for name in ("mmpo-no-aux", "aot"):
+    for name in ("mmpo-no-aux", "aot", "mml", "mmpo-list"):  # the list losses on K = 4 groups
         got = torch.cat([loc[name]["losses"] for loc in local])
         assert float((got - ref[name]["losses"]).abs().max()) > 1e-6, name
 

@@ -192,7 +192,37 @@ def ref_mpo(x, p):
     )
 
 
+# --- list losses on pairs (K = 2, the chosen ranked first): their paper formulas written for two completions ---
+
+
+def ref_mml(x, p):
+    """Eq. 4 with n = 2: −log(e^{s_w} + e^{s_l}); reward_from='score' ranks the pair (1, 0), scaled to r = (1, 0)."""
+    q = {**p, "reward_epsilon": 1.0, "rejected_reward": 0.0} if p.get("reward_from") == "score" else p
+    return mml(*mmpo_scores(x, q), aux=False)
+
+
+def ref_mmpo_list(x, p):
+    """K = 2: Plackett–Luce of (w, l) is σ(s_w − s_l), so the loss is the listing's."""
+    q = {**p, "reward_epsilon": 1.0, "rejected_reward": 0.0} if p.get("reward_from") == "score" else p
+    return mml(*mmpo_scores(x, q))
+
+
+def ref_lipo(x, p):
+    """K = 2, ψ = (1, 0): Δ = |2¹ − 2⁰|·|1/log₂2 − 1/log₂3| for the one pair, times −log σ(u_w − u_l)."""
+    return (1 - 1 / math.log2(3)) * ref_dpo(x, p)
+
+
+def ref_rrhf(x, p):
+    """K = 2: max(0, log π_l/|y_l| − log π_w/|y_w|) − sft_weight·log π_w."""
+    return torch.clamp(x["pl"] / x["ll"] - x["pw"] / x["lw"], min=0) - p.get("sft_weight", 1.0) * x["pw"]
+
+
 REFERENCES = {
+    "mml": ref_mml,
+    "mmpo-list": ref_mmpo_list,
+    "dpo-pl": ref_dpo,  # DPO appendix A.3 with K = 2 is Eq. 7
+    "lipo": ref_lipo,
+    "rrhf": ref_rrhf,
     "mmpo": ref_mmpo,
     "mmpo-no-aux": ref_mmpo_no_aux,
     "mmpo-no-norm": ref_mmpo_no_norm,

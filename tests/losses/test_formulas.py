@@ -38,6 +38,11 @@ PARAM_CASES = {
     "cpo": [{}, {"alpha": 0.0}],
     "orpo": [{}, {"beta": 0.5}],
     "mpo": [{}, {"beta": 0.2, "sft_weight": 0.5}],
+    "mml": [{}, {"reward_from": "score", "beta": 0.3}],
+    "mmpo-list": [{}, {"reward_from": "score", "norm_eps": 0.0}],
+    "dpo-pl": [{}, {"beta": 0.7}],
+    "lipo": [{}, {"beta": 0.4}],
+    "rrhf": [{}, {"sft_weight": 0.25}],
 }
 CASES = [(n, p) for n in REFERENCES for p in PARAM_CASES.get(n, [{}])]
 

@@ -87,6 +87,8 @@ def test_unpaired_batch_errors_name_the_field(kw, match):
 
 def test_ranking_scores_are_column_order_without_scores():
     assert group(1, 3).ranking_scores.tolist() == [[2.0, 1.0, 0.0]]
+    padded = group(1, 4, mask=torch.tensor([[True, False, True, True]]))
+    assert padded.ranking_scores[0, [0, 2, 3]].tolist() == [2.0, 1.0, 0.0]  # padding never counts
     s = torch.tensor([[0.5, 2.0, 1.0]], dtype=torch.float64)
     assert group(1, 3, scores=s).ranking_scores.tolist() == s.tolist()
 

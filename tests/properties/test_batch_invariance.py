@@ -64,18 +64,19 @@ def _full_and_accumulated(name):
     return full.losses.detach(), gf["policy_chosen_logps"], acc_loss, acc_grad
 
 
-@pytest.mark.parametrize("name", ["mmpo", "mmpo-length-norm"])
+@pytest.mark.parametrize("name", ["mmpo", "mmpo-length-norm", "mmpo-list"])
 def test_accumulation_changes_mmpo_value_but_not_gradient(name):
     lf, gf, la, ga = _full_and_accumulated(name)
     assert float((lf - la).abs().max()) > 1e-3
     torch.testing.assert_close(ga, gf, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["mmpo-no-aux", "aot", "aot-unpaired"])
+@pytest.mark.parametrize("name", ["mmpo-no-aux", "aot", "aot-unpaired", "mml"])
 def test_accumulation_changes_value_and_gradient(name):
     lf, gf, la, ga = _full_and_accumulated(name)
     assert float((lf - la).abs().max()) > 1e-6 and float((gf - ga).abs().max()) > 1e-6
 
 
 def test_every_coupled_loss_is_documented_here():
-    assert set(COUPLED) <= {"mmpo", "mmpo-no-aux", "mmpo-length-norm", "mmpo-entropy", "aot", "aot-unpaired"}
+    assert set(COUPLED) <= {"mmpo", "mmpo-no-aux", "mmpo-length-norm", "mmpo-entropy", "aot", "aot-unpaired", "mml",
+                            "mmpo-list"}

@@ -17,39 +17,42 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import prefzoo
-from prefzoo.testing import GENERIC_PROPERTIES, check_loss, dtypes_from_env, preference_batches
+from prefzoo.testing import ALL_PROPERTIES, check_loss, dtypes_from_env, preference_batches
 
 DTYPES = dtypes_from_env()
 # examples per (loss, property); default: the Hypothesis profile's.  tox sets it to keep ~300 tests under budget.
 EXAMPLES = int(os.environ["PREFZOO_GENERIC_EXAMPLES"]) if os.environ.get("PREFZOO_GENERIC_EXAMPLES") else None
-DTYPE_DEPENDENT = {"finite", "monotone", "shape", "detached-rewards"}
+DTYPE_DEPENDENT = {"finite", "monotone", "shape", "detached-rewards"}  # also as list-… and unpaired-…
 LOW_PRECISION = tuple(d for d in DTYPES if d != "float64")
+
+
+def _base(prop: str) -> str:
+    """The pair property a list-/unpaired- property generalises ('list-finite' → 'finite')."""
+    return prop.split("-", 1)[1] if prop.startswith(("list-", "unpaired-")) else prop
 
 
 def _cases():
     for name in prefzoo.list_losses():
         spec = prefzoo.loss_spec(name)
-        if not spec.accepts(prefzoo.Shape.PAIR):
-            continue  # unpaired losses: tests/properties/test_unpaired.py
-        for prop in [*GENERIC_PROPERTIES, None]:
+        for prop in [*ALL_PROPERTIES, None]:
             pname = prop.name if prop else "reference"
-            if prop is not None and not prop.applies(spec):
+            if prop is not None and not prop.applies_to(spec):
                 continue
             yield pytest.param(name, pname, id=f"{name}-{pname}")
 
 
 @pytest.mark.parametrize(("name", "prop"), list(_cases()))
 def test_property(name, prop):
-    if prop == "low-precision" and not LOW_PRECISION:
+    if _base(prop) == "low-precision" and not LOW_PRECISION:
         pytest.skip("low-precision runs where PREFZOO_TEST_DTYPES selects float32 or bfloat16")
-    if prop not in DTYPE_DEPENDENT | {"low-precision"} and "float64" not in DTYPES:
+    if _base(prop) not in DTYPE_DEPENDENT | {"low-precision"} and "float64" not in DTYPES:
         pytest.skip("dtype-independent property (computes in float64): run by the float64 selection")
     if prop == "reference":
         from prefzoo.testing.reference import REFERENCES
 
         if name not in REFERENCES or not prefzoo.loss_spec(name).builtin:
             pytest.skip(f"no float64 reference formula in prefzoo.testing.reference for {name!r}")
-    dts = LOW_PRECISION if prop == "low-precision" else DTYPES
+    dts = LOW_PRECISION if _base(prop) == "low-precision" else DTYPES
     report = check_loss(name, properties=[prop], dtypes=dts, max_examples=EXAMPLES)
     report.raise_if_failed()
 

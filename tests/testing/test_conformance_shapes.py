@@ -1,0 +1,45 @@
+"""The conformance kit on an unpaired plugin loss: every unpaired property runs, and a broken loss fails one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import prefzoo
+from prefzoo.testing import check_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Beta(prefzoo.LossParams):
+    beta: float = prefzoo.param(0.1, "β", gt=0.0)
+
+
+def _toy(sign: float):
+    """−log σ(±β·(log π − log π_ref)): + for desirable, − for undesirable (sign = −1 breaks the desirable side)."""
+
+    def fn(b, p, ctx):
+        r = p.beta * (b.policy_logps - b.ref_logps.detach())  # (N,)
+        z = torch.where(b.labels, sign * r, -r)
+        rd = r.detach()
+        return prefzoo.LossOutput(-F.logsigmoid(z), rd, torch.zeros_like(rd), rewards=rd)
+
+    spec = prefzoo.LossSpec(name="toy-unpaired", fn=fn, params_cls=_Beta, family="t", formula="", paper="",
+                            scores="", needs=frozenset({prefzoo.Need.REFERENCE}), shift_invariant=True,
+                            shapes=frozenset({prefzoo.Shape.UNPAIRED}), plugin="tests")
+    return spec
+
+
+def test_an_unpaired_loss_gets_the_unpaired_properties_and_passes():
+    report = check_loss(_toy(1.0), max_examples=15, derandomize=True)
+    ran = {r.name for r in report.results if r.status != "n/a"}
+    assert {"unpaired-finite", "unpaired-permutation", "unpaired-sharded-gather", "unpaired-monotone",
+            "unpaired-low-precision"} <= ran, ran
+    assert not any(n.startswith(("list-", "finite")) for n in ran)  # no pair or list property on an unpaired loss
+    assert report.passed, report.table() + report.failures_text()
+
+
+def test_a_wrong_sign_on_desirable_completions_fails_unpaired_monotone():
+    report = check_loss(_toy(-1.0), properties=["unpaired-monotone"], max_examples=30, derandomize=True)
+    assert not report.passed and "desirable completion" in report.results[0].message, report.table()
