@@ -2,8 +2,8 @@
 
 Domains: N in 1..24 completions, summed log-probs in [−1e4, 0] (ρ in ±10 or up to ±1e4, KL log-ratios in ±10), β
 and the weights drawn from their declared ranges (prefzoo.testing.loss_params), float64 unless stated.  The kit's
-generic unpaired properties (finite, shape, permutation, sharded gather, monotone ...) also run on these losses
-(tests/properties/test_generic.py); this file adds what their formulas promise.
+generic unpaired properties (finite, shape, permutation, sharded gather, monotone ...) also apply to these losses
+(`prefzoo check kto`); this file adds what their formulas promise.
 
 * only-desirable (only-undesirable) batches: every loss is its desirable (undesirable) branch as the formula says,
   and every gradient ∂L/∂log π is ≤ 0 (≥ 0);
