@@ -10,7 +10,7 @@ With the log-ratio of completion i, ρ_i = log π_θ(y_i|x_i) − log π_ref(y_i
 * ``bco`` (TRL's BCOTrainer, without its density-ratio weighting): desirable −log σ(βρ − δ), undesirable
   −log σ(−(βρ − δ)), where δ is the running mean of every implicit reward β·ρ seen in training so far.  δ is the
   loss's *state* (:attr:`prefzoo.LossSpec.initial_state`): it advances once per training call, from the rewards of
-  the whole gathered batch, so every process holds the same δ; it is checkpointed with the run.
+  the whole gathered batch, so every process holds the same δ; ``Loss.state_dict()`` carries it into checkpoints.
 
 z₀ and δ are constants (no gradient flows through them), as in TRL.
 """
@@ -178,7 +178,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             description="Binary Classifier Optimization: a logistic classifier of desirable vs undesirable on the "
             "implicit reward, shifted by δ, the running mean of the rewards of every training batch (gathered over "
             "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
-            "only, every process holds the same value, and it is saved with checkpoints.",
+            "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
             notes="TRL's underlying-distribution matching (a density-ratio classifier on prompt embeddings that "
             "reweights undesirable examples) is not implemented. δ is kept in float64 (TRL: float32).",
             **common,

@@ -1,7 +1,9 @@
 """Properties of the unpaired losses (kto, apo-zero-unpaired, bco) on random UnpairedBatches.
 
-Domains: N in 1..24 completions, summed log-probs in [−1e4, 0] (ρ in ±10 or up to ±1e4, KL log-ratios ±10), β and the weights drawn from their
-declared ranges (prefzoo.testing.loss_params), float64 unless stated.
+Domains: N in 1..24 completions, summed log-probs in [−1e4, 0] (ρ in ±10 or up to ±1e4, KL log-ratios in ±10), β
+and the weights drawn from their declared ranges (prefzoo.testing.loss_params), float64 unless stated.  The kit's
+generic unpaired properties (finite, shape, permutation, sharded gather, monotone ...) also apply to these losses
+(`prefzoo check kto`); this file adds what their formulas promise.
 
 * only-desirable (only-undesirable) batches: every loss is its desirable (undesirable) branch as the formula says,
   and every gradient ∂L/∂log π is ≤ 0 (≥ 0);
