@@ -56,11 +56,19 @@ class AlphaPOParams(LossParams):
 
 
 def alpha_reward(u: Tensor, alpha: float) -> Tensor:
-    """r(u) = (1 − e^(−α·u))/α for a log-prob u (log π, or its per-token average); u itself at α = 0."""
+    """r(u) = (1 − e^(−α·u))/α for a log-prob u (log π, or its per-token average); u itself at α = 0.
+
+    Evaluated as u·φ(x), x = −α·u, φ(x) = (e^x − 1)/x (a series near 0): no 0/0 for tiny α in float32.
+    """
     if alpha == 0.0:
         return u
     x = -alpha * u
-    return (1 - soft_exp(x, _ALPHAPO_EXP_CAP)) / alpha
+    small = x.abs() < 1e-3
+    xs = torch.where(small, torch.ones_like(x), x)
+    em1 = torch.where(xs > _ALPHAPO_EXP_CAP, soft_exp(xs, _ALPHAPO_EXP_CAP) - 1, torch.expm1(xs.clamp(max=_ALPHAPO_EXP_CAP)))
+    phi = torch.where(small, 1 + x / 2 + x * x / 6, em1 / xs)
+    return u * phi
+
 
 def alphapo(
     inner: InnerLoss, batch: PreferenceBatch, p: AlphaPOParams, spec: LossSpec, lp: LossParams, ctx: LossContext
