@@ -143,7 +143,12 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise CLIError("config key loss_params must be a mapping of parameter names to values")
     params = parse_loss_params(loss, {str(k): v for k, v in params.items()}) | parse_loss_params(loss, pairs)
-    get_loss(loss, modifiers=_as_list(values.get("modifiers")), **params)  # ranges, choices, modifier fit checked here
+    built = get_loss(loss, modifiers=_as_list(values.get("modifiers")), **params)  # ranges, choices, modifier fit
+    from prefzoo.train.config import TrainConfig
+    from prefzoo.train.modifiers import check_modifiers
+
+    run_keys = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
+    check_modifiers(built, TrainConfig.from_dict(run_keys))  # e.g. tr-dpo with --precompute-ref: before any model loads
     return params
 
 

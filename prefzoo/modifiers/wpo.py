@@ -58,6 +58,8 @@ def prefzoo_register_modifiers() -> list[ModifierSpec]:
             description="Weighted preference optimization: each pair weighted by how likely the current policy is "
             "to generate both responses (length-normalized, aligned by the policy's own Σ_v π(v)²), simulating "
             "on-policy data with off-policy pairs.",
-            notes="As TRL, the weights are constants (no gradient flows through them).",
+            notes="As TRL, the weights are constants (no gradient flows through them). A weight is at most about "
+            "√V/2 per response (V the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
+            "alpha_divergence), whose loss already reaches e^80 ≈ 5.5e34, the weighted loss can overflow float32.",
         )
     ]
