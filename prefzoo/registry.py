@@ -23,7 +23,7 @@ import pluggy
 from prefzoo import hookspecs
 from prefzoo.losses import combine as _combine
 from prefzoo.losses.combine import CombinedLoss
-from prefzoo.modifiers.compose import Modifier, ModifiedLoss, parse_modifier
+from prefzoo.modifiers.compose import ModifiedLoss, parse_modifier
 from prefzoo.spec import Loss, LossSpec, ModifierSpec, parse_assignments
 
 __all__ = [

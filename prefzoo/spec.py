@@ -566,7 +566,8 @@ class ModifierSpec:
         infos = {i.name: i for i in param_infos(self.params_cls)}
         if key not in infos:
             raise ModifierError(
-                f"modifier {self.name!r} has no parameter {key!r}; valid parameters: {', '.join(sorted(infos)) or '(none)'}"
+                f"modifier {self.name!r} has no parameter {key!r}; "
+                f"valid parameters: {', '.join(sorted(infos)) or '(none)'}"
             )
         return coerce(infos[key], text, where=f"modifier {self.name!r}: parameter {key!r}")
 

@@ -18,8 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "`prefzoo train --loss dpo --modifier ld-dpo:alpha=0.5 --modifier wpo`.",
     )
     p.add_argument("name", nargs="?", help="a registered modifier name (default: list all)")
-    p.add_argument("--markdown", action="store_true",
-                   help="print the modifier catalogue as Markdown (this is how docs/modifiers.md is generated)")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the modifier catalogue as Markdown (this is how docs/modifiers.md is generated)",
+    )
     return p
 
 
@@ -80,10 +83,11 @@ def catalogue_markdown() -> str:
         "returns (per-pair weights), or the reference itself during training. Compose them with a loss on the command "
         "line (`prefzoo train --loss dpo --modifier ld-dpo:alpha=0.5 --modifier wpo`), in YAML "
         "(`modifiers: [ld-dpo:alpha=0.5, wpo]` or `- {modifier: ld-dpo, alpha: 0.5}`) or in Python "
-        "(`prefzoo.get_loss(\"dpo\", modifiers=[\"ld-dpo:alpha=0.5\", \"wpo\"])`, `prefzoo.modify(loss, \"wpo\")`). "
+        '(`prefzoo.get_loss("dpo", modifiers=["ld-dpo:alpha=0.5", "wpo"])`, `prefzoo.modify(loss, "wpo")`). '
         "They apply in the order given (the first sees the batch first). A modified loss is itself a `Loss`: the "
         "trainer, metrics, `prefzoo inspect --modifier` and the conformance kit see one loss. A modifier declares "
-        "which losses it applies to as a predicate over the loss's declared capabilities (`LossSpec.reward_difference`, "
+        "which losses it applies to as a predicate over the loss's declared capabilities "
+        "(`LossSpec.reward_difference`, "
         "`logp_reward`, `needs`, `batch_coupled`), never by loss name; a combination that does not fit is a one-line "
         "error naming both, before any model loads. Plugins register modifiers through the hook "
         "`prefzoo_register_modifiers`, like losses.",

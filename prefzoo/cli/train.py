@@ -147,7 +147,7 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     from prefzoo.train.config import TrainConfig
     from prefzoo.train.modifiers import check_modifiers
 
-    run_keys = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
+    run_keys: dict[str, Any] = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
     check_modifiers(built, TrainConfig.from_dict(run_keys))  # e.g. tr-dpo with --precompute-ref: before any model loads
     return params
 

@@ -82,7 +82,7 @@ class PreferenceCollator:
 
 
 def pair_scores(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """``chosen_scores``/``rejected_scores`` (B,) float32 from the data's score_chosen/score_rejected, if it has them."""
+    """``chosen_scores``/``rejected_scores`` (B,) float32 from the data's score_chosen/score_rejected, if any."""
     if not examples or "score_chosen" not in examples[0]:
         return {}
     return {

@@ -18,9 +18,8 @@ After normalization ``prompt`` is a string (plain) or a list of ``{"role", "cont
 
 from __future__ import annotations
 
-import math
-
 import difflib
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

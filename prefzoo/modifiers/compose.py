@@ -24,7 +24,7 @@ from prefzoo.spec import (
 )
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
-__all__ = ["Modifier", "ModifiedLoss", "modified_spec", "parse_modifier"]
+__all__ = ["ModifiedLoss", "Modifier", "modified_spec", "parse_modifier"]
 
 ModifierLookup = Callable[[str], ModifierSpec]
 
@@ -60,7 +60,9 @@ def parse_modifier(item: str | Mapping[str, Any] | tuple[str, Mapping[str, Any]]
         values = dict(item)
         name = values.pop("modifier", None)
         if not isinstance(name, str):
-            raise ModifierError(f"modifiers: {item!r} needs a 'modifier: NAME' key, e.g. {{modifier: ld-dpo, alpha: 0.5}}")
+            raise ModifierError(
+                f"modifiers: {item!r} needs a 'modifier: NAME' key, e.g. {{modifier: ld-dpo, alpha: 0.5}}"
+            )
     else:
         raise ModifierError(f"{flag} {item!r}: expected NAME[:KEY=VALUE,...]")
     spec = lookup(name.strip())
@@ -80,8 +82,12 @@ def modified_params_cls(base: type[LossParams], mods: Sequence[ModifierSpec], ch
             fields.append((_prefix(mod) + f.name, hints[f.name].type,
                            dataclasses.field(default=f.default, metadata=f.metadata)))  # fmt: skip
     name = base.__name__ + "With" + "".join(m.name.title().replace("-", "") for m in mods)
+    def both(self: Any) -> None:
+        base.check(self)
+        check(self)
+
     cls = dataclasses.make_dataclass(name, fields, bases=(base,), frozen=True, kw_only=True,
-                                     namespace={"check": lambda self: (base.check(self), check(self))})  # fmt: skip
+                                     namespace={"check": both})  # fmt: skip
     cls.__module__ = __name__
     return cls
 
@@ -148,6 +154,9 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
 
 class ModifiedLoss(Loss):
     """A loss under modifiers: one Loss object for the trainer, metrics, ``prefzoo inspect`` and the conformance kit."""
+
+    base: Loss
+    modifiers: list[Modifier]
 
     def __init__(self, base: Loss, modifiers: Sequence[Modifier]) -> None:
         if isinstance(base, ModifiedLoss):  # modifying a modified loss adds to its list

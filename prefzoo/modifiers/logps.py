@@ -65,7 +65,9 @@ def alpha_reward(u: Tensor, alpha: float) -> Tensor:
     x = -alpha * u
     small = x.abs() < 1e-3
     xs = torch.where(small, torch.ones_like(x), x)
-    em1 = torch.where(xs > _ALPHAPO_EXP_CAP, soft_exp(xs, _ALPHAPO_EXP_CAP) - 1, torch.expm1(xs.clamp(max=_ALPHAPO_EXP_CAP)))
+    em1 = torch.where(
+        xs > _ALPHAPO_EXP_CAP, soft_exp(xs, _ALPHAPO_EXP_CAP) - 1, torch.expm1(xs.clamp(max=_ALPHAPO_EXP_CAP))
+    )
     phi = torch.where(small, 1 + x / 2 + x * x / 6, em1 / xs)
     return u * phi
 
@@ -95,7 +97,8 @@ def prefzoo_register_modifiers() -> list[ModifierSpec]:
             fn=ld_dpo,
             params_cls=LDDPOParams,
             paper="Liu et al. 2024, arXiv:2409.06411 (LD-DPO)",
-            transforms="log π(y) ← Σ_{t≤ℓ} log π(y_t) + α·Σ_{t>ℓ} log π(y_t), ℓ = min(|y_w|, |y_l|) (policy and reference)",
+            transforms="log π(y) ← Σ_{t≤ℓ} log π(y_t) + α·Σ_{t>ℓ} log π(y_t), ℓ = min(|y_w|, |y_l|) "
+            "(policy and reference)",
             applies=Applicability("every loss (it rewrites the sequence log-probs any loss reads)", lambda s, p: True),
             needs=frozenset({Need.TOKEN_LOGPS}),
             reference_needs=frozenset({Need.REF_TOKEN_LOGPS}),

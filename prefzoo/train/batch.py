@@ -71,7 +71,9 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
     if want_tokens or want_ent or want_sq:
         fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c) bool
     if want_sq:  # WPO: log Σ_v π(v)² per token, constant
-        fields.update(chosen_token_log_sq_probs=w["token_log_sq_probs"], rejected_token_log_sq_probs=l["token_log_sq_probs"])
+        fields.update(
+            chosen_token_log_sq_probs=w["token_log_sq_probs"], rejected_token_log_sq_probs=l["token_log_sq_probs"]
+        )
     if Need.SCORES in loss.needs:
         if "chosen_scores" not in batch:
             raise KeyError("the loss needs the pairs' scores but the data has no score_chosen/score_rejected columns")

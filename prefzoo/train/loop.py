@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.train.callbacks import CallbackList, load_callbacks
-from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
 from prefzoo.train.run import Run, TrainResult, evaluate

@@ -1,6 +1,7 @@
 """TR-DPO's reference update as a trainer callback: θ_ref ← α·θ + (1 − α)·θ_ref every τ optimizer steps.
 
-Installed by the ``tr-dpo`` modifier (``ModifierSpec.callback``), or by hand: ``--callback reference-sync:sync_steps=64``.
+Installed by the ``tr-dpo`` modifier (``ModifierSpec.callback``), or by hand:
+``--callback reference-sync:sync_steps=64``.
 As TRL 1.16's ``SyncRefModelCallback`` (``ref_model_mixup_alpha``, ``ref_model_sync_steps``).  At each update it
 logs the reference's mean log-probs of the step's last micro-batch before and after (``tr-dpo/ref_logps_*``), so the
 reference is seen to move.  The updated reference is saved with every checkpoint and restored on resume.

@@ -297,7 +297,9 @@ def _resume_point(cfg: TrainConfig, accelerator: Any, storage: Storage) -> tuple
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
     info = read_marker(path)
-    if info.get("loss") != cfg.loss or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}:
+    same_mods = info.get("modifiers", []) == [str(m) for m in cfg.modifiers]
+    if (not same_mods or info.get("loss") != cfg.loss
+            or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}):  # fmt: skip
         raise ResumeError(
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"

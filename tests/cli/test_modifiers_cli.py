@@ -22,12 +22,18 @@ def test_modifiers_lists_every_modifier(capsys):
 def test_modifiers_shows_one_with_its_compatible_losses(capsys):
     assert main(["modifiers", "odpo"]) == 0
     out = capsys.readouterr().out
-    assert "reward-difference losses with β" in out and "dpo" in out and "simpo" not in out.split("registered losses:")[1].split("\n")[0]
+    assert (
+        "reward-difference losses with β" in out
+        and "dpo" in out
+        and "simpo" not in out.split("registered losses:")[1].split("\n")[0]
+    )
 
 
 def test_docs_modifiers_md_is_generated():
     committed = (Path(__file__).resolve().parents[2] / "docs" / "modifiers.md").read_text(encoding="utf-8")
-    assert committed == catalogue_markdown(), "docs/modifiers.md is stale: run `prefzoo modifiers --markdown > docs/modifiers.md`"
+    assert committed == catalogue_markdown(), (
+        "docs/modifiers.md is stale: run `prefzoo modifiers --markdown > docs/modifiers.md`"
+    )
 
 
 def _table(capsys, argv):

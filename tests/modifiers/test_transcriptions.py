@@ -154,8 +154,10 @@ def test_hand_derived_wpo_and_ld_dpo():
     one = torch.ones(1, 1, dtype=torch.bool)
     lw, ll, sq = math.log(0.8), math.log(0.2), math.log(0.68)
     b = PreferenceBatch(
-        policy_chosen_logps=torch.tensor([lw], dtype=torch.float64), policy_rejected_logps=torch.tensor([ll], dtype=torch.float64),
-        ref_chosen_logps=torch.tensor([lw], dtype=torch.float64), ref_rejected_logps=torch.tensor([ll], dtype=torch.float64),
+        policy_chosen_logps=torch.tensor([lw], dtype=torch.float64),
+        policy_rejected_logps=torch.tensor([ll], dtype=torch.float64),
+        ref_chosen_logps=torch.tensor([lw], dtype=torch.float64),
+        ref_rejected_logps=torch.tensor([ll], dtype=torch.float64),
         policy_chosen_token_logps=torch.tensor([[lw]], dtype=torch.float64),
         policy_rejected_token_logps=torch.tensor([[ll]], dtype=torch.float64),
         chosen_token_log_sq_probs=torch.tensor([[sq]], dtype=torch.float64),
@@ -165,7 +167,10 @@ def test_hand_derived_wpo_and_ld_dpo():
     assert got == pytest.approx(math.log(2) * (0.8 * 0.2) / 0.68**2, rel=1e-12)
     # LD-DPO: chosen tokens (−1, −2), rejected (−1, −1, −4), reference 0: ℓ = 2, log π̂_w = −3,
     # log π̂_l = −2 + 0.5·(−4) = −4, Δ = 1, L = −log σ(0.1) = 0.644397...
-    tw, tl = torch.tensor([[-1.0, -2.0, 0.0]], dtype=torch.float64), torch.tensor([[-1.0, -1.0, -4.0]], dtype=torch.float64)
+    tw, tl = (
+        torch.tensor([[-1.0, -2.0, 0.0]], dtype=torch.float64),
+        torch.tensor([[-1.0, -1.0, -4.0]], dtype=torch.float64),
+    )
     mw, ml = torch.tensor([[True, True, False]]), torch.ones(1, 3, dtype=torch.bool)
     z = torch.zeros(1, dtype=torch.float64)
     b = PreferenceBatch(policy_chosen_logps=tw.sum(-1), policy_rejected_logps=tl.sum(-1), ref_chosen_logps=z,
