@@ -573,6 +573,12 @@ class ModifierSpec:
 
     def why_not(self, loss: LossSpec, loss_params: Any) -> str | None:
         """None when this modifier applies to ``loss`` with ``loss_params``, else a one-line reason naming both."""
+        if Shape.PAIR not in loss.shapes:
+            shapes = ", ".join(sorted(s.value for s in loss.shapes))
+            return (
+                f"modifier {self.name!r} cannot modify loss {loss.name!r}: modifiers take pairs; {loss.name} takes "
+                f"{shapes}"
+            )
         if self.applies(loss, loss_params):
             return None
         return f"modifier {self.name!r} cannot modify loss {loss.name!r}: {self.name} applies to {self.applies.text}"

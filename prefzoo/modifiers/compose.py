@@ -22,7 +22,7 @@ from prefzoo.spec import (
     param_infos,
     parse_assignments,
 )
-from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
+from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = ["ModifiedLoss", "Modifier", "modified_spec", "parse_modifier"]
 
@@ -143,6 +143,8 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
         paper="; ".join([base.paper, *(m.paper for m in mods)]),
         scores=base.scores + " (as the modified loss sees its inputs)",
         needs=frozenset(needs),
+        shapes=frozenset({Shape.PAIR}),
+        initial_state=_split_state(base, split),
         batch_coupled=base.batch_coupled or any(m.batch_coupled for m in mods),
         monotone=monotone if base.monotone is not False else False,
         shift_invariant=base.shift_invariant and all(m.preserves_shift_invariance for m in mods),
@@ -150,6 +152,14 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
         plugin=base.plugin,
         builtin=base.builtin and all(m.builtin for m in mods),
     )
+
+
+def _split_state(base: LossSpec, split: Callable[[Any], tuple[Any, Any]]) -> Callable[[Any], Any] | None:
+    """A stateful loss keeps its state under modifiers: its initial state from the loss's own params."""
+    init = base.initial_state
+    if init is None:
+        return None
+    return lambda params: init(split(params)[0])
 
 
 class ModifiedLoss(Loss):

@@ -44,9 +44,7 @@ def odpo(inner: InnerLoss, batch: PreferenceBatch, p: ODPOParams, spec: LossSpec
     beta = float(getattr(lp, "beta"))  # noqa: B009 (reward-difference losses declare the parameter beta)
     offset = odpo_offset(batch.chosen_scores, batch.rejected_scores, p.alpha).to(batch.policy_chosen_logps.dtype)
     out = inner(batch.replace(policy_chosen_logps=batch.policy_chosen_logps - offset / beta), lp)
-    return LossOutput(
-        out.losses, out.chosen_rewards, out.rejected_rewards, {**out.metrics, "odpo/offset": offset.mean()}
-    )
+    return dataclasses.replace(out, metrics={**out.metrics, "odpo/offset": offset.mean()})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +81,7 @@ def beta_dpo(inner: InnerLoss, batch: PreferenceBatch, p: BetaDPOParams, spec: L
     out = inner(batch, dataclasses.replace(lp, beta=beta))  # type: ignore[call-arg]
     keep = ((m - p.m0).abs() <= thresh).to(out.losses.dtype)  # (B,)
     metrics = {**out.metrics, "beta-dpo/beta": torch.tensor(beta), "beta-dpo/kept": keep.mean()}
-    return LossOutput(out.losses * keep, out.chosen_rewards, out.rejected_rewards, metrics)
+    return dataclasses.replace(out, losses=out.losses * keep, metrics=metrics)
 
 
 @hookimpl

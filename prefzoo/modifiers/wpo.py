@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ def wpo(
     w_l = wpo_weight(batch.policy_rejected_token_logps, batch.rejected_token_log_sq_probs, batch.rejected_mask)
     w = (w_w * w_l).to(out.losses.dtype)  # (B,)
     metrics = {**out.metrics, "wpo/weight": w.mean()}
-    return LossOutput(out.losses * w, out.chosen_rewards, out.rejected_rewards, metrics)
+    return dataclasses.replace(out, losses=out.losses * w, metrics=metrics)
 
 
 @hookimpl
