@@ -7,6 +7,7 @@ modules import transformers, accelerate and friends lazily.
 from prefzoo.hookspecs import hookimpl, hookspec
 from prefzoo.losses.combine import CombinedLoss
 from prefzoo.losses.shapes import REDUCTIONS, pairs_from_lists
+from prefzoo.modifiers.compose import ModifiedLoss, Modifier
 from prefzoo.registry import (
     RegistryError,
     UnknownLossError,
@@ -14,10 +15,24 @@ from prefzoo.registry import (
     get_loss,
     get_registry,
     list_losses,
+    list_modifiers,
     loss_spec,
+    modifier_spec,
+    modify,
     reset_registry,
 )
-from prefzoo.spec import Loss, LossOutputError, LossParamError, LossParams, LossSpec, param, param_infos
+from prefzoo.spec import (
+    Applicability,
+    Loss,
+    LossOutputError,
+    LossParamError,
+    LossParams,
+    LossSpec,
+    ModifierError,
+    ModifierSpec,
+    param,
+    param_infos,
+)
 from prefzoo.types import (
     GroupBatch,
     GroupBatchError,
@@ -47,6 +62,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "REDUCTIONS",
+    "Applicability",
     "CombinedLoss",
     "GroupBatch",
     "GroupBatchError",
@@ -58,6 +74,10 @@ __all__ = [
     "LossParams",
     "LossSpec",
     "LossState",
+    "ModifiedLoss",
+    "Modifier",
+    "ModifierError",
+    "ModifierSpec",
     "Need",
     "PreferenceBatch",
     "PreferenceBatchError",
@@ -74,7 +94,10 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "list_losses",
+    "list_modifiers",
     "loss_spec",
+    "modifier_spec",
+    "modify",
     "pairs_from_lists",
     "param",
     "param_infos",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from prefzoo.spec import LossSpec
+    from prefzoo.spec import LossSpec, ModifierSpec
 
 hookspec = pluggy.HookspecMarker("prefzoo")
 hookimpl = pluggy.HookimplMarker("prefzoo")
@@ -40,4 +40,15 @@ def prefzoo_register_judges() -> list[Any]:
 
     Called once, when the judge registry is first built.  Return a list of
     ``prefzoo.eval.JudgeSpec``; names must be unique across all plugins.
+    """
+
+
+@hookspec
+def prefzoo_register_modifiers() -> list[ModifierSpec]:
+    """Return the loss modifiers this plugin provides.
+
+    Called once, when the modifier registry is first built (the first ``get_modifier``, ``list_modifiers``
+    or ``modify`` call).  Return a list of :class:`prefzoo.ModifierSpec`; each name must be unique across all
+    plugins, or the registry raises an error naming both plugins.  Built-in modifiers register through this
+    same hook.
     """

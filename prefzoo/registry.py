@@ -23,12 +23,14 @@ import pluggy
 from prefzoo import hookspecs
 from prefzoo.losses import combine as _combine
 from prefzoo.losses.combine import CombinedLoss
-from prefzoo.spec import Loss, LossSpec, parse_assignments
+from prefzoo.modifiers.compose import ModifiedLoss, parse_modifier
+from prefzoo.spec import Loss, LossSpec, ModifierSpec, parse_assignments
 
 __all__ = [
     "BUILTIN_MODULES",
     "DISABLE_AUTOLOAD_ENV",
     "LOSSES",
+    "MODIFIERS",
     "Kind",
     "PluginLoadError",
     "Registry",
@@ -39,7 +41,10 @@ __all__ = [
     "get_loss",
     "get_registry",
     "list_losses",
+    "list_modifiers",
     "loss_spec",
+    "modifier_spec",
+    "modify",
     "parse_loss_params",
     "registry_of",
     "reset_registry",
@@ -67,6 +72,10 @@ class UnknownLossError(KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class UnknownModifierError(UnknownLossError):
+    """A modifier name that no plugin registered."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,22 @@ LOSSES: Kind[LossSpec] = Kind(
     listing="`prefzoo losses` lists them",
 )
 
-_kinds: list[Kind[Any]] = [LOSSES]  # every kind declared so far (declare_kind adds the others)
+MODIFIER_MODULES = (
+    "prefzoo.modifiers.wpo",
+    "prefzoo.modifiers.logps",
+    "prefzoo.modifiers.margins",
+    "prefzoo.modifiers.trdpo",
+)
+MODIFIERS: Kind[ModifierSpec] = Kind(
+    noun="modifier",
+    hook="prefzoo_register_modifiers",
+    spec_type=ModifierSpec,
+    builtin_modules=MODIFIER_MODULES,
+    unknown_error=UnknownModifierError,
+    listing="`prefzoo modifiers` lists them",
+)
+
+_kinds: list[Kind[Any]] = [LOSSES, MODIFIERS]  # every kind declared so far (declare_kind adds the others)
 
 
 def declare_kind(kind: Kind[Any]) -> Kind[Any]:
@@ -313,17 +337,40 @@ def loss_spec(name: str) -> LossSpec:
     return get_registry().get(name)
 
 
-def get_loss(name: str, **params: Any) -> Loss:
-    """A registered loss bound to validated params, or a weighted combination.
+def get_loss(name: str, modifiers: Sequence[Any] = (), **params: Any) -> Loss:
+    """A registered loss bound to validated params, or a weighted combination, optionally under modifiers.
 
     ``name`` is a registered name (``"mmpo"``) or a weighted sum such as
     ``"0.8*dpo + 0.2*bco-pair + 1.0*sft"``; in a sum, ``dpo.beta=...`` sets a
     parameter of one term and a bare ``beta=...`` sets it on every term that has it.
+    ``modifiers``: e.g. ``["ld-dpo:alpha=0.5", "wpo"]`` (see :func:`modify`).
     """
     if _combine.is_combination(name):
-        return _combine.combine_from_string(name, params, loss_spec)
-    spec = loss_spec(name)
-    return Loss(spec, spec.params(**params))
+        loss: Loss = _combine.combine_from_string(name, params, loss_spec)
+    else:
+        spec = loss_spec(name)
+        loss = Loss(spec, spec.params(**params))
+    return modify(loss, *modifiers) if modifiers else loss
+
+
+def modifier_spec(name: str) -> ModifierSpec:
+    """The ModifierSpec of a registered modifier."""
+    return registry_of(MODIFIERS).get(name)
+
+
+def list_modifiers() -> list[str]:
+    """The registered modifier names, sorted."""
+    return registry_of(MODIFIERS).names()
+
+
+def modify(loss: Loss | str, *modifiers: Any) -> ModifiedLoss:
+    """``loss`` under ``modifiers``, applied in order (the first sees the batch first): a Loss itself.
+
+    Each modifier is ``"NAME[:KEY=VALUE,...]"``, ``{"modifier": NAME, KEY: VALUE}``, ``(NAME, {KEY: VALUE})`` or a
+    bound :class:`Modifier`.  A modifier that does not apply to the loss is a ModifierError naming both and why.
+    """
+    base = get_loss(loss) if isinstance(loss, str) else loss
+    return ModifiedLoss(base, [parse_modifier(m, modifier_spec) for m in modifiers])
 
 
 def combine(terms: Sequence[tuple[float, str | Loss]], **params: Any) -> CombinedLoss:

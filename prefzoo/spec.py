@@ -37,11 +37,16 @@ from prefzoo.types import (
 )
 
 __all__ = [
+    "Applicability",
+    "InnerLoss",
     "Loss",
     "LossOutputError",
     "LossParamError",
     "LossParams",
     "LossSpec",
+    "ModifierError",
+    "ModifierFn",
+    "ModifierSpec",
     "ParamError",
     "ParamInfo",
     "param",
@@ -245,6 +250,10 @@ class LossSpec:
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
     initial_state: Callable[[Any], LossState] | None = None  # stateful losses: params -> the state before step one
+    # L depends on a pair only through β·Δ (+ terms free of log π), Δ = s_w − s_l with s = log π − log π_ref (log π
+    # without a reference), β the parameter `beta`: a target margin m enters as β·Δ − m (maybe per params)
+    reward_difference: bool | Callable[[Any], bool] = False
+    logp_reward: str = ""  # reference-free: log π(y|x) enters L only as this reward: "sum" (log π) or "average" (/|y|)
     description: str = ""  # one paragraph for `prefzoo losses NAME`
     notes: str = ""  # caveats shown in docs (e.g. gradient identities)
     plugin: str = "?"  # filled in by the registry: which plugin registered it
@@ -268,6 +277,11 @@ class LossSpec:
     def is_monotone(self, params: Any) -> bool:
         """Whether the loss declares ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 for these params."""
         return bool(self.monotone(params)) if callable(self.monotone) else bool(self.monotone)
+
+    def is_reward_difference(self, params: Any) -> bool:
+        """Whether the loss is a reward-difference loss with β (``reward_difference``) for these params."""
+        rd = self.reward_difference
+        return bool(rd(params)) if callable(rd) else bool(rd)
 
     @property
     def needs_reference(self) -> bool:
@@ -469,3 +483,102 @@ def check_output(name: str, plugin: str, out: Any, batch: AnyBatch | int) -> Non
         got = tuple(out.rewards.shape) if isinstance(out.rewards, Tensor) else type(out.rewards).__name__
         if got != want:
             raise LossOutputError(f"{who} returned rewards of shape {got}; expected {want}, one per completion")
+
+
+# --- modifiers: a second kind of plugin, transforming what any compatible loss sees or returns -------------------
+
+
+class ModifierError(LossParamError):
+    """A modifier that does not apply to a loss, or a malformed modifier option; the message names both and why."""
+
+
+InnerLoss = Callable[[PreferenceBatch, Any], LossOutput]  # (batch, loss params) -> the output of the loss it wraps
+ModifierFn = Callable[[InnerLoss, PreferenceBatch, Any, "LossSpec", Any, LossContext], LossOutput]
+
+
+@dataclass(frozen=True)
+class Applicability:
+    """Which losses a modifier applies to: a predicate over the loss's declared capabilities, and its words."""
+
+    text: str  # e.g. "reward-difference losses with β (LossSpec.reward_difference)"
+    test: Callable[[LossSpec, Any], bool]  # (loss spec, loss params) -> applies
+
+    def __call__(self, spec: LossSpec, params: Any) -> bool:
+        return bool(self.test(spec, params))
+
+
+@dataclass(frozen=True)
+class ModifierSpec:
+    """Everything the registry, composition, trainer and docs know about one modifier.
+
+    ``fn(inner, batch, params, loss_spec, loss_params, ctx) -> LossOutput`` wraps the loss: it may rewrite the batch
+    or the loss params before calling ``inner(batch, loss_params)``, and reweight or mask the per-pair losses it
+    returns.  It reads the loss only through its declared capabilities (``loss_spec``), never its name.
+    """
+
+    name: str  # the value of --modifier; lower-case words joined by '-'
+    fn: ModifierFn
+    params_cls: type[LossParams]  # frozen kw-only dataclass with param() fields, validated like a loss's
+    paper: str  # citation with arXiv id
+    transforms: str  # what it changes, in the paper's symbols (one line)
+    applies: Applicability  # which losses it modifies
+    needs: frozenset[Need] = frozenset()  # inputs the trainer must compute in addition to the loss's
+    reference_needs: frozenset[Need] = frozenset()  # further inputs when the loss needs a reference
+    batch_coupled: bool = False  # the modified loss of a pair depends on other pairs (through ctx.gather)
+    preserves_monotone: bool = True  # a monotone loss stays monotone (weights ≥ 0, increasing transforms)
+    preserves_shift_invariance: bool = True
+    updates_reference: bool = False  # the reference model changes during training (no cache, no adapter-disabled)
+    callback: str = ""  # 'module:Class' of the trainer callback it installs, constructed with its params as kwargs
+    trl: str = ""  # TRL 1.16's name for the same setting, if any
+    description: str = ""
+    notes: str = ""
+    plugin: str = "?"  # filled in by the registry
+    builtin: bool = False  # filled in by the registry
+
+    def __post_init__(self) -> None:
+        if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
+            raise TypeError(f"modifier {self.name!r}: params_cls must be a LossParams dataclass")
+        if not callable(self.fn):
+            raise TypeError(f"modifier {self.name!r}: fn is not callable")
+        if not isinstance(self.applies, Applicability):
+            raise TypeError(f"modifier {self.name!r}: applies must be a prefzoo.Applicability")
+        for n in self.needs | self.reference_needs:
+            if not isinstance(n, Need):
+                raise TypeError(f"modifier {self.name!r}: needs must hold prefzoo.Need values, got {n!r}")
+
+    def params(self, **kwargs: Any) -> LossParams:
+        """Construct and validate the params; unknown keys name the valid ones."""
+        valid = {i.name for i in param_infos(self.params_cls)}
+        unknown = sorted(set(kwargs) - valid)
+        if unknown:
+            raise ModifierError(
+                f"modifier {self.name!r} has no parameter {', '.join(repr(u) for u in unknown)}; "
+                f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
+            )
+        try:
+            return self.params_cls(**kwargs)
+        except LossParamError as e:
+            raise ModifierError(f"modifier {self.name!r}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ModifierError(f"modifier {self.name!r}: invalid parameters {kwargs!r}: {e}") from e
+
+    def parse_param(self, key: str, text: Any) -> Any:
+        infos = {i.name: i for i in param_infos(self.params_cls)}
+        if key not in infos:
+            raise ModifierError(
+                f"modifier {self.name!r} has no parameter {key!r}; "
+                f"valid parameters: {', '.join(sorted(infos)) or '(none)'}"
+            )
+        return coerce(infos[key], text, where=f"modifier {self.name!r}: parameter {key!r}")
+
+    def why_not(self, loss: LossSpec, loss_params: Any) -> str | None:
+        """None when this modifier applies to ``loss`` with ``loss_params``, else a one-line reason naming both."""
+        if Shape.PAIR not in loss.shapes:
+            shapes = ", ".join(sorted(s.value for s in loss.shapes))
+            return (
+                f"modifier {self.name!r} cannot modify loss {loss.name!r}: modifiers take pairs; {loss.name} takes "
+                f"{shapes}"
+            )
+        if self.applies(loss, loss_params):
+            return None
+        return f"modifier {self.name!r} cannot modify loss {loss.name!r}: {self.name} applies to {self.applies.text}"

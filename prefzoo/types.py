@@ -51,6 +51,9 @@ class Need(str, enum.Enum):
     TOKEN_LOGPS = "token_logps"  # per-token log-probs and masks
     TOKEN_ENTROPIES = "token_entropies"  # per-token entropies of π(·|prefix) and masks
     KL_REFERENCE = "kl_reference"  # unpaired only: log-probs of mismatched prompt/completion pairs (KTO's z₀)
+    REF_TOKEN_LOGPS = "ref_token_logps"  # per-token reference log-probs and masks (LD-DPO on a reference loss)
+    TOKEN_SQUARED_PROBS = "token_squared_probs"  # per-token log Σ_v π(v|prefix)² and masks (WPO's weight alignment)
+    SCORES = "scores"  # chosen_scores, rejected_scores: the pair's scores from the data (ODPO's offset)
 
 
 class Shape(str, enum.Enum):
@@ -72,6 +75,14 @@ NEED_FIELDS: dict[Need, tuple[str, ...]] = {
         "rejected_mask",
     ),
     Need.TOKEN_ENTROPIES: ("chosen_token_entropies", "rejected_token_entropies", "chosen_mask", "rejected_mask"),
+    Need.REF_TOKEN_LOGPS: ("ref_chosen_token_logps", "ref_rejected_token_logps", "chosen_mask", "rejected_mask"),
+    Need.TOKEN_SQUARED_PROBS: (
+        "chosen_token_log_sq_probs",
+        "rejected_token_log_sq_probs",
+        "chosen_mask",
+        "rejected_mask",
+    ),
+    Need.SCORES: ("chosen_scores", "rejected_scores"),
 }
 
 # Every floating-point tensor field of a PreferenceBatch (masks and lengths are not).
@@ -84,6 +95,23 @@ FLOAT_FIELDS = (
     "policy_rejected_token_logps",
     "chosen_token_entropies",
     "rejected_token_entropies",
+    "ref_chosen_token_logps",
+    "ref_rejected_token_logps",
+    "chosen_token_log_sq_probs",
+    "rejected_token_log_sq_probs",
+    "chosen_scores",
+    "rejected_scores",
+)
+# Float fields that are constants of the step (no gradient flows into them): reference, data scores, WPO's alignment.
+CONSTANT_FIELDS = (
+    "ref_chosen_logps",
+    "ref_rejected_logps",
+    "ref_chosen_token_logps",
+    "ref_rejected_token_logps",
+    "chosen_token_log_sq_probs",
+    "rejected_token_log_sq_probs",
+    "chosen_scores",
+    "rejected_scores",
 )
 _PER_EXAMPLE = (
     "policy_chosen_logps",
@@ -92,9 +120,23 @@ _PER_EXAMPLE = (
     "ref_rejected_logps",
     "chosen_lengths",
     "rejected_lengths",
+    "chosen_scores",
+    "rejected_scores",
 )
-_TOKEN_LEVEL_W = ("policy_chosen_token_logps", "chosen_token_entropies", "chosen_mask")
-_TOKEN_LEVEL_L = ("policy_rejected_token_logps", "rejected_token_entropies", "rejected_mask")
+_TOKEN_LEVEL_W = (
+    "policy_chosen_token_logps",
+    "chosen_token_entropies",
+    "ref_chosen_token_logps",
+    "chosen_token_log_sq_probs",
+    "chosen_mask",
+)
+_TOKEN_LEVEL_L = (
+    "policy_rejected_token_logps",
+    "rejected_token_entropies",
+    "ref_rejected_token_logps",
+    "rejected_token_log_sq_probs",
+    "rejected_mask",
+)
 
 
 @dataclass(frozen=True)
@@ -118,6 +160,12 @@ class PreferenceBatch:
     rejected_token_entropies: Tensor | None = None  # (B, T_l)
     chosen_mask: Tensor | None = None  # (B, T_w) bool, True on completion tokens
     rejected_mask: Tensor | None = None  # (B, T_l) bool
+    ref_chosen_token_logps: Tensor | None = None  # (B, T_w) log π_ref(y_w,t | x, y_w,<t), 0 at padding, constant
+    ref_rejected_token_logps: Tensor | None = None  # (B, T_l)
+    chosen_token_log_sq_probs: Tensor | None = None  # (B, T_w) log Σ_v π_θ(v | x, y_w,<t)², 0 at padding, constant
+    rejected_token_log_sq_probs: Tensor | None = None  # (B, T_l)
+    chosen_scores: Tensor | None = None  # (B,) the data's score of y_w (e.g. a reward model's), constant
+    rejected_scores: Tensor | None = None  # (B,) the data's score of y_l
     example_ids: tuple[str, ...] | None = field(default=None, compare=False)  # for error messages and skip logs
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "prefzoo.spec": 1,
     "prefzoo.hookspecs": 1,
     "prefzoo.losses": 2,
+    "prefzoo.modifiers": 2,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
     "prefzoo.registry": 3,
     "prefzoo.data": 3,
     "prefzoo": 3,  # the package's __init__: re-exports of registry, losses, spec and types

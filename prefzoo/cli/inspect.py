@@ -35,10 +35,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--points", type=int, default=11, help="grid points in the table (default 11)")
     p.add_argument("--logp", type=float, default=-20.0, help="log π of both responses at m = 0 (default -20)")
     p.add_argument("--ref-logp", type=float, default=-20.0, help="log π_ref of both responses (default -20)")
-    p.add_argument("--length", type=int, default=10, help="completion length of both responses (default 10)")
     p.add_argument("--k", type=int, default=2, metavar="K",
                    help="list losses: K completions per group, ranked best first and spread by the margin "
                    "(log π of rank j is logp + m·((K−1)/2 − j)/(K−1)); prints −∂L/∂log π of every rank (default 2)")
+    p.add_argument("--length", type=int, default=10, help="completion length of the chosen response (default 10)")
+    p.add_argument("--rejected-length", type=int, default=15,
+                   help="completion length of the rejected response (default 15: longer, as length-sensitive losses "
+                   "and LD-DPO see it)")  # fmt: skip
+    p.add_argument("--modifier", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                   help="a loss modifier, repeatable, applied in order, e.g. ld-dpo:alpha=0.5 (default: none)")
+    p.add_argument("--score-gap", type=float, default=2.0,
+                   help="data score of y_w minus that of y_l, for modifiers that read scores (odpo) (default 2)")
     p.add_argument("--plot", metavar="PNG", help="also write a plot of w_w and w_l to this PNG (needs matplotlib)")
     return p
 
@@ -51,37 +58,53 @@ class Fingerprint:
     w_l: list[float]  # −∂L/∂log π(y_l)
 
 
-def _pair(m: float, logp: float, ref_logp: float, length: int) -> tuple[PreferenceBatch, torch.Tensor, torch.Tensor]:
+def _pair(
+    m: float, logp: float, ref_logp: float, length: int, rejected_length: int | None = None, score_gap: float = 2.0
+) -> tuple[PreferenceBatch, torch.Tensor, torch.Tensor]:
+    """One pair; token-level inputs spread each summed log-prob evenly over its tokens (so gradients reach it)."""
     f64 = torch.float64
+    n_l = rejected_length or length
     pw = torch.tensor([logp + m / 2], dtype=f64, requires_grad=True)
     pl = torch.tensor([logp - m / 2], dtype=f64, requires_grad=True)
-    n = torch.tensor([length])
-    mask = torch.ones(1, length, dtype=torch.bool)
-    tok = torch.full((1, length), logp / length, dtype=f64)  # token-level inputs for losses that need them
-    batch = PreferenceBatch(
+
+    def tokens(total: float | torch.Tensor, n: int) -> torch.Tensor:
+        return (total / n) * torch.ones(1, n, dtype=f64)  # (1, n)
+
+    return PreferenceBatch(
         policy_chosen_logps=pw,
         policy_rejected_logps=pl,
         ref_chosen_logps=torch.tensor([ref_logp], dtype=f64),
         ref_rejected_logps=torch.tensor([ref_logp], dtype=f64),
-        chosen_lengths=n,
-        rejected_lengths=n,
-        policy_chosen_token_logps=tok,
-        policy_rejected_token_logps=tok.clone(),
+        chosen_lengths=torch.tensor([length]),
+        rejected_lengths=torch.tensor([n_l]),
+        policy_chosen_token_logps=tokens(pw, length),
+        policy_rejected_token_logps=tokens(pl, n_l),
         chosen_token_entropies=torch.ones(1, length, dtype=f64),
-        rejected_token_entropies=torch.ones(1, length, dtype=f64),
-        chosen_mask=mask,
-        rejected_mask=mask,
-    )
-    return batch, pw, pl
+        rejected_token_entropies=torch.ones(1, n_l, dtype=f64),
+        chosen_mask=torch.ones(1, length, dtype=torch.bool),
+        rejected_mask=torch.ones(1, n_l, dtype=torch.bool),
+        ref_chosen_token_logps=tokens(ref_logp, length),
+        ref_rejected_token_logps=tokens(ref_logp, n_l),
+        chosen_token_log_sq_probs=tokens(2 * logp, length),  # a distribution as peaked as the token: Σπ² = π(y_t)²
+        rejected_token_log_sq_probs=tokens(2 * logp, n_l),
+        chosen_scores=torch.tensor([score_gap], dtype=f64),
+        rejected_scores=torch.tensor([0.0], dtype=f64),
+    ), pw, pl
 
 
 def fingerprint(
-    loss: Loss, margins: list[float], logp: float = -20.0, ref_logp: float = -20.0, length: int = 10
+    loss: Loss,
+    margins: list[float],
+    logp: float = -20.0,
+    ref_logp: float = -20.0,
+    length: int = 10,
+    rejected_length: int | None = None,
+    score_gap: float = 2.0,
 ) -> Fingerprint:
     """w_w and w_l by autograd at each margin, one pair at a time (so batch coupling plays no part)."""
     sm, ww, wl = [], [], []
     for m in margins:
-        batch, pw, pl = _pair(m, logp, ref_logp, length)
+        batch, pw, pl = _pair(m, logp, ref_logp, length, rejected_length, score_gap)
         out = loss(batch)
         gw, gl = torch.autograd.grad(out.losses.sum(), (pw, pl), allow_unused=True)
         ww.append(-(gw.item() if gw is not None else 0.0))
@@ -152,18 +175,20 @@ def _run_list(loss: Loss, args: argparse.Namespace, margins: list[float]) -> int
 def run(args: argparse.Namespace) -> int:
     if args.points < 2 or args.min >= args.max:
         raise CLIError("--points must be >= 2 and --min < --max")
-    if args.length < 1:
-        raise CLIError("--length must be a positive token count")
-    loss = get_loss(args.name, **parse_loss_params(args.name, args.loss_param))
+    if args.length < 1 or args.rejected_length < 1:
+        raise CLIError("--length and --rejected-length must be positive token counts")
+    if args.modifier and args.score_gap <= 0:
+        raise CLIError("--score-gap must be > 0 (ODPO's offset is α·log of it)")
+    loss = get_loss(args.name, modifiers=args.modifier, **parse_loss_params(args.name, args.loss_param))
     step = (args.max - args.min) / (args.points - 1)
     margins = [args.min + i * step for i in range(args.points)]
     if args.k != 2:
         if args.k < 2 or Shape.LIST not in loss.spec.shapes:
             raise CLIError(f"--k {args.k}: needs K >= 2 and a list loss ({loss.name!r} takes pairs)")
         return _run_list(loss, args, margins)
-    fp = fingerprint(loss, margins, args.logp, args.ref_logp, args.length)
+    fp = fingerprint(loss, margins, args.logp, args.ref_logp, args.length, args.rejected_length, args.score_gap)
     print(f"{loss.name}: {loss.spec.formula}")
-    print(f"params: {loss.params}")
+    print(f"params: {loss.params}; |y_w| = {args.length}, |y_l| = {args.rejected_length}")
     print("w_w = −∂L/∂log π(y_w),  w_l = −∂L/∂log π(y_l)  (positive raises that response's likelihood)\n")
     rows = [
         [f"{m:+.3f}", f"{s:+.5g}", f"{w:+.6g}", f"{l:+.6g}"]
@@ -186,7 +211,7 @@ def _plot(loss: Loss, args: argparse.Namespace, fp: Fingerprint) -> None:
     except ImportError as e:
         raise CLIError("--plot needs matplotlib: pip install matplotlib (or prefzoo[dev])") from e
     dense = [args.min + i * (args.max - args.min) / 200 for i in range(201)]
-    d = fingerprint(loss, dense, args.logp, args.ref_logp, args.length)
+    d = fingerprint(loss, dense, args.logp, args.ref_logp, args.length, args.rejected_length, args.score_gap)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(d.margins, d.w_w, label="w_w = −∂L/∂log π(y_w)")
     ax.plot(d.margins, d.w_l, label="w_l = −∂L/∂log π(y_l)", linestyle="--")

@@ -11,7 +11,7 @@ from typing import Any
 from prefzoo.cli.main import CLIError
 
 # flags whose CLI spelling differs from the config key, and the few flags that are not config keys
-_RENAMED = {"loss_params": "loss-param", "callbacks": "callback"}
+_RENAMED = {"loss_params": "loss-param", "callbacks": "callback", "modifiers": "modifier"}
 _SHORT_HELP = (
     "Train a policy on preference pairs with any registered loss (the embedded default task without --model/--dataset)."
 )
@@ -95,6 +95,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 "(early-stopping, win-rate) or an entry point of group prefzoo.callbacks; repeat for several, e.g. "
                 "--callback early-stopping:metric=eval/loss,patience=2 (default: none)",
             )
+        elif name == "modifiers":
+            p.add_argument(
+                flag,
+                dest=name,
+                action="append",
+                metavar="NAME[:KEY=VALUE,...]",
+                help=docs[name].replace("%", "%%") + "; repeat for several, applied in order, e.g. --modifier "
+                "ld-dpo:alpha=0.5 --modifier wpo (`prefzoo modifiers` lists them) (default: none)",
+            )
         elif typ is bool:
             p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
@@ -114,8 +123,9 @@ def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         values.update(resolve_aliases(load_yaml_config(args.config), f"--config {args.config}"))
     flags = {k: v for k, v in vars(args).items() if k in TrainConfig.keys()}
     pairs = list(flags.pop("loss_params", None) or [])
-    if "callbacks" in flags:  # --callback adds to the YAML file's callbacks
-        flags["callbacks"] = [*_as_list(values.get("callbacks")), *flags["callbacks"]]
+    for key in ("callbacks", "modifiers"):  # --callback / --modifier add to the YAML file's list
+        if key in flags:
+            flags[key] = [*_as_list(values.get(key)), *flags[key]]
     values.update(flags)
     return values, pairs
 
@@ -133,7 +143,12 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise CLIError("config key loss_params must be a mapping of parameter names to values")
     params = parse_loss_params(loss, {str(k): v for k, v in params.items()}) | parse_loss_params(loss, pairs)
-    get_loss(loss, **params)  # ranges and choices checked here
+    built = get_loss(loss, modifiers=_as_list(values.get("modifiers")), **params)  # ranges, choices, modifier fit
+    from prefzoo.train.config import TrainConfig
+    from prefzoo.train.modifiers import check_modifiers
+
+    run_keys: dict[str, Any] = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
+    check_modifiers(built, TrainConfig.from_dict(run_keys))  # e.g. tr-dpo with --precompute-ref: before any model loads
     return params
 
 

@@ -48,6 +48,7 @@ class PreferenceCollator:
             "chosen_lengths": (segments == self.SEGMENT_CHOSEN).sum(dim=1),  # (B,)
             "rejected_lengths": (segments == self.SEGMENT_REJECTED).sum(dim=1),  # (B,)
             "ids": [str(ex["id"]) for ex in examples],
+            **pair_scores(examples),
         }
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -76,4 +77,15 @@ class PreferenceCollator:
             "chosen_lengths": lengths[:b],
             "rejected_lengths": lengths[b:],
             "ids": [str(ex["id"]) for ex in examples],
+            **pair_scores(examples),
         }
+
+
+def pair_scores(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """``chosen_scores``/``rejected_scores`` (B,) float32 from the data's score_chosen/score_rejected, if any."""
+    if not examples or "score_chosen" not in examples[0]:
+        return {}
+    return {
+        "chosen_scores": torch.tensor([float(ex["score_chosen"]) for ex in examples], dtype=torch.float32),
+        "rejected_scores": torch.tensor([float(ex["score_rejected"]) for ex in examples], dtype=torch.float32),
+    }

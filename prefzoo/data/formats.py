@@ -19,6 +19,7 @@ After normalization ``prompt`` is a string (plain) or a list of ``{"role", "cont
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,22 @@ def _first_complete_row(ds: datasets.Dataset) -> dict[str, Any]:
     return next((r for r in head if r.get("chosen") is not None or r.get("completions") is not None), head[0])
 
 
+SCORE_COLUMNS = ("score_chosen", "score_rejected")  # optional per-pair scores (UltraFeedback's names), kept if present
+
+
+def _scores(row: dict[str, Any], idx: int, scored: bool) -> dict[str, float]:
+    """The pair's ``score_chosen``/``score_rejected`` as floats; a missing or non-numeric one names the row."""
+    if not scored:
+        return {}
+    out = {}
+    for col in SCORE_COLUMNS:
+        value = row.get(col)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise DataFormatError(f"row {_row_id(row, idx)!r}: column {col!r} = {value!r} is not a finite number")
+        out[col] = float(value)
+    return out
+
+
 def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
     """``ds`` converted to columns {id, prompt, chosen, rejected} (lists and unpaired formats: the columns of
     :data:`prefzoo.data.shapes.SHAPE_COLUMNS`); ``fmt=None`` detects the format."""
@@ -178,14 +195,16 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
         raise DataFormatError(f"--format {fmt!r} is not a recognised format; choose one of {', '.join(FORMATS)}")
     else:
         detect_format(list(ds.column_names), _first_complete_row(ds))  # still names missing columns clearly
+    # ODPO's offset reads a pair's scores when the data has them (pair formats)
+    scored = set(SCORE_COLUMNS) <= set(ds.column_names) and _SHAPE_OF.get(fmt, "pairs") == "pairs"
     out = checked_map(
         ds,
-        lambda row, idx: _normalize_row(row, idx, fmt),
+        lambda row, idx: {**_normalize_row(row, idx, fmt), **_scores(row, idx, scored)},
         with_indices=True,
         remove_columns=list(ds.column_names),
         desc=f"normalizing {fmt} data",
     )
-    out = out.select_columns(SHAPE_COLUMNS[_SHAPE_OF.get(fmt, "pairs")])
+    out = out.select_columns([*SHAPE_COLUMNS[_SHAPE_OF.get(fmt, "pairs")], *(SCORE_COLUMNS if scored else ())])
     out.info.description = f"{FORMAT_PREFIX}{fmt}"  # read back by detected_format() for the start-of-run report
     ids = out["id"]
     if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique

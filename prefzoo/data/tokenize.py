@@ -87,7 +87,12 @@ def tokenize_pairs(
     def _chars(value: Any) -> int:
         return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
 
+    scores = {k: k for k in ("score_chosen", "score_rejected") if k in ds.column_names}  # passed through
+
     def encode(row: dict[str, Any]) -> dict[str, Any]:
+        return {**_encode(row), **{k: row[k] for k in scores}}
+
+    def _encode(row: dict[str, Any]) -> dict[str, Any]:
         if max(_chars(row["prompt"]), _chars(row["chosen"]), _chars(row["rejected"])) > MAX_TEXT_CHARS:
             return {
                 "id": row["id"],

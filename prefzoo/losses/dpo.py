@@ -247,6 +247,11 @@ _REF_LEN = frozenset({Need.REFERENCE, Need.LENGTHS})
 _SCORES = "β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)"
 
 
+def _reverse_kl(p: Any) -> bool:
+    """A function of β·(ρ_w − ρ_l) only for plain DPO's divergence (f-DPO's f' is not a log-ratio)."""
+    return bool(p.f_divergence == "reverse_kl")
+
+
 def _spec(name: str, fn: LossFn, params_cls: type[LossParams], formula: str, paper: str, **kw: Any) -> LossSpec:
     kw.setdefault("needs", _REF)
     kw.setdefault("shift_invariant", True)
@@ -263,6 +268,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             FDPOParams,
             "−log σ(βΔ), Δ = f'_w − f'_l (= ρ_w − ρ_l for reverse KL)",
             "Rafailov et al. 2023, arXiv:2305.18290",
+            reward_difference=_reverse_kl,
             description="Direct Preference Optimization, TRL loss_type='sigmoid'.",
         ),
         _spec(
@@ -272,6 +278,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "−(1 − ε)·log σ(βΔ) − ε·log σ(−βΔ)",
             "Mitchell 2023, 'A note on DPO with noisy preferences' (cDPO)",
             monotone=False,
+            reward_difference=_reverse_kl,
             description="Conservative DPO: DPO with label smoothing ε (labels flipped with probability ε).",
         ),
         _spec(
@@ -280,6 +287,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             FDPOParams,
             "max(0, 1 − βΔ)",
             "Zhao et al. 2023, arXiv:2305.10425 (SLiC)",
+            reward_difference=_reverse_kl,
             description="SLiC's hinge loss on the reward margin, TRL loss_type='hinge'.",
         ),
         _spec(
@@ -298,6 +306,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             CDPOParams,
             "(−(1 − ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε)",
             "Chowdhury et al. 2024, arXiv:2403.00409",
+            reward_difference=_reverse_kl,
             description="Robust DPO: an unbiased loss under preference labels flipped with probability ε.",
         ),
         _spec(
@@ -307,6 +316,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "σ(βΔ)(log σ(βΔ) − log(1 − ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)",
             "Ji et al. 2024, arXiv:2402.00856 (EXO)",
             monotone=False,
+            reward_difference=_reverse_kl,
             description="Efficient Exact Optimization: reverse KL between the pair's model distribution and "
             "[1 − ε, ε].",
         ),
@@ -386,6 +396,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "−log σ(βΔ)·(1 − σ(βΔ/τ)) + exp(−βΔ)·σ(βΔ/τ)",
             "Chan Lu et al. 2024, arXiv:2406.08414 (DiscoPOP)",
             monotone=False,
+            reward_difference=_reverse_kl,
             description="Discovered Preference Optimization: log-ratio modulated blend of logistic and exponential.",
         ),
         _spec(
@@ -404,6 +415,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "−log σ(βΔ + α(|y_w| − |y_l|))",
             "Park et al. 2024, arXiv:2403.19159 (R-DPO)",
             needs=_REF_LEN,
+            reward_difference=_reverse_kl,
             description="Length-regularized DPO: the length difference shifts the margin.",
         ),
         LossSpec(

@@ -63,6 +63,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             paper="Meng et al. 2024, arXiv:2405.14734 (SimPO)",
             scores="β·log π_θ(y|x)/|y| (average log-prob)",
             needs=_LEN,
+            logp_reward="average",
             description="Simple Preference Optimization: reference-free, length-normalized margin loss.",
         ),
         LossSpec(

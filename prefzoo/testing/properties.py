@@ -23,7 +23,7 @@ from torch import Tensor
 
 from prefzoo.spec import Loss, LossOutputError, LossParamError, LossSpec, param_infos
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
-from prefzoo.types import FLOAT_FIELDS, LossOutput, Need, PreferenceBatch, Shape
+from prefzoo.types import CONSTANT_FIELDS, FLOAT_FIELDS, LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = [
     "GENERIC_PROPERTIES",
@@ -46,7 +46,7 @@ __all__ = [
 
 U32 = 2.0**-24  # float32 unit roundoff
 U64 = 2.0**-53
-_GRAD_FIELDS = tuple(f for f in FLOAT_FIELDS if not f.startswith("ref_"))
+_GRAD_FIELDS = tuple(f for f in FLOAT_FIELDS if f not in CONSTANT_FIELDS)
 
 
 class PropertyFailure(AssertionError):

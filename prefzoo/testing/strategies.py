@@ -36,6 +36,7 @@ LOGP_MIN = -1e4  # smallest summed log-prob drawn
 MAX_LENGTH = 4096  # longest completion drawn
 MAX_TOKENS = 8  # width T of token-level fields (they are drawn independently of the summed log-probs)
 DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_VOCAB = 50_000  # vocabulary size behind the token-level draws (entropy ≤ log V)
 _PARAM_SPAN = 10.0  # an unbounded parameter is drawn within 10 of its bound (or of 0)
 
 
@@ -55,12 +56,17 @@ def preference_batches(
     token_level: bool | None = False,
     logp_min: float = LOGP_MIN,
     requires_grad: bool = False,
+    ref_token_level: bool = False,
+    token_sq_probs: bool = False,
+    scores: bool = False,
 ) -> PreferenceBatch:
     """A PreferenceBatch of 1..64 pairs; ``None`` for a field group means "drawn either way".
 
     ``reference`` / ``lengths`` / ``token_level``: True always includes those
     fields, False never, None lets Hypothesis choose.  Policy log-probs are
-    leaves with ``requires_grad`` when asked, so gradients can be read off them.
+    leaves with ``requires_grad`` when asked, so gradients can be read off them.  With token-level fields,
+    ``ref_token_level`` adds reference token log-probs and ``token_sq_probs`` WPO's log Σ_v π(v)² (drawn where a
+    distribution over 50,000 tokens can put it); ``scores`` adds data scores with s_w > s_l (ODPO's domain).
     """
     b = draw(st.integers(min_size, max_size), label="batch_size")
     dtype = _as_dtype(draw(st.sampled_from(dtypes), label="dtype"))
@@ -95,13 +101,30 @@ def preference_batches(
             lens_t = torch.tensor(draw(n, label=f"{side}_token_counts"))
             mask = torch.arange(t)[None, :] < lens_t[:, None]  # (B, T) True on completion tokens
             tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=b * t, max_size=b * t)
-            ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=b * t, max_size=b * t)
+            ent = st.lists(st.floats(0.0, math.log(_VOCAB), allow_nan=False, width=64), min_size=b * t, max_size=b * t)
             lp = torch.tensor(draw(tok, label=f"{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
             h = torch.tensor(draw(ent, label=f"{side}_token_entropies"), dtype=torch.float64).view(b, t) * mask
             pol = "policy_chosen_token_logps" if side == "chosen" else "policy_rejected_token_logps"
             fields[pol] = lp.to(dtype).requires_grad_(requires_grad)
             fields[f"{side}_token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
             fields[f"{side}_mask"] = mask
+            if ref_token_level:
+                ref = torch.tensor(draw(tok, label=f"ref_{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
+                fields[f"ref_{side}_token_logps"] = ref.to(dtype)
+            if token_sq_probs:
+                unit = st.lists(st.floats(0.0, 1.0, width=64), min_size=b * t, max_size=b * t)
+                u = torch.tensor(draw(unit, label=f"{side}_sq_fraction"), dtype=torch.float64).view(b, t)
+                # a distribution over V = 50,000 tokens has Σπ² ≥ π(y_t)², ≥ 1/V, and π(y_t)/Σπ² ≤ √V/2
+                lo = torch.maximum(torch.maximum(2 * lp, lp - math.log(math.sqrt(_VOCAB) / 2)),
+                                   torch.tensor(-math.log(_VOCAB), dtype=torch.float64))  # fmt: skip
+                fields[f"{side}_token_log_sq_probs"] = (lo * u * mask).to(dtype)
+    if scores:  # multiples of 1/8 in [−10, 10]: exact in bfloat16 too, so s_w > s_l survives the cast
+        eighths = st.lists(st.integers(-80, 80), min_size=b, max_size=b)
+        s_l = torch.tensor(draw(eighths, label="rejected_scores_x8"), dtype=torch.float64) / 8
+        gaps = st.lists(st.integers(1, 80), min_size=b, max_size=b)
+        s_w = (s_l + torch.tensor(draw(gaps, label="score_gaps_x8"), dtype=torch.float64) / 8).clamp(max=10.0)
+        s_l = torch.minimum(s_l, s_w - 0.125)
+        fields["chosen_scores"], fields["rejected_scores"] = s_w.to(dtype), s_l.to(dtype)
     return PreferenceBatch(
         policy_chosen_logps=pw.to(dtype).requires_grad_(requires_grad),
         policy_rejected_logps=pl.to(dtype).requires_grad_(requires_grad),
@@ -117,14 +140,17 @@ def batches_for(spec: LossSpec, shape: Shape = Shape.PAIR, **kw: Any) -> st.Sear
     """
     kw.setdefault("reference", True if Need.REFERENCE in spec.needs else None)
     kw.setdefault("lengths", True if Need.LENGTHS in spec.needs else None)
-    token = Need.TOKEN_LOGPS in spec.needs or Need.TOKEN_ENTROPIES in spec.needs
-    kw.setdefault("token_level", True if token else False)
+    token_needs = {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES, Need.REF_TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}
+    kw.setdefault("token_level", bool(token_needs & spec.needs))
     if shape is Shape.LIST:
         kw["max_size"] = min(kw.get("max_size", 16), 16)
         return group_batches(**kw)
     if shape is Shape.UNPAIRED:
         kw.setdefault("kl", True if Need.KL_REFERENCE in spec.needs else None)
         return unpaired_batches(**kw)
+    kw.setdefault("ref_token_level", Need.REF_TOKEN_LOGPS in spec.needs)
+    kw.setdefault("token_sq_probs", Need.TOKEN_SQUARED_PROBS in spec.needs)
+    kw.setdefault("scores", Need.SCORES in spec.needs)
     return preference_batches(**kw)
 
 

@@ -49,12 +49,14 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
     if "labels" in batch:
         return _unpaired_fields(loss, policy, reference, batch, autocast)
     want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
+    want_sq, want_ref_tokens = Need.TOKEN_SQUARED_PROBS in loss.needs, Need.REF_TOKEN_LOGPS in loss.needs
     out = policy(
         batch["input_ids"],
         batch["attention_mask"],
         batch["completion_mask"],
         token_logps=want_tokens,
         token_entropies=want_ent,
+        **({"token_sq_probs": True} if want_sq else {}),
     )
     w, l = out.split()
     fields: dict[str, Any] = {
@@ -66,8 +68,16 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
     }
     if out.get("aux_loss") is not None:
         fields["aux_loss"] = out["aux_loss"]  # () MoE router term; popped by the step before PreferenceBatch
-    if want_tokens or want_ent:
+    if want_tokens or want_ent or want_sq:
         fields.update(chosen_mask=w["token_mask"], rejected_mask=l["token_mask"])  # (B, T_c) bool
+    if want_sq:  # WPO: log Σ_v π(v)² per token, constant
+        fields.update(
+            chosen_token_log_sq_probs=w["token_log_sq_probs"], rejected_token_log_sq_probs=l["token_log_sq_probs"]
+        )
+    if Need.SCORES in loss.needs:
+        if "chosen_scores" not in batch:
+            raise KeyError("the loss needs the pairs' scores but the data has no score_chosen/score_rejected columns")
+        fields.update(chosen_scores=batch["chosen_scores"].float(), rejected_scores=batch["rejected_scores"].float())
     if want_tokens:
         fields.update(policy_chosen_token_logps=w["token_logps"], policy_rejected_token_logps=l["token_logps"])
     if want_ent:
@@ -76,6 +86,10 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
         with autocast():
             ref_w, ref_l = reference(batch)  # (B,), (B,) constants
         fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
+        if want_ref_tokens:  # LD-DPO on a reference loss: (B, T_c) on the policy's token grid
+            with autocast():
+                tok_w, tok_l = reference.token_logps(batch)
+            fields.update(ref_chosen_token_logps=tok_w.float(), ref_rejected_token_logps=tok_l.float())
     return fields
 
 

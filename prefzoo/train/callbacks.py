@@ -44,6 +44,7 @@ ENTRY_POINT_GROUP = "prefzoo.callbacks"
 BUILTIN_CALLBACKS = {  # name -> module:Class (third-party callbacks use the entry-point group instead)
     "early-stopping": "prefzoo.train.early_stopping:EarlyStopping",
     "win-rate": "prefzoo.eval.callbacks:WinRateCallback",
+    "reference-sync": "prefzoo.train.ref_sync:ReferenceSync",
 }
 
 
@@ -67,6 +68,7 @@ class RunState:
     should_stop: bool = False  # set by a callback: stop at the next step boundary with a checkpoint
     stop_reason: str | None = None  # said in the log and in TrainResult.stop_reason when should_stop is set
     writer: Any = None  # the run's metrics.jsonl writer (main process)
+    reference: Any = None  # the run's Reference (prefzoo.train.reference), None for a reference-free loss
 
     @property
     def is_main_process(self) -> bool:

@@ -26,6 +26,7 @@ class TrainConfig:
     # what to train
     loss: str = "mmpo"  # a registered loss name or a weighted sum such as "0.8*dpo + 0.2*sft"
     loss_params: dict[str, Any] = field(default_factory=dict)  # validated by the loss's params class
+    modifiers: list[Any] = field(default_factory=list)  # loss modifiers in order, 'NAME[:K=V,...]' (prefzoo modifiers)
     model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
     dataset: str | list[Any] | None = None  # hub name, jsonl/json/parquet/csv file or folder; several: PATH:WEIGHT
     format: str | None = None  # plain|conversational|ultrafeedback|orca|ultrafeedback-raw|list|unpaired; None = detect
@@ -207,7 +208,7 @@ def _coerce(key: str, value: Any, typ: Any, name: str) -> Any:
             return base(value)
         if base is tuple:
             return tuple(float(v) for v in (value.split(",") if isinstance(value, str) else value))
-        if base is list and key == "callbacks":  # specs may hold commas and YAML mappings: kept as they are
+        if base is list and key in ("callbacks", "modifiers"):  # specs may hold commas and YAML mappings: kept as is
             return [value] if isinstance(value, str | dict) else list(value)
         if base is list:
             return [str(v) for v in (value.split(",") if isinstance(value, str) else value)]

@@ -36,11 +36,12 @@ class CompletionLogps(dict):
 
     A dict so that DDP and DeepSpeed ZeRO-3 find the output tensors for their backward hooks.
     ``logps`` (N,) Σ_t log π(y_t | x, y_<t) over completion tokens; ``lengths`` (N,) completion token counts;
-    optional ``token_logps`` / ``token_entropies`` (N, T_c), 0 at padding, and ``token_mask`` (N, T_c) bool;
+    optional ``token_logps`` / ``token_entropies`` / ``token_log_sq_probs`` (log Σ_v π(v)², constant) (N, T_c), 0 at
+    padding, and ``token_mask`` (N, T_c) bool;
     ``aux_loss`` () the mixture-of-experts router term to add to the loss (coef × aux), or None.
     """
 
-    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask", "aux_loss")
+    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask", "aux_loss", "token_log_sq_probs")
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # CompletionLogps(logps, lengths, ...) or CompletionLogps(mapping): accelerate rebuilds outputs as
@@ -157,6 +158,7 @@ def sequence_logps(
     *,
     token_logps: bool = False,
     token_entropies: bool = False,
+    token_sq_probs: bool = False,
     chunk_size: int = 1024,
     fused_head: bool = True,
     path: str = "fast",
@@ -190,6 +192,7 @@ def sequence_logps(
         logp_all = torch.log_softmax(logits, dim=-1)  # (M, V)
         tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
         tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
+        tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
     else:
         backbone = causal.get_decoder()
         head = logits_head(causal)
@@ -211,9 +214,10 @@ def sequence_logps(
             tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, token_entropies, transform=transform)
         else:
             tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, token_entropies, transform)
+        tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
     logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     result = CompletionLogps(logps=logps, lengths=lengths, aux_loss=aux)
-    if token_logps or token_entropies:
+    if token_logps or token_entropies or token_sq_probs:
         t_c = max(int(lengths.max()), 1)
         mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
         mask[row, col] = True  # (N, T_c)
@@ -223,7 +227,20 @@ def sequence_logps(
         if token_entropies:
             assert tok_ent is not None
             result.token_entropies = tok_ent.new_zeros(n, t_c).index_put((row, col), tok_ent)  # (N, T_c)
+        if token_sq_probs:
+            assert tok_sq is not None
+            result.token_log_sq_probs = tok_sq.new_zeros(n, t_c).index_put((row, col), tok_sq)  # (N, T_c)
     return result
+
+
+@torch.no_grad()
+def _log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransform) -> Tensor:
+    """log Σ_v π(v | prefix)² of M selected positions (M,), a constant: one more LM-head pass, only for WPO."""
+    out = [
+        torch.logsumexp(2 * torch.log_softmax(transform(a.to(torch.promote_types(a.dtype, torch.float32))), -1), -1)
+        for a in (head(h[s : s + chunk_size]) for s in range(0, h.shape[0], chunk_size))
+    ]
+    return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
 class PolicyLogps(nn.Module):
@@ -255,6 +272,7 @@ class PolicyLogps(nn.Module):
         completion_mask: Tensor,
         token_logps: bool = False,
         token_entropies: bool = False,
+        token_sq_probs: bool = False,
     ) -> CompletionLogps:
         return sequence_logps(
             self.lm,
@@ -263,6 +281,7 @@ class PolicyLogps(nn.Module):
             completion_mask,
             token_logps=token_logps,
             token_entropies=token_entropies,
+            token_sq_probs=token_sq_probs,
             chunk_size=self.chunk_size,
             fused_head=self.fused_head,
             path=self.path,

@@ -16,6 +16,7 @@ from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
 from prefzoo.train.run import Run, TrainResult, evaluate
@@ -36,7 +37,8 @@ def train(
     ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
     """
-    hooks = CallbackList(load_callbacks([*cfg.callbacks, *callbacks]))  # a bad spec fails before any model loads
+    installed = modifier_callbacks(cfg)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
+    hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
     with output_dir_lock(cfg.output_dir):
         finished = finished_run(cfg)
         if finished is not None:

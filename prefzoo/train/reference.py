@@ -43,6 +43,8 @@ class Reference:
 
     ``ref.rows(batch) -> (N,)``: the log-prob of every collated row (lists' completions, unpaired examples and
     their KL rows).
+    ``ref.token_logps(batch) -> (chosen (B, T_c), rejected (B, T_c))`` per-token reference log-probs, for a loss
+    (or modifier: LD-DPO) that declares ``Need.REF_TOKEN_LOGPS``; a precomputed reference has none.
     """
 
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
@@ -50,6 +52,9 @@ class Reference:
 
     def rows(self, batch: dict[str, Any]) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} scores pairs only")
+
+    def token_logps(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no per-token reference log-probs")
 
 
 class FrozenReference(Reference):
@@ -84,6 +89,12 @@ class FrozenReference(Reference):
     def rows(self, batch: dict[str, Any]) -> Tensor:
         return self.module(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]).logps.detach()
 
+    @torch.no_grad()
+    def token_logps(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        out = self.module(batch["input_ids"], batch["attention_mask"], batch["completion_mask"], token_logps=True)
+        b = out.logps.shape[0] // 2
+        return out.token_logps[:b].detach(), out.token_logps[b:].detach()
+
 
 class AdapterDisabledReference(Reference):
     """The LoRA policy itself with adapters disabled: the base model, no second copy in memory."""
@@ -105,16 +116,24 @@ class AdapterDisabledReference(Reference):
 
     @torch.no_grad()
     def rows(self, batch: dict[str, Any]) -> Tensor:
+        return self._run(batch, token_logps=False).logps.detach()
+
+    @torch.no_grad()
+    def token_logps(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        out = self._run(batch, token_logps=True)
+        b = out.logps.shape[0] // 2
+        return out.token_logps[:b].detach(), out.token_logps[b:].detach()
+
+    def _run(self, batch: dict[str, Any], token_logps: bool) -> Any:
         inner = self._inner()
         was_training = inner.training
         inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
         try:
             lm: Any = inner.lm  # a peft model
             with lm.disable_adapter():
-                out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+                return inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"], token_logps)
         finally:
             inner.train(was_training)
-        return out.logps.detach()
 
 
 class PrecomputedReference(Reference):

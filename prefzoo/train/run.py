@@ -165,7 +165,7 @@ class Run:
         )
         self.state = RunState(
             cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
-            timings=dict(p.timings), writer=self.writer,
+            timings=dict(p.timings), writer=self.writer, reference=p.reference,
         )  # fmt: skip
         self.step_state = _Step()
         self.done = p.start_step >= p.total_steps

@@ -19,7 +19,6 @@ from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
 from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
-from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
@@ -28,11 +27,13 @@ from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
 from prefzoo.train.model_defaults import apply_model_defaults
+from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
 from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
+from prefzoo.types import Need
 
 __all__ = ["Parts", "setup", "trackers"]
 
@@ -73,7 +74,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     """Build a run: every bad setting fails before the model loads, then model, data, reference, optimizer, resume."""
     from accelerate.utils import set_seed
 
-    loss = get_loss(cfg.loss, **cfg.loss_params)  # unknown names / bad params fail before any model loads
+    loss = build_loss(cfg)  # unknown names / bad params / modifiers that do not fit fail before any model loads
     _check_config(cfg)
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
     storage = detect_storage(accelerator, cfg.output_dir)
@@ -102,6 +103,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         accelerator.print(f"prefzoo train: {line}")
     _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
     _agree_on_identity(cfg, accelerator, storage, train_tok, eval_tok, identity)
+    if Need.SCORES in loss.needs and "score_chosen" not in train_tok.column_names:
+        raise ConfigError(
+            f"loss {loss.name!r} needs each pair's scores (ODPO's offset), but the data has no score_chosen and "
+            "score_rejected columns; add them (UltraFeedback's names) or drop the modifier"
+        )
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
@@ -271,6 +277,7 @@ def _run_info(cfg: TrainConfig, identity: str, processes: int) -> dict[str, Any]
     return {
         "loss": cfg.loss,
         "loss_params": {k: str(v) for k, v in cfg.loss_params.items()},
+        **({"modifiers": [str(m) for m in cfg.modifiers]} if cfg.modifiers else {}),
         "model": cfg.model,
         "model_identity": identity,
         "batch": [processes, cfg.per_device_batch_size, cfg.grad_accum],
@@ -290,7 +297,9 @@ def _resume_point(cfg: TrainConfig, accelerator: Any, storage: Storage) -> tuple
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
     info = read_marker(path)
-    if info.get("loss") != cfg.loss or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}:
+    same_mods = info.get("modifiers", []) == [str(m) for m in cfg.modifiers]
+    if (not same_mods or info.get("loss") != cfg.loss
+            or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}):  # fmt: skip
         raise ResumeError(
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"

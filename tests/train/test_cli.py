@@ -21,7 +21,8 @@ def test_help_documents_every_option_with_its_default(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     for key in TrainConfig.keys():
-        flag = {"loss_params": "--loss-param", "callbacks": "--callback"}.get(key, "--" + key.replace("_", "-"))
+        renamed = {"loss_params": "--loss-param", "callbacks": "--callback", "modifiers": "--modifier"}
+        flag = renamed.get(key, "--" + key.replace("_", "-"))
         assert flag in text, flag
     assert text.count("(default:") >= len(TrainConfig.keys())
     for required in (

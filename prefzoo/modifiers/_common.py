@@ -1,0 +1,51 @@
+"""Shared pieces of the built-in modifiers: the loss capabilities they read, and per-response sums over token masks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prefzoo.spec import Applicability, LossSpec
+from prefzoo.types import Need, PreferenceBatch
+
+__all__ = ["ANY_PER_PAIR", "LOGP_REWARD", "REWARD_DIFFERENCE", "WITH_REFERENCE", "pair_margin_inputs", "soft_exp"]
+
+REWARD_DIFFERENCE = Applicability(
+    "reward-difference losses with β (LossSpec.reward_difference: L depends on a pair only through β·Δ)",
+    lambda spec, p: spec.is_reward_difference(p),
+)
+WITH_REFERENCE = Applicability("losses with a reference model (Need.REFERENCE)", lambda spec, p: spec.needs_reference)
+ANY_PER_PAIR = Applicability(
+    "losses that are not batch-coupled (a sorted or normalized batch would misalign per-pair weights)",
+    lambda spec, p: not spec.batch_coupled,
+)
+LOGP_REWARD = Applicability(
+    "reference-free losses whose reward is log π(y|x) or its per-token average (LossSpec.logp_reward)",
+    lambda spec, p: not spec.needs_reference and spec.logp_reward in ("sum", "average"),
+)
+
+
+def pair_margin_inputs(batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
+    """(s_w, s_l): log π − log π_ref (log π without a reference), the Δ = s_w − s_l of a reward-difference loss."""
+    if batch.has_reference:
+        assert batch.ref_chosen_logps is not None and batch.ref_rejected_logps is not None
+        return (batch.policy_chosen_logps - batch.ref_chosen_logps.detach(),
+                batch.policy_rejected_logps - batch.ref_rejected_logps.detach())  # fmt: skip
+    return batch.policy_chosen_logps, batch.policy_rejected_logps
+
+
+def soft_exp(x: Tensor, cap: float) -> Tensor:
+    """exp(x) for x ≤ cap, continued by its tangent e^cap·(1 + x − cap) above: finite, increasing, gradient e^cap."""
+    c = torch.as_tensor(cap, dtype=x.dtype, device=x.device)
+    return torch.where(x <= c, torch.exp(torch.minimum(x, c)), torch.exp(c) * (1 + x - c))
+
+
+def token_masks(batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
+    assert batch.chosen_mask is not None and batch.rejected_mask is not None
+    return batch.chosen_mask, batch.rejected_mask
+
+
+def reference_free(spec: LossSpec, p: Any) -> bool:
+    return Need.REFERENCE not in spec.needs

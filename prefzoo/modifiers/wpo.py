@@ -1,0 +1,66 @@
+"""WPO: weighted preference optimization, as TRL 1.16's ``use_weighting``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from prefzoo.hookspecs import hookimpl
+from prefzoo.modifiers._common import ANY_PER_PAIR
+from prefzoo.spec import InnerLoss, LossParams, LossSpec, ModifierSpec
+from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
+
+
+@dataclass(frozen=True, kw_only=True)
+class WPOParams(LossParams):
+    pass
+
+
+def wpo_weight(token_logps: Tensor, log_sq_probs: Tensor, mask: Tensor) -> Tensor:
+    """w(x, y) = exp((1/|y|) Σ_t [log π(y_t|x, y_<t) − log Σ_v π(v|x, y_<t)²]), a constant (no gradient)."""
+    m = mask.to(token_logps.dtype)  # (B, T)
+    aligned = ((token_logps - log_sq_probs) * m).detach()  # (B, T)
+    return torch.exp(aligned.sum(-1) / m.sum(-1).clamp(min=1))  # (B,)
+
+
+def wpo(
+    inner: InnerLoss, batch: PreferenceBatch, p: WPOParams, spec: LossSpec, lp: LossParams, ctx: LossContext
+) -> LossOutput:
+    """WPO (Zhou et al. 2024, arXiv:2406.11827, Eq. 2 with weight alignment), as TRL 1.16 ``use_weighting``.
+
+    L'_i = w(x, y_w)·w(x, y_l)·L_i
+    """
+    assert batch.policy_chosen_token_logps is not None and batch.chosen_token_log_sq_probs is not None
+    assert batch.policy_rejected_token_logps is not None and batch.rejected_token_log_sq_probs is not None
+    assert batch.chosen_mask is not None and batch.rejected_mask is not None
+    out = inner(batch, lp)
+    w_w = wpo_weight(batch.policy_chosen_token_logps, batch.chosen_token_log_sq_probs, batch.chosen_mask)  # (B,)
+    w_l = wpo_weight(batch.policy_rejected_token_logps, batch.rejected_token_log_sq_probs, batch.rejected_mask)
+    w = (w_w * w_l).to(out.losses.dtype)  # (B,)
+    metrics = {**out.metrics, "wpo/weight": w.mean()}
+    return dataclasses.replace(out, losses=out.losses * w, metrics=metrics)
+
+
+@hookimpl
+def prefzoo_register_modifiers() -> list[ModifierSpec]:
+    return [
+        ModifierSpec(
+            name="wpo",
+            fn=wpo,
+            params_cls=WPOParams,
+            paper="Zhou et al. 2024, arXiv:2406.11827 (WPO)",
+            transforms="L_i ← w(y_w)·w(y_l)·L_i, w(y) = exp(mean_t[log π(y_t) − log Σ_v π(v)²]) (detached)",
+            applies=ANY_PER_PAIR,
+            needs=frozenset({Need.TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}),
+            trl="DPOConfig.use_weighting=True",
+            description="Weighted preference optimization: each pair weighted by how likely the current policy is "
+            "to generate both responses (length-normalized, aligned by the policy's own Σ_v π(v)²), simulating "
+            "on-policy data with off-policy pairs.",
+            notes="As TRL, the weights are constants (no gradient flows through them). A weight is at most about "
+            "√V/2 per response (V the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
+            "alpha_divergence), whose loss already reaches e^80 ≈ 5.5e34, the weighted loss can overflow float32.",
+        )
+    ]
