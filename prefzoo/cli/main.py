@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("losses", "inspect", "check", "train", "eval")
+SUBCOMMANDS = ("losses", "inspect", "check", "train", "eval", "export")
 
 
 class CLIError(Exception):

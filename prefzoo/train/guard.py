@@ -82,10 +82,11 @@ class NonFiniteGuard:
 
         return [str(i) for i in gather_object(list(local_ids))]
 
-    def record_skip(self, step: int, reason: str, ids: list[str]) -> None:
-        """Count optimizer step ``step`` as skipped and log it (main process writes the JSON line)."""
+    def record_skip(self, step: int, reason: str, ids: list[str], fault: bool = True) -> None:
+        """Count optimizer step ``step`` as skipped and log it (main process writes the JSON line); ``fault=False``
+        (asked for, e.g. ``--skip-batches``) does not count towards ``max_consecutive_skips``."""
         self.skipped += 1
-        self.consecutive += 1
+        self.consecutive += 1 if fault else 0
         self.last_ids = ids
         msg = (
             f"prefzoo train: step {step} skipped ({reason}; examples {ids[:8]}{' ...' if len(ids) > 8 else ''}); "
