@@ -1,7 +1,7 @@
 """A local stand-in for the Hugging Face hub's HTTP API: enough of it for ``HfApi.create_repo`` + ``upload_folder``.
 
 It answers the routes huggingface_hub calls for a small upload (repo creation, the pre-upload check that sends every
-file inline as a "regular" file, the NDJSON commit) and stores the committed files in memory, so a test runs the real
+file inline as a "regular" file, the NDJSON commit, the model-card YAML check) and stores the committed files in memory, so a test runs the real
 upload code against it without a network.  Requests it does not know are recorded and answered 404.
 """
 
@@ -24,6 +24,7 @@ class HubStub:
         self.commits: list[dict[str, Any]] = []
         self.unknown: list[str] = []
         self.auth: list[str | None] = []
+        self.validated: list[str] = []  # model-card YAML sent to /api/validate-yaml
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,6 +44,9 @@ class HubStub:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 stub.auth.append(self.headers.get("Authorization"))
                 parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:2] == ["api", "validate-yaml"]:  # a README.md with front matter is checked first
+                    stub.validated.append(json.loads(body).get("content", ""))
+                    return self._reply(200, {"errors": [], "warnings": []})
                 if parts[:3] == ["api", "repos", "create"]:
                     req = json.loads(body)
                     repo = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
