@@ -18,7 +18,7 @@ import torch
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
-from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
@@ -119,6 +119,7 @@ class _Step:
     losses: list[float] = field(default_factory=list)  # micro-batch mean losses
     micro: int = 0  # micro-batches done
     grad_norm: Any = None
+    poisoned: bool = False  # DeepSpeed, accumulation > 1: NaN gradients make the engine drop the step at its boundary
     by_request: bool = False  # skipped by --skip-batches (not a fault: not counted towards max_consecutive_skips)
 
 
@@ -208,6 +209,10 @@ class Run:
             s.grad_norm = None
             if not s.bad:  # once a step is bad, its remaining micro-batches are not computed
                 self.forward_backward(batch)
+            elif s.poisoned:  # DeepSpeed: backward must still reach the engine's boundary, where it drops the step
+                self.poison_backward(batch_fields(p.loss, p.policy, None, batch, p.accelerator.autocast))
+            if s.poisoned and p.accelerator.sync_gradients and p.policy.was_step_applied():
+                raise RuntimeError("DeepSpeed applied a step with NaN gradients; its overflow check is off")
             if p.accelerator.sync_gradients and not s.bad:
                 self.clip_gradients()
             if not s.bad:
@@ -232,12 +237,16 @@ class Run:
         if out is None or guard.any_rank(bool(local_bad)):
             s.bad, s.reason, s.bad_ids = True, "non-finite log-probs or loss", guard.all_ids(local_bad)
             if self.cfg.deepspeed:
-                # the engine steps inside backward at its accumulation boundary: with one micro-batch per step,
-                # no rank calling backward skips the step exactly (weights, moments and scheduler untouched);
-                # with several, earlier micro-batches' gradients are already in the engine, so the run stops
+                # the engine steps inside backward at its accumulation boundary (prefzoo.train.guard): with one
+                # micro-batch per step no rank calls backward; with several the rest of the step backpropagates NaN
+                # and ZeRO's overflow check drops the step (weights, moments and scheduler untouched)
                 if self.cfg.grad_accum == 1:
                     return
-                raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
+                if not deepspeed_drops_nonfinite_steps(p.policy):
+                    raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
+                s.poisoned = True
+                self.poison_backward(fields)
+                return
             # settle DDP's pending gradient reduction with zeros; the step is discarded
             p.accelerator.backward(sum((q * 0.0).sum() for q in p.trainable))
             return
@@ -247,6 +256,11 @@ class Run:
         m = {**step_metrics(pb, out, loss_value, stats), **router_metrics(aux)}
         self.metrics.add(m, int(batch["attention_mask"].sum()))
         s.losses.append(m["loss"])
+
+    def poison_backward(self, fields: dict[str, Any]) -> None:
+        """Backward of NaN × the log-probs: every gradient the step accumulated in DeepSpeed becomes NaN."""
+        logps = fields["policy_chosen_logps"].sum() + fields["policy_rejected_logps"].sum()  # () with its graph
+        self.parts.accelerator.backward(logps * math.nan)
 
     def clip_gradients(self) -> None:
         p, s = self.parts, self.step_state
@@ -417,11 +431,20 @@ class Run:
         return True
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[-1])
+
+
 def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsError:
     latest = find_latest_checkpoint(cfg.output_dir)
     return NonFiniteStepsError(
         f"non-finite log-probs or loss in step {step} (examples {ids[:8]}); under DeepSpeed the engine steps inside "
-        "backward, so with --grad-accum > 1 prefzoo cannot skip the step and stops instead (with --grad-accum 1 it "
-        "skips it). "
-        + (f"Resume from {latest} with --resume auto (perhaps with a lower --lr)." if latest else "No checkpoint yet.")
+        "backward, and this engine does not drop a step with NaN gradients (no ZeRO, or bf16 without "
+        "bf16.check_grad_overflow), so with --grad-accum > 1 prefzoo stops instead (with --grad-accum 1 it skips it). "
+        + (
+            f"Resume from {latest} with --resume auto, adding --skip-batches "
+            f"{(step - _step_of(latest)) * cfg.grad_accum} to pass over the steps up to this one (or a lower --lr)."
+            if latest
+            else f"No checkpoint yet: rerun with --skip-batches {step * cfg.grad_accum} to pass over steps 1..{step}."
+        )
     )

@@ -1,8 +1,9 @@
 """A local stand-in for the Hugging Face hub's HTTP API: enough of it for ``HfApi.create_repo`` + ``upload_folder``.
 
 It answers the routes huggingface_hub calls for a small upload (repo creation, the pre-upload check that sends every
-file inline as a "regular" file, the NDJSON commit, the model-card YAML check) and stores the committed files in memory, so a test runs the real
-upload code against it without a network.  Requests it does not know are recorded and answered 404.
+file inline as a "regular" file, the NDJSON commit, the model-card YAML check) and stores the committed files in
+memory, so a test runs the real upload code against it without a network.  Requests it does not know are recorded
+and answered 404.
 """
 
 from __future__ import annotations
