@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from prefzoo.data.default import WarmupConfig, load_default_task  # noqa: E402
+from prefzoo.data.default import WarmupConfig, load_default_task
 
 TINY = WarmupConfig(steps=3, batch_size=4, warmup_steps=1)  # not the shipped policy: built in the cache
 
