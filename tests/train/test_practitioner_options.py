@@ -51,6 +51,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_recomputes(frozen_e
     for k in g_plain:
         assert torch.allclose(g_plain[k], g_ckpt[k], atol=1e-6, rtol=1e-5), k
     assert len(calls) == 2  # forward + recomputation in backward: checkpointing is really on
+    # non-reentrant (transformers would otherwise make the embeddings' output require grad to make reentrant work)
+    assert ckpt.model.layers[0]._gradient_checkpointing_func.keywords == {"use_reentrant": False}
 
 
 def test_gradient_checkpointing_run_equals_a_plain_run(tmp_path, tiny_dir, pairs_file, capsys):
