@@ -106,12 +106,18 @@ def load_kwargs(
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """Activation checkpointing per decoder layer, non-reentrant (works with frozen inputs, LoRA and DDP)."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", True):
+    if not getattr(model, "supports_gradient_checkpointing", True):
         raise LoadOptionError(
             f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; drop the flag"
         )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    new: Any = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x's name
+    old: Any = getattr(model, "gradient_checkpointing_enable", None)
+    if callable(new):
+        new(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif callable(old):
+        old(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise LoadOptionError(f"--gradient-checkpointing: {type(model).__name__} cannot checkpoint; drop the flag")
 
 
 def prepare_quantized(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
