@@ -259,8 +259,8 @@ class Run:
 
     def poison_backward(self, fields: dict[str, Any]) -> None:
         """Backward of NaN × the log-probs: every gradient the step accumulated in DeepSpeed becomes NaN."""
-        logps = fields["policy_chosen_logps"].sum() + fields["policy_rejected_logps"].sum()  # () with its graph
-        self.parts.accelerator.backward(logps * math.nan)
+        logps = sum(v.sum() for v in fields.values() if isinstance(v, torch.Tensor) and v.requires_grad)  # ()
+        self.parts.accelerator.backward(logps * math.nan)  # any shape: pairs, (G, K) groups, unpaired rows
 
     def clip_gradients(self) -> None:
         p, s = self.parts, self.step_state
