@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("losses", "modifiers", "inspect", "check", "train", "eval")
+SUBCOMMANDS = ("losses", "modifiers", "inspect", "check", "train", "eval", "export")
 
 
 class CLIError(Exception):

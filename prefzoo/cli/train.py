@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
     from prefzoo.train.guard import TrainingAborted
-    from prefzoo.train.model import LoRATargetError
+    from prefzoo.train.hub import HubPushError
+    from prefzoo.train.model import LoadOptionError, LoRATargetError
 
     _quiet_libraries()
     check_launcher()
@@ -193,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         DataFormatError,
         ResumeError,
         LoRATargetError,
+        HubPushError,  # --push-to-hub: the model is saved, the upload failed (the message says how to retry)
+        LoadOptionError,  # --attn-implementation flash_attention_2 without CUDA, --load-in-4bit without bitsandbytes
         DeepSpeedMissingError,
         FileNotFoundError,
         TrainingAborted,  # non-finite steps in a row, a dead or hung peer: one line saying why and how to resume

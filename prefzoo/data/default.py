@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -275,15 +276,43 @@ def _build_model_dir(final: Path, splits: synthetic.Splits, cfg: WarmupConfig, s
         raise
 
 
+_CACHE_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", STATS_FILE)
+log = logging.getLogger(__name__)
+
+
+def _cache_problem(final: Path) -> str | None:
+    """Why the cached model folder ``final`` cannot be used (a missing file, an unreadable safetensors), or None."""
+    missing = [f for f in _CACHE_FILES if not (final / f).is_file()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(final / "model.safetensors"), framework="pt") as f:
+            for key in f.keys():
+                f.get_tensor(key)  # reads every byte: a truncated file fails here
+        json.loads((final / STATS_FILE).read_text())
+    except Exception as e:
+        return f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    return None
+
+
 def _cached_model_dir(
     cache_dir: str | os.PathLike[str] | None, splits: synthetic.Splits, cfg: WarmupConfig, seed: int, progress: bool
 ) -> Path:
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / _cache_key(cfg, seed)
-    if not (final / "config.json").exists():
+    if not final.is_dir() or _cache_problem(final):
         with _file_lock(root / (final.name + ".lock")):
-            if not (final / "config.json").exists():
+            problem = _cache_problem(final) if final.is_dir() else "absent"
+            if problem is not None:
+                if problem != "absent":  # half-written by an older build, or damaged since: never trained on
+                    log.warning("default-task cache %s is incomplete (%s); rebuilding it", final, problem)
+                    shutil.rmtree(final)
+                for stale in root.glob(final.name + ".tmp-*"):  # builds killed mid-write (we hold the lock)
+                    log.warning("removing %s, left by a default-task build that was killed", stale)
+                    shutil.rmtree(stale, ignore_errors=True)
                 _build_model_dir(final, splits, cfg, seed, progress)
     return final
 

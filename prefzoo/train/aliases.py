@@ -33,6 +33,8 @@ TRL_OPTIONS: dict[str, TRLOption] = {
     "dataset_name": TRLOption("dataset"),
     "use_peft": TRLOption("lora"),
     "precompute_ref_log_probs": TRLOption("precompute_ref"),
+    "dtype": TRLOption("torch_dtype"),
+    "hub_model_id": TRLOption("push_to_hub"),
     # same meaning, same name
     "max_steps": TRLOption("max_steps"),
     "warmup_ratio": TRLOption("warmup_ratio"),
@@ -52,6 +54,15 @@ TRL_OPTIONS: dict[str, TRLOption] = {
     "lora_dropout": TRLOption("lora_dropout"),
     "lora_target_modules": TRLOption("lora_target_modules"),
     "trust_remote_code": TRLOption("trust_remote_code"),
+    "torch_dtype": TRLOption("torch_dtype"),
+    "attn_implementation": TRLOption("attn_implementation"),
+    "gradient_checkpointing": TRLOption("gradient_checkpointing"),
+    "load_in_4bit": TRLOption("load_in_4bit"),
+    "load_in_8bit": TRLOption("load_in_8bit"),
+    "eval_steps": TRLOption("eval_steps"),
+    "save_only_model": TRLOption("save_only_model"),
+    "lr_scheduler_type": TRLOption("lr_scheduler_type"),
+    "warmup_steps": TRLOption("warmup_steps"),
     # not the same meaning: what to write instead
     "beta": TRLOption(
         instead="--loss-param beta=VALUE (YAML: loss_params: {beta: VALUE}); β is a parameter of the loss"
@@ -61,9 +72,6 @@ TRL_OPTIONS: dict[str, TRLOption] = {
         instead="--max-prompt-length N and --max-completion-length N (prefzoo caps prompt and completion separately)"
     ),
     "disable_dropout": TRLOption(instead="leave it out: dropout is off by default (--keep-dropout keeps it on)"),
-    "lr_scheduler_type": TRLOption(
-        instead="leave it out: the schedule is always cosine with linear warm-up over --warmup-ratio of the steps"
-    ),
     "bf16": TRLOption(instead="--mixed-precision bf16"),
     "fp16": TRLOption(instead="--mixed-precision fp16"),
     "adam_beta1": TRLOption(instead="--adam-betas B1,B2 (both AdamW betas in one option)"),

@@ -39,10 +39,13 @@ def preference_batch(loss: Loss, policy: Any, reference: Any, batch: dict[str, A
     return batch_type(batch)(**fields)
 
 
-def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> dict[str, Any]:
+def batch_fields(
+    loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any, stats: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The PreferenceBatch fields of a collated batch (not yet validated: the step checks finiteness first).
 
     ``reference(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))`` or None for reference-free losses.
+    ``stats``, when given, receives ``logits_sum_chosen``/``logits_sum_rejected`` (B,) for the logits metrics.
     """
     if "group_mask" in batch:
         return _group_fields(loss, policy, reference, batch, autocast)
@@ -57,8 +60,11 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
         token_logps=want_tokens,
         token_entropies=want_ent,
         **({"token_sq_probs": True} if want_sq else {}),
+        **({"logits_mean": True} if stats is not None else {}),
     )
     w, l = out.split()
+    if stats is not None:
+        stats.update(logits_sum_chosen=w["logits_sum"], logits_sum_rejected=l["logits_sum"])  # (B,), (B,)
     fields: dict[str, Any] = {
         "policy_chosen_logps": w["logps"],  # (B,)
         "policy_rejected_logps": l["logps"],  # (B,)

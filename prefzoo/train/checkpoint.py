@@ -89,11 +89,13 @@ def save_checkpoint(
     keep: int,
     before_marker: Callable[[Path], None] | None = None,
     node_local: bool = False,
+    write: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written).
 
     ``node_local``: every node has its own ``output_dir`` (each node's local rank 0 writes a complete folder).
     ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
+    ``write(tmp_folder)`` (called on every process) replaces ``accelerator.save_state`` (``--save-only-model``).
     """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
@@ -104,7 +106,7 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    full = _enospc(lambda: accelerator.save_state(str(tmp)))
+    full = _enospc(lambda: write(tmp) if write is not None else accelerator.save_state(str(tmp)))
     if _any_process(accelerator, full is not None):
         raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
     full = None

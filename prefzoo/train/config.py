@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "TrainConfig", "field_docs", "load_yaml_config", "resolve_aliases"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "TORCH_DTYPES", "ConfigError", "TrainConfig", "field_docs",
+           "load_yaml_config", "resolve_aliases"]  # fmt: skip
+
+
+TORCH_DTYPES = ("float32", "bfloat16", "float16", "auto")  # --torch-dtype choices (TRL's names)
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")  # --attn-implementation choices (transformers' names)
+LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial",
+                 "inverse_sqrt")  # fmt: skip  # transformers.get_scheduler names that need no extra arguments
 
 
 class ConfigError(ValueError):
@@ -41,17 +49,26 @@ class TrainConfig:
     dataset_num_proc: int | None = None  # processes for tokenization (datasets.map num_proc; pays off on large data)
     # optimization
     lr: float = 5e-7  # peak learning rate (paper: 5e-7 full fine-tuning of small models)
-    epochs: int = 1  # passes over the training pairs
+    epochs: float = 1  # passes over the training pairs; a fraction (0.5) stops part-way through the last one
     max_steps: int | None = None  # optimizer steps; overrides epochs when set
     per_device_batch_size: int = 2  # pairs per process per micro-step (paper: 2)
     grad_accum: int = 16  # micro-steps per optimizer step: 2 × 16 = 32 pairs per process per step (paper)
     warmup_ratio: float = 0.1  # cosine schedule: 10% of the steps warm up linearly (paper)
+    warmup_steps: int = 0  # linear warm-up steps; > 0 overrides warmup_ratio (TRL's rule)
+    lr_scheduler_type: str = "cosine"  # after warm-up: cosine (paper) | linear | constant | constant_with_warmup | ...
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (β1, β2); on the command line "0.9,0.999"
     max_grad_norm: float = 1.0  # gradient clipping (L2 norm over all trainable parameters)
     optim: str = "adamw"  # adamw (torch) | adamw8bit (bitsandbytes, paper's choice with LoRA)
     mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate autocast)
     seed: int = 42
+    skip_batches: int = 0  # micro-batches passed over at the start/resume point (whole steps, counted as skipped)
+    # model loading
+    torch_dtype: str = "float32"  # weights' dtype when loading: float32 | bfloat16 | float16 | auto (the checkpoint's)
+    attn_implementation: str | None = None  # eager | sdpa | flash_attention_2 (CUDA only); None = transformers' choice
+    gradient_checkpointing: bool = False  # recompute activations in backward (non-reentrant): less memory, ~30% slower
+    load_in_4bit: bool = False  # QLoRA: 4-bit NF4 base weights (bitsandbytes) + LoRA adapters (needs --lora)
+    load_in_8bit: bool = False  # 8-bit base weights (bitsandbytes LLM.int8) + LoRA adapters (needs --lora)
     # model surgery
     keep_dropout: bool = False  # keep the model's dropout on (off by default, as TRL's disable_dropout: see docs)
     lora: bool = False  # train a LoRA adapter; the reference is the same model with adapters disabled
@@ -75,6 +92,9 @@ class TrainConfig:
     logging_steps: int = 1  # optimizer steps between metric lines
     save_steps: int = 0  # optimizer steps between checkpoints (0 = only at epoch ends)
     save_total_limit: int = 2  # complete checkpoints kept (older ones deleted)
+    save_only_model: bool = False  # checkpoints are model folders (no optimizer/scheduler/RNG): smaller, not resumable
+    eval_steps: int = 0  # optimizer steps between evaluations (0 = only at epoch ends)
+    push_to_hub: str | None = None  # a hub repo id (org/name): upload the final model folder there (huggingface_hub)
     resume: str | None = None  # a checkpoint folder, or 'auto' = the latest complete one in output_dir
     stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
     max_consecutive_skips: int = 10  # stop (with a checkpoint) after this many non-finite steps in a row; 0 = never
@@ -94,7 +114,6 @@ class TrainConfig:
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1 (or unset to fit the model's context)")
         positive = (
-            "epochs",
             "per_device_batch_size",
             "grad_accum",
             "lora_r",
@@ -108,6 +127,19 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr} must be > 0")
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise ConfigError(f"epochs={self.epochs} must be > 0 (a fraction such as 0.5 trains on part of the data)")
+        self._validate_loading()
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise ConfigError(f"lr_scheduler_type={self.lr_scheduler_type!r}: choose {', '.join(LR_SCHEDULERS)}")
+        for name in ("eval_steps", "skip_batches", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0 (0 = off)")
+        if self.push_to_hub is not None and (self.push_to_hub.count("/") > 1 or self.push_to_hub.lower() == "true"):
+            raise ConfigError(
+                f"push_to_hub={self.push_to_hub!r}: give the hub repo id, e.g. --push-to-hub org/name (TRL's "
+                "push_to_hub: true + hub_model_id: org/name is written here as push_to_hub: org/name)"
+            )
         if self.dataset_num_proc is not None and self.dataset_num_proc < 1:
             raise ConfigError(f"dataset_num_proc={self.dataset_num_proc} must be >= 1 (or unset)")
         if self.max_steps is not None and self.max_steps < 1:
@@ -132,6 +164,28 @@ class TrainConfig:
             )
         if self.save_steps < 0:
             raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
+
+    def _validate_loading(self) -> None:
+        """The model-loading options (dtype, attention kernel, quantisation)."""
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ConfigError(f"torch_dtype={self.torch_dtype!r}: choose {', '.join(TORCH_DTYPES)}")
+        if self.attn_implementation not in (None, *ATTN_IMPLEMENTATIONS):
+            raise ConfigError(
+                f"attn_implementation={self.attn_implementation!r}: choose {', '.join(ATTN_IMPLEMENTATIONS)}"
+            )
+        if self.torch_dtype == "float16" and not self.lora:
+            raise ConfigError(
+                "torch_dtype=float16 without --lora: AdamW cannot update float16 weights (its eps underflows to 0 and "
+                "the first steps turn the weights to inf/NaN); use --torch-dtype bfloat16 or float32 (with "
+                "--mixed-precision fp16 on a GPU), or add --lora (the adapters train in float32)"
+            )
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ConfigError("load_in_4bit and load_in_8bit are both set: choose one")
+        if (self.load_in_4bit or self.load_in_8bit) and not self.lora:
+            which = "load_in_4bit" if self.load_in_4bit else "load_in_8bit"
+            raise ConfigError(f"{which} needs --lora: quantised base weights cannot be trained, only adapters on them")
+        if (self.load_in_4bit or self.load_in_8bit) and self.deepspeed:
+            raise ConfigError("load_in_4bit/load_in_8bit with --deepspeed is not supported: drop one of them")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

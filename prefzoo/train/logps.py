@@ -38,10 +38,15 @@ class CompletionLogps(dict):
     ``logps`` (N,) Σ_t log π(y_t | x, y_<t) over completion tokens; ``lengths`` (N,) completion token counts;
     optional ``token_logps`` / ``token_entropies`` / ``token_log_sq_probs`` (log Σ_v π(v)², constant) (N, T_c), 0 at
     padding, and ``token_mask`` (N, T_c) bool;
-    ``aux_loss`` () the mixture-of-experts router term to add to the loss (coef × aux), or None.
+    ``aux_loss`` () the mixture-of-experts router term to add to the loss (coef × aux), or None;
+    optional ``logits_sum`` (N,) Σ_t mean_v z_{t,v}: the vocabulary-mean logit summed over completion tokens
+    (no gradient; TRL's ``logits/chosen`` metric is its token mean).
     """
 
-    _FIELDS = ("logps", "lengths", "token_logps", "token_entropies", "token_mask", "aux_loss", "token_log_sq_probs")
+    _FIELDS = (
+        "logps", "lengths", "token_logps", "token_entropies", "token_mask", "aux_loss", "token_log_sq_probs",
+        "logits_sum",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # CompletionLogps(logps, lengths, ...) or CompletionLogps(mapping): accelerate rebuilds outputs as
@@ -101,6 +106,19 @@ def _chunked_head_logps(
     lp = torch.cat(logps) if logps else h.new_zeros(0, dtype=torch.float32)
     ent = (torch.cat(ents) if ents else h.new_zeros(0, dtype=torch.float32)) if want_entropy else None
     return lp, ent
+
+
+@torch.no_grad()
+def _mean_logits(head: Any, h: Tensor, transform: LogitTransform, chunk_size: int) -> Tensor:
+    """mean_v z_v (M,) of the model's logits z at M selected positions, h (M, H); no gradient.
+
+    A plain linear head without soft-capping needs no (M, V) tensor: mean_v(s · h·w_v) = s · h·mean_v(w_v).
+    """
+    if fusable_head(head) and transform.softcap is None:
+        w_bar = head.weight.to(torch.promote_types(head.weight.dtype, torch.float32)).mean(0)  # (H,)
+        return (h.to(w_bar.dtype) @ w_bar) * transform.scale  # (M,)
+    out = [transform(head(h[i : i + chunk_size]).float()).mean(-1) for i in range(0, h.shape[0], chunk_size)]
+    return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
 def is_shared_layout(completion_mask: Tensor) -> bool:
@@ -163,6 +181,7 @@ def sequence_logps(
     fused_head: bool = True,
     path: str = "fast",
     router_aux: bool = False,
+    logits_mean: bool = False,
 ) -> CompletionLogps:
     """Summed completion log-probs Σ_t log π(y_t | x, y_<t) of rows [x, y] of any Hugging Face causal LM.
 
@@ -177,7 +196,8 @@ def sequence_logps(
     positions × vocabulary kept for backward) when the head is a plain bias-free linear layer.  ``path="model"``
     uses the model's own ``forward(...).logits`` instead (slower, for architectures the fast path does not
     reproduce).  ``router_aux`` adds ``aux_loss`` (scalar): ``router_aux_loss_coef`` × the mixture-of-experts
-    load-balancing loss, when the model's config enables ``output_router_logits``.
+    load-balancing loss, when the model's config enables ``output_router_logits``.  ``logits_mean`` adds
+    ``logits_sum`` (N,): the vocabulary-mean logit summed over each row's completion tokens (a metric; no gradient).
     """
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
@@ -193,6 +213,7 @@ def sequence_logps(
         tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
         tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
         tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
+        tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
     else:
         backbone = causal.get_decoder()
         head = logits_head(causal)
@@ -215,8 +236,12 @@ def sequence_logps(
         else:
             tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, token_entropies, transform)
         tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
+        tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
     logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     result = CompletionLogps(logps=logps, lengths=lengths, aux_loss=aux)
+    if tok_mean is not None:
+        zeros = torch.zeros(n, dtype=torch.float32, device=tok_lp.device)
+        result.logits_sum = zeros.index_add(0, row, tok_mean.float())  # (N,)
     if token_logps or token_entropies or token_sq_probs:
         t_c = max(int(lengths.max()), 1)
         mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
@@ -273,6 +298,7 @@ class PolicyLogps(nn.Module):
         token_logps: bool = False,
         token_entropies: bool = False,
         token_sq_probs: bool = False,
+        logits_mean: bool = False,
     ) -> CompletionLogps:
         return sequence_logps(
             self.lm,
@@ -286,6 +312,7 @@ class PolicyLogps(nn.Module):
             fused_head=self.fused_head,
             path=self.path,
             router_aux=self.router_aux and self.training,
+            logits_mean=logits_mean,
         )
 
 

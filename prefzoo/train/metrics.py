@@ -38,13 +38,17 @@ def best_first(batch: GroupBatch, rewards: Tensor) -> Tensor:
     return (r.gather(1, top) == best).float().squeeze(1)
 
 
-def step_metrics(batch: Any, out: LossOutput, loss_value: Tensor) -> dict[str, float]:
+def step_metrics(
+    batch: Any, out: LossOutput, loss_value: Tensor, stats: dict[str, Any] | None = None
+) -> dict[str, float]:
     """The standard metrics of one micro-batch, plus the loss's own (named ``loss/<key>``).
 
     Pairs: rewards and log-probs of chosen and rejected.  Lists: the same for the best and the worst completion of
     each group, plus ``rewards/ranking_accuracy`` (the highest reward is on a best completion) and ``logps/mean``.
     Unpaired: ``rewards/accuracies`` is whether the comparison agrees with the label; ``logps/desirable`` and
     ``logps/undesirable`` (0 when the micro-batch has none) and ``data/desirable`` (their share).
+    ``stats`` (from ``batch_fields``, pairs) adds TRL's ``logits/chosen``/``logits/rejected``: the mean logit over
+    the vocabulary and every completion token of the micro-batch.
     """
     cw, cl = out.chosen_rewards.detach().float(), out.rejected_rewards.detach().float()  # (B,), (B,)
     m = {
@@ -57,6 +61,10 @@ def step_metrics(batch: Any, out: LossOutput, loss_value: Tensor) -> dict[str, f
     if isinstance(batch, PreferenceBatch):
         m["logps/chosen"] = float(batch.policy_chosen_logps.detach().float().mean())
         m["logps/rejected"] = float(batch.policy_rejected_logps.detach().float().mean())
+        for side, lengths in (("chosen", batch.chosen_lengths), ("rejected", batch.rejected_lengths)):
+            total = (stats or {}).get(f"logits_sum_{side}")  # (B,) Σ over completion tokens of the vocabulary mean
+            if total is not None and lengths is not None:
+                m[f"logits/{side}"] = float(total.sum() / lengths.sum().clamp(min=1))
     elif isinstance(batch, GroupBatch):
         lp, valid = batch.policy_logps.detach().float(), batch.valid  # (G, K)
         m["logps/mean"] = float(lp[valid].mean())

@@ -8,14 +8,19 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["LoRATargetError", "ModelSourceError", "apply_lora", "build_optimizer", "check_model_source",
-           "load_model_and_tokenizer"]  # fmt: skip
+__all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora", "build_optimizer",
+           "check_model_source", "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer",
+           "prepare_quantized"]  # fmt: skip
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 class LoRATargetError(ValueError):
     """LoRA target modules not present in the model."""
+
+
+class LoadOptionError(ValueError):
+    """A model-loading option (--torch-dtype, --attn-implementation, --load-in-4bit/8bit) cannot work here."""
 
 
 class ModelSourceError(FileNotFoundError):
@@ -43,29 +48,114 @@ def check_model_source(name: str) -> None:
         )
 
 
+def load_kwargs(
+    torch_dtype: str = "float32",
+    attn_implementation: str | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    cuda: bool | None = None,
+) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for the loading options, or a LoadOptionError naming the fix.
+
+    ``cuda``: whether a CUDA GPU will run the model (default: ``torch.cuda.is_available()``).
+    """
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    kw: dict[str, Any] = {"dtype": "auto" if torch_dtype == "auto" else getattr(torch, torch_dtype)}
+    if attn_implementation == "flash_attention_2":
+        if not cuda:
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 needs a CUDA GPU (and pip install flash-attn); on this "
+                "machine use --attn-implementation sdpa (or eager)"
+            )
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 needs the flash-attn package: pip install flash-attn "
+                "--no-build-isolation (or use --attn-implementation sdpa)"
+            )
+        if torch_dtype not in ("bfloat16", "float16"):
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 runs in half precision only: add --torch-dtype bfloat16"
+            )
+    if attn_implementation is not None:
+        kw["attn_implementation"] = attn_implementation
+    if load_in_4bit or load_in_8bit:
+        try:
+            import bitsandbytes  # noqa: F401
+            from transformers import BitsAndBytesConfig
+        except ImportError:
+            raise LoadOptionError(
+                "--load-in-4bit/--load-in-8bit need bitsandbytes: pip install 'prefzoo[train]'"
+            ) from None
+        compute = torch.float32 if torch_dtype in ("float32", "auto") else getattr(torch, torch_dtype)
+        kw["quantization_config"] = (
+            BitsAndBytesConfig(
+                load_in_4bit=True,  # QLoRA (Dettmers et al. 2023): NF4 storage, double quantisation
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=compute,
+            )
+            if load_in_4bit
+            else BitsAndBytesConfig(load_in_8bit=True)
+        )
+    return kw
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing per decoder layer, non-reentrant (works with frozen inputs, LoRA and DDP)."""
+    if not getattr(model, "supports_gradient_checkpointing", True):
+        raise LoadOptionError(
+            f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; drop the flag"
+        )
+    new: Any = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x's name
+    old: Any = getattr(model, "gradient_checkpointing_enable", None)
+    if callable(new):
+        new(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif callable(old):
+        old(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise LoadOptionError(f"--gradient-checkpointing: {type(model).__name__} cannot checkpoint; drop the flag")
+
+
+def prepare_quantized(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
+    """peft's ``prepare_model_for_kbit_training`` (layer norms in float32, input grads on) before adapters go on."""
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(  # type: ignore[no-any-return]
+        model,
+        use_gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+
+
 def load_model_and_tokenizer(
-    name: str, dtype: Any = None, trust_remote_code: bool = False
+    name: str, dtype: Any = None, trust_remote_code: bool = False, **load: Any
 ) -> tuple[nn.Module, Any, bool]:
     """(model, tokenizer, has_adapter) from a hub name or local folder; a folder with an adapter loads base+adapter.
 
     ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
-    code (``auto_map``) is never run otherwise.
+    code (``auto_map``) is never run otherwise.  ``load``: more ``from_pretrained`` arguments (:func:`load_kwargs`).
     """
     check_model_source(name)
     remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = dtype or torch.float32
+    dtype = load.pop("dtype", None) or dtype or torch.float32
     path = Path(name)
     if (path / "adapter_config.json").is_file():
         from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, dtype=dtype, **remote)
+        model = AutoPeftModelForCausalLM.from_pretrained(
+            str(path), is_trainable=True, dtype=dtype, **remote, **load
+        )
         base_name = model.peft_config["default"].base_model_name_or_path
         tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base_name
         return model, AutoTokenizer.from_pretrained(tok_src, **remote), True
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote, **load)
     return model, AutoTokenizer.from_pretrained(name, **remote), False
 
 
@@ -106,8 +196,12 @@ def build_optimizer(
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
-def build_schedule(optimizer: Any, total_steps: int, warmup_ratio: float) -> Any:
-    """transformers' cosine schedule with linear warm-up over ``ceil(warmup_ratio × total_steps)`` steps."""
-    from transformers import get_cosine_schedule_with_warmup
+def build_schedule(
+    optimizer: Any, total_steps: int, warmup_ratio: float, name: str = "cosine", warmup_steps: int = 0
+) -> Any:
+    """transformers' schedule ``name`` (cosine: the paper's) after a linear warm-up over ``warmup_steps`` steps, or
+    ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule)."""
+    from transformers import get_scheduler
 
-    return get_cosine_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total_steps), total_steps)
+    warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)

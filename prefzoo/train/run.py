@@ -18,12 +18,13 @@ import torch
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
-from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
+from prefzoo.train.hub import push_folder
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.outdir import mark_finished
-from prefzoo.train.runcard import write_final_model
-from prefzoo.train.setup import setup
+from prefzoo.train.runcard import save_model_folder, write_final_model
+from prefzoo.train.setup import setup, skip_batches_left
 
 __all__ = ["Run", "TrainResult", "evaluate"]
 
@@ -118,6 +119,8 @@ class _Step:
     losses: list[float] = field(default_factory=list)  # micro-batch mean losses
     micro: int = 0  # micro-batches done
     grad_norm: Any = None
+    poisoned: bool = False  # DeepSpeed, accumulation > 1: NaN gradients make the engine drop the step at its boundary
+    by_request: bool = False  # skipped by --skip-batches (not a fault: not counted towards max_consecutive_skips)
 
 
 class Run:
@@ -132,6 +135,7 @@ class Run:
         p, state = self.parts, self.state
         start_epoch = state.global_step // p.steps_per_epoch
         skip = (state.global_step - start_epoch * p.steps_per_epoch) * self.cfg.grad_accum  # micro-batches seen
+        self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
         for epoch in range(start_epoch, p.num_epochs):
             if self.done:
                 break
@@ -168,6 +172,7 @@ class Run:
             timings=dict(p.timings), writer=self.writer, reference=p.reference,
         )  # fmt: skip
         self.step_state = _Step()
+        self.skip_left = 0  # --skip-batches micro-batches still to pass over (set by train())
         self.done = p.start_step >= p.total_steps
         self.saved: Path | None = None  # checkpoint written at the current step boundary
         self.stopped_by_callback = False
@@ -196,10 +201,18 @@ class Run:
         if s.micro == 0:
             self.callbacks.call("on_step_begin", self.state)
         s.micro += 1
+        if self.skip_left > 0:  # --skip-batches: the whole optimizer step holding these micro-batches is skipped
+            self.skip_left -= 1
+            s.bad, s.reason, s.by_request = True, "--skip-batches", True
+            s.bad_ids += [str(i) for i in batch["ids"]]
         with p.accelerator.accumulate(p.policy):
             s.grad_norm = None
             if not s.bad:  # once a step is bad, its remaining micro-batches are not computed
                 self.forward_backward(batch)
+            elif s.poisoned:  # DeepSpeed: backward must still reach the engine's boundary, where it drops the step
+                self.poison_backward(batch_fields(p.loss, p.policy, None, batch, p.accelerator.autocast))
+            if s.poisoned and p.accelerator.sync_gradients and p.policy.was_step_applied():
+                raise RuntimeError("DeepSpeed applied a step with NaN gradients; its overflow check is off")
             if p.accelerator.sync_gradients and not s.bad:
                 self.clip_gradients()
             if not s.bad:
@@ -211,7 +224,8 @@ class Run:
         ids = [str(i) for i in batch["ids"]]
         s.ids += ids
         cls = batch_type(batch)  # PreferenceBatch, or GroupBatch / UnpairedBatch for lists and unpaired data
-        fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast)
+        stats: dict[str, Any] = {}  # logits/chosen, logits/rejected metrics (pairs)
+        fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast, stats)
         aux = fields.pop("aux_loss", None)  # () MoE router term (coef × aux) or None
         fields = self.callbacks.on_batch(self.state, fields)
         local_bad = nonfinite_ids(ids, *(fields.get(k) for k in float_fields(cls)))
@@ -223,21 +237,30 @@ class Run:
         if out is None or guard.any_rank(bool(local_bad)):
             s.bad, s.reason, s.bad_ids = True, "non-finite log-probs or loss", guard.all_ids(local_bad)
             if self.cfg.deepspeed:
-                # the engine steps inside backward at its accumulation boundary: with one micro-batch per step,
-                # no rank calling backward skips the step exactly (weights, moments and scheduler untouched);
-                # with several, earlier micro-batches' gradients are already in the engine, so the run stops
+                # the engine steps inside backward at its accumulation boundary (prefzoo.train.guard): with one
+                # micro-batch per step no rank calls backward; with several the rest of the step backpropagates NaN
+                # and ZeRO's overflow check drops the step (weights, moments and scheduler untouched)
                 if self.cfg.grad_accum == 1:
                     return
-                raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
+                if not deepspeed_drops_nonfinite_steps(p.policy):
+                    raise _deepspeed_nonfinite(self.cfg, self.state.global_step + 1, s.bad_ids)
+                s.poisoned = True
+                self.poison_backward(fields)
+                return
             # settle DDP's pending gradient reduction with zeros; the step is discarded
             p.accelerator.backward(sum((q * 0.0).sum() for q in p.trainable))
             return
         loss_value = out.losses.mean()  # mean over this process's pairs; DDP averages over processes
         loss_value = add_router_loss(loss_value, aux)
         p.accelerator.backward(loss_value)
-        m = {**step_metrics(pb, out, loss_value), **router_metrics(aux)}
+        m = {**step_metrics(pb, out, loss_value, stats), **router_metrics(aux)}
         self.metrics.add(m, int(batch["attention_mask"].sum()))
         s.losses.append(m["loss"])
+
+    def poison_backward(self, fields: dict[str, Any]) -> None:
+        """Backward of NaN × the log-probs: every gradient the step accumulated in DeepSpeed becomes NaN."""
+        logps = sum(v.sum() for v in fields.values() if isinstance(v, torch.Tensor) and v.requires_grad)  # ()
+        self.parts.accelerator.backward(logps * math.nan)  # any shape: pairs, (G, K) groups, unpaired rows
 
     def clip_gradients(self) -> None:
         p, s = self.parts, self.step_state
@@ -252,7 +275,7 @@ class Run:
         """The optimizer step is complete (or skipped): scheduler, skip bookkeeping, counters."""
         s, state = self.step_state, self.state
         if s.bad:
-            self.guard.record_skip(state.global_step + 1, s.reason, s.bad_ids)
+            self.guard.record_skip(state.global_step + 1, s.reason, s.bad_ids, fault=not s.by_request)
         else:
             self.parts.schedule.step()
             self.guard.record_ok()
@@ -267,6 +290,8 @@ class Run:
         """Logging, checkpoint, preemption and stop checks at a step boundary; True ends the epoch loop."""
         state, total = self.state, self.parts.total_steps
         self.log()
+        if self.eval_due():
+            self.evaluate()
         self.saved = self.checkpoint()
         if self.guard.exhausted():
             self.abort_nonfinite()
@@ -280,6 +305,13 @@ class Run:
             return True
         return False
 
+    def eval_due(self) -> bool:
+        """``--eval-steps N``: every N optimizer steps (epoch ends evaluate anyway, so not twice there)."""
+        state, p, n = self.state, self.parts, self.cfg.eval_steps
+        if not n or p.eval_dl is None or state.global_step % n:
+            return False
+        return not (state.global_step % p.steps_per_epoch == 0 or state.global_step >= p.total_steps)
+
     def evaluate(self) -> None:
         p, state = self.parts, self.state
         ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather)
@@ -290,7 +322,8 @@ class Run:
             where = "before training"
         else:
             p.accelerator.log(ev, step=state.global_step)
-            where = f"epoch {state.epoch}"
+            at_end = state.global_step % p.steps_per_epoch == 0 or state.global_step >= p.total_steps
+            where = f"epoch {state.epoch}" if at_end else f"step {state.global_step}"
         if p.accelerator.is_main_process:  # written around the progress bar (stderr) so the two do not mix
             self.bar.write(
                 f"prefzoo train: {where}: eval reward accuracy {ev['eval/reward_accuracy']:.3f}, "
@@ -307,6 +340,9 @@ class Run:
             result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
                 mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
+            if self.cfg.push_to_hub and p.accelerator.is_main_process:
+                url = push_folder(result.final_dir, self.cfg.push_to_hub, f"prefzoo {self.cfg.loss} run")
+                p.accelerator.print(f"prefzoo train: pushed {result.final_dir} to {url}")
         result.model = p.accelerator.unwrap_model(p.policy).lm
         self.callbacks.call("on_train_end", self.state)
         p.accelerator.end_training()
@@ -323,8 +359,9 @@ class Run:
             skipped_steps=self.guard.skipped,
             grad_norm=float(self.grad_norm) if self.grad_norm is not None else float("nan"),
             lr=float(p.schedule.get_last_lr()[0]),
+            learning_rate=float(p.schedule.get_last_lr()[0]),  # TRL's / transformers' name for the same value
             tokens_per_second=tokens / max(elapsed, 1e-9),
-            epoch=state.epoch,
+            epoch=round(state.global_step / p.steps_per_epoch, 4),  # fractional, as TRL logs it (1.5 = mid-epoch 2)
             step=state.global_step,
         )
         self.t0 = time.perf_counter()
@@ -345,10 +382,19 @@ class Run:
             return None
         info = {**self.parts.info, "epoch": state.epoch - 1, "skipped_steps": self.guard.skipped,
                 "total_steps": state.total_steps, "max_steps": cfg.max_steps, "epochs": cfg.epochs}  # fmt: skip
-        acc, storage = self.parts.accelerator, self.parts.storage
+        if self.parts.skip_record:
+            info["skip_batches"] = self.parts.skip_record  # applied once: a later resume does not skip again
+        acc, p, storage = self.parts.accelerator, self.parts, self.parts.storage
+        write = None
+        if cfg.save_only_model:  # a plain model folder (loadable with --model), no optimizer state: not resumable
+            info["model_only"] = True
+
+            def write(tmp: Path) -> None:
+                save_model_folder(acc, p.policy, p.tokenizer, tmp, p.model_defaults)
+
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
                                 before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp),
-                                node_local=storage is not None and not storage.shared)  # fmt: skip
+                                node_local=storage is not None and not storage.shared, write=write)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved
@@ -385,11 +431,20 @@ class Run:
         return True
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[-1])
+
+
 def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsError:
     latest = find_latest_checkpoint(cfg.output_dir)
     return NonFiniteStepsError(
         f"non-finite log-probs or loss in step {step} (examples {ids[:8]}); under DeepSpeed the engine steps inside "
-        "backward, so with --grad-accum > 1 prefzoo cannot skip the step and stops instead (with --grad-accum 1 it "
-        "skips it). "
-        + (f"Resume from {latest} with --resume auto (perhaps with a lower --lr)." if latest else "No checkpoint yet.")
+        "backward, and this engine does not drop a step with NaN gradients (no ZeRO, or bf16 without "
+        "bf16.check_grad_overflow), so with --grad-accum > 1 prefzoo stops instead (with --grad-accum 1 it skips it). "
+        + (
+            f"Resume from {latest} with --resume auto, adding --skip-batches "
+            f"{(step - _step_of(latest)) * cfg.grad_accum} to pass over the steps up to this one (or a lower --lr)."
+            if latest
+            else f"No checkpoint yet: rerun with --skip-batches {step * cfg.grad_accum} to pass over steps 1..{step}."
+        )
     )

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["versions", "write_final_model"]
+__all__ = ["model_card_front_matter", "save_model_folder", "versions", "write_final_model"]
 
 _PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "bitsandbytes")
 
@@ -27,56 +27,127 @@ def versions() -> dict[str, str]:
     return out
 
 
+def save_model_folder(
+    accelerator: Any, policy: Any, tokenizer: Any, folder: Path, defaults: Any = None, merge: bool = False
+) -> str:
+    """``save_pretrained`` of the trained model (or adapter, or merged model) and tokenizer into ``folder``.
+
+    Call on every process (ZeRO-3 shards are gathered); the main process writes.  Returns what was saved.
+    """
+    state_dict = accelerator.get_state_dict(policy)  # gathers ZeRO-3 shards; keys prefixed with 'lm.'
+    lm = accelerator.unwrap_model(policy).lm
+    is_peft = hasattr(lm, "peft_config")
+    if accelerator.is_main_process:
+        sd = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
+        # the saved config keeps the model's own dropout rates (the run set them to 0 in memory only)
+        with defaults.dropout.config_restored() if defaults is not None else contextlib.nullcontext():
+            if is_peft and merge:
+                import copy
+
+                copy.deepcopy(lm).merge_and_unload().save_pretrained(folder)
+            else:
+                lm.save_pretrained(folder, state_dict=sd, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+    return "merged model" if is_peft and merge else ("LoRA adapter" if is_peft else "full model")
+
+
 def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any) -> Path:
-    """``output_dir/final``: save_pretrained model (or adapter / merged model), tokenizer, run_card.json, README.md."""
+    """``output_dir/final``: save_pretrained model (or adapter / merged model), tokenizer, run_card.json, README.md.
+
+    A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
+    the last checkpoint (the run's last step) is left as it was, so ``--resume auto`` writes the model afterwards.
+    """
+    from prefzoo.train.checkpoint import _any_process, _enospc
+
     final = Path(cfg.output_dir) / "final"
     tmp = Path(cfg.output_dir) / ".tmp-final"
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(policy)  # gathers ZeRO-3 shards; keys prefixed with 'lm.'
-    lm = accelerator.unwrap_model(policy).lm
-    if accelerator.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        sd = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
-        is_peft = hasattr(lm, "peft_config")
-        defaults = getattr(result, "model_defaults", None)
-        # the saved config keeps the model's own dropout rates (the run set them to 0 in memory only)
-        with defaults.dropout.config_restored() if defaults is not None else contextlib.nullcontext():
-            if is_peft and cfg.merge_lora:
-                import copy
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    defaults = getattr(result, "model_defaults", None)
+    saved: list[str] = []
 
-                copy.deepcopy(lm).merge_and_unload().save_pretrained(tmp)
-            else:
-                lm.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        card = {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "saved": "merged model" if is_peft and cfg.merge_lora else ("LoRA adapter" if is_peft else "full model"),
-            "config": cfg.to_dict(),
-            "processes": accelerator.num_processes,
-            "global_batch_pairs": accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum,
-            "steps": result.global_step,
-            "versions": versions(),
-            "data": result.data_stats,
-            "model_defaults": defaults.as_dict() if defaults is not None else {},
-            "final_metrics": result.history[-1] if result.history else {},
-            "evals": result.evals,
-        }
-        (tmp / "run_card.json").write_text(json.dumps(card, indent=1, default=str))
-        lines = [
-            f"# prefzoo run: {cfg.loss} on {cfg.model}",
-            "",
-            f"- saved: {card['saved']}",
-            f"- steps: {result.global_step}, global batch {card['global_batch_pairs']} pairs",
-            *([f"- {line}" for line in defaults.lines()] if defaults is not None else []),
-            *(f"- {k}: {v:.4f}" for k, v in card["final_metrics"].items() if isinstance(v, float)),
-            *(f"- epoch {int(e['epoch'])} eval reward accuracy: {e['eval/reward_accuracy']:.4f}" for e in result.evals),
-            "",
-            "See run_card.json for the full config and versions.",
-        ]
-        (tmp / "README.md").write_text("\n".join(lines) + "\n")
+    def write() -> None:
+        saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora))
+        if accelerator.is_main_process:
+            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults)
+
+    full = _enospc(write)
+    if _any_process(accelerator, full is not None):
+        raise _final_disk_full(accelerator, cfg, tmp, full)
+    if accelerator.is_main_process:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:
+    from prefzoo.train.checkpoint import DiskFullError, _bytes, find_latest_checkpoint
+
+    written = _bytes(tmp)
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    latest = find_latest_checkpoint(cfg.output_dir)
+    needed = max(written, _bytes(latest / "model.safetensors") if latest else 0)
+    free = shutil.disk_usage(tmp.parent).free
+    where = (err.filename if err is not None and err.filename else None) or tmp
+    kept = f"the last checkpoint {latest} is intact" if latest else "no checkpoint was written"
+    return DiskFullError(
+        f"disk full (ENOSPC) writing the final model at {where}: it needs about {needed / 1e6:.1f} MB, "
+        f"{free / 1e6:.1f} MB are free in {tmp.parent}; the partial folder was removed and {kept}. Free space and "
+        "rerun the same command with --resume auto to write the final model (no step is trained again)"
+    )
+
+
+def _write_cards(folder: Path, saved: str, accelerator: Any, cfg: Any, result: Any, defaults: Any) -> None:
+    """run_card.json (config, versions, metrics) and README.md (a Hugging Face model card with YAML front matter)."""
+    card = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "saved": saved,
+        "config": cfg.to_dict(),
+        "processes": accelerator.num_processes,
+        "global_batch_pairs": accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum,
+        "steps": result.global_step,
+        "versions": versions(),
+        "data": result.data_stats,
+        "model_defaults": defaults.as_dict() if defaults is not None else {},
+        "final_metrics": result.history[-1] if result.history else {},
+        "evals": result.evals,
+    }
+    (folder / "run_card.json").write_text(json.dumps(card, indent=1, default=str))
+    lines = [
+        f"# prefzoo run: {cfg.loss} on {cfg.model}",
+        "",
+        f"- saved: {card['saved']}",
+        f"- steps: {result.global_step}, global batch {card['global_batch_pairs']} pairs",
+        *([f"- {line}" for line in defaults.lines()] if defaults is not None else []),
+        *(f"- {k}: {v:.4f}" for k, v in card["final_metrics"].items() if isinstance(v, float)),
+        *(f"- epoch {int(e['epoch'])} eval reward accuracy: {e['eval/reward_accuracy']:.4f}" for e in result.evals),
+        "",
+        "See run_card.json for the full config and versions.",
+    ]
+    (folder / "README.md").write_text(model_card_front_matter(cfg, saved, card) + "\n".join(lines) + "\n")
+
+
+def model_card_front_matter(cfg: Any, saved: str, card: dict[str, Any]) -> str:
+    """The model card's YAML block (``---`` ... ``---``) as the hub reads it (huggingface_hub.ModelCardData)."""
+    from huggingface_hub import ModelCardData
+
+    datasets = cfg.dataset if isinstance(cfg.dataset, list) else [cfg.dataset] if cfg.dataset else []
+    data = ModelCardData(
+        base_model=cfg.model,
+        library_name="peft" if saved == "LoRA adapter" else "transformers",
+        tags=["prefzoo", cfg.loss, "preference-optimization", *(["lora"] if saved != "full model" else [])],
+        datasets=[str(d) for d in datasets] or ["prefzoo-default-task"],
+        prefzoo={
+            "loss": cfg.loss,
+            "loss_params": {k: v for k, v in cfg.loss_params.items()},
+            "steps": card["steps"],
+            "global_batch_pairs": card["global_batch_pairs"],
+            "metrics": {k: v for k, v in card["final_metrics"].items() if isinstance(v, int | float)},
+            "eval": card["evals"][-1] if card["evals"] else {},
+        },
+    )
+    return f"---\n{data.to_yaml()}\n---\n"

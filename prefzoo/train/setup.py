@@ -25,7 +25,15 @@ from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import load_splits, prepare_datasets
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.logps import PolicyLogps
-from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
+from prefzoo.train.model import (
+    apply_lora,
+    build_optimizer,
+    build_schedule,
+    enable_gradient_checkpointing,
+    load_kwargs,
+    load_model_and_tokenizer,
+    prepare_quantized,
+)
 from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
@@ -35,7 +43,7 @@ from prefzoo.train.shapes import ShapePlan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need
 
-__all__ = ["Parts", "setup", "trackers"]
+__all__ = ["Parts", "setup", "skip_batches_left", "trackers"]
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Parts:
     num_epochs: int
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
+    skip_record: list[int] | None = None  # [start step, N] of the --skip-batches N this run applies (or applied)
     timings: dict[str, float] = field(default_factory=dict)
     storage: Storage | None = None  # shared or node-local output dir (None: one process)
 
@@ -119,7 +128,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
     train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
     steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
-    schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio)
+    schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio, cfg.lr_scheduler_type, cfg.warmup_steps)
     policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
@@ -148,7 +157,26 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
+    if cfg.skip_batches:
+        done = resume_info.get("skip_batches")  # the same skip, already applied before this checkpoint
+        same = isinstance(done, list) and len(done) == 2 and done[1] == cfg.skip_batches and done[0] < parts.start_step
+        parts.skip_record = [int(done[0]), int(done[1])] if same else [parts.start_step, cfg.skip_batches]  # type: ignore[index]
     return parts
+
+
+def skip_batches_left(cfg: TrainConfig, start_step: int, record: list[int] | None, say: Any) -> int:
+    """Micro-batches ``--skip-batches`` passes over from ``start_step`` (0 when the checkpoint says it was done)."""
+    if not cfg.skip_batches or record is None:
+        return 0
+    if record[0] != start_step:
+        say(f"prefzoo train: --skip-batches {cfg.skip_batches} was applied at step {record[0]}; not skipping again")
+        return 0
+    steps = math.ceil(cfg.skip_batches / cfg.grad_accum)
+    say(
+        f"prefzoo train: --skip-batches {cfg.skip_batches}: the micro-batches of steps {start_step + 1}.."
+        f"{start_step + steps} are passed over (counted as skipped steps; no update, no scheduler step)"
+    )
+    return steps * cfg.grad_accum
 
 
 def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
@@ -221,7 +249,10 @@ def _load_model(
 ) -> tuple[Any, Any, bool, str]:
     """(causal LM, tokenizer with a pad token, whether it came with an adapter, weight identity)."""
     assert cfg.model is not None  # _check_config
-    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    load = load_kwargs(cfg.torch_dtype, cfg.attn_implementation, cfg.load_in_4bit, cfg.load_in_8bit,
+                       cuda=accelerator.device.type == "cuda")  # fmt: skip
+    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code, **load)
+    _prepare_for_training(cfg, lm, accelerator)
     identity = model_identity(lm, cfg.model)
     if resume_info and resume_info.get("model_identity") != identity:
         raise ResumeError(
@@ -234,6 +265,20 @@ def _load_model(
         accelerator.print(f"prefzoo train: {pad_note}")
         lm.config.pad_token_id = tokenizer.pad_token_id  # type: ignore[union-attr]
     return lm, tokenizer, has_adapter, identity
+
+
+def _prepare_for_training(cfg: TrainConfig, lm: Any, accelerator: Any) -> None:
+    """Quantised base weights (peft's k-bit preparation) and activation checkpointing, said in one line each."""
+    if cfg.load_in_4bit or cfg.load_in_8bit:
+        prepare_quantized(lm, cfg.gradient_checkpointing)
+        bits = "4-bit NF4" if cfg.load_in_4bit else "8-bit"
+        accelerator.print(f"prefzoo train: base weights in {bits} (bitsandbytes); LoRA adapters train on them (QLoRA)")
+    elif cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(lm)
+    if cfg.gradient_checkpointing:
+        accelerator.print(
+            "prefzoo train: gradient checkpointing on (non-reentrant): activations recomputed in backward"
+        )
 
 
 def _print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = "pairs") -> None:
@@ -268,8 +313,9 @@ def _dataloaders(cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any) 
 def _step_counts(cfg: TrainConfig, pairs: int, processes: int) -> tuple[int, int, int]:
     """(optimizer steps per epoch, total steps, epochs to iterate)."""
     batches_per_process = math.ceil(pairs / (cfg.per_device_batch_size * processes))
-    steps_per_epoch = math.ceil(batches_per_process / cfg.grad_accum)
-    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs  # e.g. 60k pairs / (2 × 16 × 4) ≈ 469 per epoch
+    steps_per_epoch = math.ceil(batches_per_process / cfg.grad_accum)  # e.g. 60k pairs / (2 × 16 × 4) ≈ 469
+    # a fractional epoch count stops part-way (0.5 × 469 → 235 steps); round() keeps 3 × 1.1 from becoming 4
+    total_steps = cfg.max_steps or max(1, math.ceil(round(steps_per_epoch * cfg.epochs, 6)))
     return steps_per_epoch, total_steps, math.ceil(total_steps / steps_per_epoch)
 
 
@@ -297,6 +343,11 @@ def _resume_point(cfg: TrainConfig, accelerator: Any, storage: Storage) -> tuple
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
     info = read_marker(path)
+    if info.get("model_only"):
+        raise ResumeError(
+            f"--resume {path}: this checkpoint was saved with --save-only-model (weights only, no optimizer, "
+            f"scheduler or data position), so it cannot be resumed; start a new run from it with --model {path}"
+        )
     same_mods = info.get("modifiers", []) == [str(m) for m in cfg.modifiers]
     if (not same_mods or info.get("loss") != cfg.loss
             or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}):  # fmt: skip

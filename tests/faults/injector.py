@@ -8,6 +8,9 @@ of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is writte
 ``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
 half of ``model.safetensors`` (rank 0) or of its RNG-state file (other ranks): the callback wraps
 ``state.accelerator.save_state`` in ``on_train_begin``;
+``nan_last_micro@2`` is ``nan_logps`` in the last micro-batch of step 2 only (earlier ones trained normally);
+``enospc_final@0`` makes the final model's ``save_pretrained`` fail with ENOSPC after writing half of its
+``model.safetensors`` (the callback wraps the trained model's ``save_pretrained`` in ``on_train_begin``);
 ``nan_eval@0:1`` gives rank 1's first sequence of every evaluation batch NaN hidden states (a forward hook on the
 decoder's final norm that acts while the policy is in eval mode), so its first pair's log-probs are NaN.
 STEP 0 matches every step; no RANK matches every rank.  The variables are read when the callback is built, so a
@@ -31,7 +34,8 @@ from prefzoo.train import Callback
 
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
-KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc", "nan_eval")
+KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc", "nan_eval",
+         "enospc_final", "nan_last_micro")  # fmt: skip
 SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
 
 
@@ -94,8 +98,21 @@ class FaultInjector(Callback):
                 return result
 
             acc.save_state = full_disk_save_state
+        if self.fires("enospc_final", state, step=0):
+            lm = state.accelerator.unwrap_model(state.model).lm
+            save_pretrained = lm.save_pretrained
+
+            def full_disk_save_pretrained(folder: Any, *args: Any, **kwargs: Any) -> Any:
+                save_pretrained(folder, *args, **kwargs)
+                victim = os.path.join(str(folder), "model.safetensors")
+                os.truncate(victim, os.path.getsize(victim) // 2)  # the write stopped halfway
+                print(f"prefzoo fault injection: ENOSPC writing {victim}", file=sys.stderr, flush=True)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), victim)
+
+            lm.save_pretrained = full_disk_save_pretrained
 
     def on_step_begin(self, state: Any) -> None:
+        self.micro = 0  # micro-batches of this step seen by on_batch
         step, rank = state.global_step + 1, state.accelerator.process_index
         if self.fires("sleep_step", state):
             time.sleep(self.sleep_s)
@@ -113,7 +130,9 @@ class FaultInjector(Callback):
 
     def on_batch(self, state: Any, fields: dict[str, Any]) -> dict[str, Any] | None:
         """NaN in the first chosen log-prob (B,) when ``nan_logps`` fires; the autograd graph is kept."""
-        if not self.fires("nan_logps", state):
+        self.micro = getattr(self, "micro", 0) + 1
+        last = self.micro == state.cfg.grad_accum
+        if not (self.fires("nan_logps", state) or (last and self.fires("nan_last_micro", state))):
             return None
         logps = fields["policy_chosen_logps"]  # (B,)
         poison = torch.zeros_like(logps)

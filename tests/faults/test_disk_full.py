@@ -47,3 +47,24 @@ def test_enospc_on_one_rank_stops_every_rank_without_a_hang(tmp_path, tiny_dir, 
     assert "timed out" not in str(err.value) and "--dist-timeout" not in str(err.value)
     assert [p.name for p in complete_checkpoints(out)] == ["step-00000002"]
     assert not (out / "checkpoints" / ".tmp-step-00000004").exists()
+
+
+def test_enospc_while_saving_the_final_model_is_one_line_and_resume_writes_it(
+    tmp_path, tiny_dir, pairs_file, faults, capsys
+):
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, **KW)
+    faults("enospc_final@0")
+    assert main(["train", *cli_args({**cfg, "callbacks": [INJECTOR]})]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("prefzoo fault injection")]
+    assert len(err) == 1, err
+    line = err[0]
+    assert f"disk full (ENOSPC) writing the final model at {out / '.tmp-final' / 'model.safetensors'}" in line, line
+    assert "MB are free" in line and "step-00000006 is intact" in line and "--resume auto" in line, line
+    assert not (out / "final").exists() and not (out / ".tmp-final").exists()
+    assert find_latest_checkpoint(out).name == "step-00000006"  # complete (manifest sizes checked)
+    faults("")  # space freed: the same command with --resume auto writes the model, trains nothing again
+    res = run_inprocess({**cfg, "resume": "auto"})
+    assert res.global_step == 6 and res.history == [] and (out / "final" / "run_card.json").is_file()
+    run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **KW))
+    assert max_diff(final_weights(tmp_path / "full"), final_weights(out)) == 0

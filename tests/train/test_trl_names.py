@@ -16,7 +16,9 @@ ALIASES = {name: opt.key for name, opt in TRL_OPTIONS.items() if opt.key is not 
 REDIRECTS = {name: opt.instead for name, opt in TRL_OPTIONS.items() if opt.key is None}
 _VALUE = {"model": "m", "dataset": "d.jsonl", "report_to": "none", "output_dir": "out", "lora_target_modules": "q_proj",
           "warmup_ratio": "0.2", "weight_decay": "0.1", "lora_dropout": "0.2", "max_grad_norm": "0.5",
-          "lr": "0.01"}  # fmt: skip  # flag values that differ from the defaults; others "3"
+          "lr": "0.01", "attn_implementation": "eager", "torch_dtype": "bfloat16", "lr_scheduler_type": "linear",
+          "push_to_hub": "org/name"}  # fmt: skip  # flag values that differ from the defaults; others "3"
+_NEEDS = {"load_in_4bit": {"lora": True}, "load_in_8bit": {"lora": True}}  # other keys a valid value needs
 
 
 def _config(argv: list[str]) -> TrainConfig:
@@ -52,7 +54,8 @@ def test_trl_flags_are_aliases(name, dashes):
     flag = "--" + (name.replace("_", "-") if dashes else name)
     value = "3" if key not in _VALUE else _VALUE[key]
     kind = type(getattr(TrainConfig(), key))
-    cfg = _config([flag] if kind is bool else [flag, value])
+    extra = ["--lora"] if key in _NEEDS else []
+    cfg = _config([*extra, flag] if kind is bool else [flag, value])
     expected = True if kind is bool else TrainConfig.from_dict({key: value}).to_dict()[key]
     assert cfg.to_dict()[key] == expected != TrainConfig().to_dict()[key]
 
@@ -63,9 +66,10 @@ def test_trl_yaml_keys_are_aliases(name, tmp_path):
     value = "3" if key not in _VALUE else _VALUE[key]
     kind = type(getattr(TrainConfig(), key))
     run = tmp_path / "run.yaml"
-    run.write_text(f"{name}: {'true' if kind is bool else value}\n")
+    run.write_text(f"{name}: {'true' if kind is bool else value}\n" + ("lora: true\n" if key in _NEEDS else ""))
     cfg = _config(["--config", str(run)])
-    assert cfg.to_dict()[key] == TrainConfig.from_dict({key: True if kind is bool else value}).to_dict()[key]
+    need = _NEEDS.get(key, {})
+    assert cfg.to_dict()[key] == TrainConfig.from_dict({key: True if kind is bool else value, **need}).to_dict()[key]
 
 
 @pytest.mark.parametrize("name", sorted(REDIRECTS))
