@@ -27,7 +27,7 @@ from prefzoo.losses.combine import CombinedLoss, is_combination, parse_terms
 from prefzoo.registry import get_loss, loss_spec
 from prefzoo.spec import Loss, LossParamError
 from prefzoo.train.distributed import make_gather
-from prefzoo.types import LossOutput, Need, PreferenceBatch
+from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = ["CONFIG_PARAMS", "TRL_RANGE", "DPOTrainer", "TRLVersionError", "check_trl_version", "resolve_loss"]
 
@@ -112,19 +112,17 @@ def _bound_values(loss: Loss, pname: str) -> list[Any]:
 
 
 def _check_shapes(loss: Loss) -> None:
-    """Refuse a loss (or a term) that does not take pairs: TRL's batch holds (chosen, rejected) pairs only."""
+    """Refuse a loss (or a term) that cannot take pairs: TRL's batch holds (chosen, rejected) pairs only.
+
+    A list loss takes pairs as groups of K = 2 (``LossSpec.accepts``); an unpaired one (``kto``, ``bco``) does not.
+    """
     terms = [t for _, t in loss.terms] if isinstance(loss, CombinedLoss) else [loss]
     for term in terms:
-        shapes = getattr(term.spec, "shapes", None)
-        if not shapes:
-            continue  # no declaration: pairs
-        names = {str(getattr(s, "value", s)).lower() for s in shapes} | {
-            str(getattr(s, "name", "")).lower() for s in shapes
-        }
-        if not names & {"pair", "pairs"}:
+        if not term.spec.accepts(Shape.PAIR):
+            shapes = ", ".join(sorted(s.value for s in term.spec.shapes))
             raise LossParamError(
-                f"loss {term.name!r} takes {', '.join(sorted(str(getattr(s, 'value', s)) for s in shapes))} batches, "
-                "but TRL's DPOTrainer gives (chosen, rejected) pairs only: use `prefzoo train` for it"
+                f"loss {term.name!r} takes {shapes} batches, but TRL's DPOTrainer gives (chosen, rejected) pairs "
+                "only: train it with `prefzoo train`"
             )
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import prefzoo
-from prefzoo.spec import LossParamError, LossSpec
+from prefzoo.spec import LossParamError
+from prefzoo.types import Shape
 from tests.integrations.trl_support import config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,24 +81,25 @@ def test_dpoconfig_fields_of_the_same_meaning_reach_the_loss():
     assert resolve_loss("simpo", None, config(Path("unused"))).params.beta == 0.1  # DPOConfig's default β, as TRL
 
 
-@dataclasses.dataclass(frozen=True)
-class _ShapedSpec(LossSpec):
-    shapes: frozenset = frozenset({"lists"})  # what issue 11 declares on LossSpec; read with getattr
-
-
-def test_a_loss_that_does_not_take_pairs_is_refused_naming_it(tmp_path):
-    dpo = prefzoo.loss_spec("dpo")
-    spec = _ShapedSpec(**{f.name: getattr(dpo, f.name) for f in dataclasses.fields(LossSpec)})
-    listwise = prefzoo.Loss(dataclasses.replace(spec, name="listwise-test"), dpo.params())
+@pytest.mark.parametrize("name", ["kto", "bco"])
+def test_a_loss_that_does_not_take_pairs_is_refused_naming_it(tmp_path, name):
     with pytest.raises(LossParamError) as excinfo:
-        _construct(tmp_path, listwise)
-    assert "loss 'listwise-test' takes lists batches, but TRL's DPOTrainer gives (chosen, rejected) pairs" in (
+        _construct(tmp_path, name)
+    assert f"loss {name!r} takes unpaired batches, but TRL's DPOTrainer gives (chosen, rejected) pairs only" in (
         _one_line(excinfo)
     )
-    both = prefzoo.Loss(dataclasses.replace(spec, shapes=frozenset({"pairs", "lists"})), dpo.params())
+
+
+def test_a_list_loss_takes_pairs_as_groups_of_two():
     from prefzoo.integrations.trl import resolve_loss
 
-    assert resolve_loss(both, None, None) is both
+    assert resolve_loss("mmpo-list", None, None).name == "mmpo-list"  # LossSpec.accepts(Shape.PAIR): K = 2
+    assert resolve_loss("0.5*dpo + 0.5*mmpo-list", None, None).spec.accepts(Shape.PAIR)
+    dpo = prefzoo.loss_spec("dpo")
+    unpaired = prefzoo.Loss(dataclasses.replace(dpo, name="unpaired-test", shapes=frozenset({Shape.UNPAIRED})),
+                            dpo.params())  # fmt: skip
+    with pytest.raises(LossParamError, match="loss 'unpaired-test' takes unpaired batches"):
+        resolve_loss(unpaired, None, None)
 
 
 def test_a_trl_outside_the_range_is_one_line_naming_it(monkeypatch):

@@ -75,7 +75,7 @@ def test_mmpo_per_example_loss_is_prefzoos_on_prefzoos_log_probs(trl_model_dir, 
     assert {"eval_mmpo/weight_chosen", "eval_rewards/margins", "eval_loss"} <= ev.keys()
 
 
-@pytest.mark.parametrize("loss", ["mmpo-entropy", "simpo"])
+@pytest.mark.parametrize("loss", ["mmpo-entropy", "simpo", "mmpo-list"])  # mmpo-list: pairs as K = 2 groups
 def test_the_batch_holds_what_the_loss_declares(trl_model_dir, tmp_path, loss):
     """Token-level tensors only for a loss that needs them, the reference only for one that needs it."""
     rec, log, _ = _recorded_run(trl_model_dir, tmp_path / loss, loss, max_steps=1)
@@ -89,8 +89,8 @@ def test_the_batch_holds_what_the_loss_declares(trl_model_dir, tmp_path, loss):
         assert torch.allclose(batch.policy_chosen_token_logps.sum(-1), batch.policy_chosen_logps)
         assert bool((batch.policy_chosen_token_logps[~batch.chosen_mask] == 0).all())
         assert batch.chosen_token_entropies.requires_grad  # the entropy term trains the model
-    else:
-        assert batch.chosen_lengths is not None and bool((batch.chosen_lengths > 0).all())
+    if Need.LENGTHS in needs:  # completion token counts, as TRL's mask
+        assert bool((batch.chosen_lengths > 0).all())
     assert torch.isfinite(torch.tensor(log[0]["loss"]))
 
 
