@@ -150,8 +150,18 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
 
         DPOTrainer._precompute_ref_logps = rec.timed(DPOTrainer._precompute_ref_logps)  # type: ignore[method-assign]
         args = DPOConfig(**common, precompute_ref_log_probs=spec.get("precompute", False), **spec.get("trl_loss", {}))
+        loss_kw: dict[str, Any] = {}
+        if spec.get("adapter_loss"):  # bench_trl_adapter: a prefzoo loss inside TRL's trainer (one changed import)
+            from prefzoo.integrations.trl import DPOTrainer  # type: ignore[assignment]
+
+            loss_kw = {"loss": spec["adapter_loss"]}
         trainer = DPOTrainer(
-            model=spec["model_dir"], args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config
+            model=spec["model_dir"],
+            args=args,
+            train_dataset=ds,
+            processing_class=tok,
+            peft_config=peft_config,
+            **loss_kw,
         )
 
     class Timer(TrainerCallback):

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "prefzoo.eval": 4,
     "prefzoo.testing": 4,
     "prefzoo.cli": 5,
+    "prefzoo.integrations": 5,  # other trainers (TRL) around prefzoo's losses and gather
     "prefzoo.__main__": 6,
 }
 
