@@ -6,6 +6,7 @@ modules import transformers, accelerate and friends lazily.
 
 from prefzoo.hookspecs import hookimpl, hookspec
 from prefzoo.losses.combine import CombinedLoss
+from prefzoo.losses.shapes import REDUCTIONS, pairs_from_lists
 from prefzoo.registry import (
     RegistryError,
     UnknownLossError,
@@ -17,7 +18,19 @@ from prefzoo.registry import (
     reset_registry,
 )
 from prefzoo.spec import Loss, LossOutputError, LossParamError, LossParams, LossSpec, param, param_infos
-from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch, PreferenceBatchError
+from prefzoo.types import (
+    GroupBatch,
+    GroupBatchError,
+    LossContext,
+    LossOutput,
+    Need,
+    PreferenceBatch,
+    PreferenceBatchError,
+    Shape,
+    UnpairedBatch,
+    UnpairedBatchError,
+    group_from_pairs,
+)
 
 __version__ = "0.1.0"
 
@@ -32,7 +45,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "REDUCTIONS",
     "CombinedLoss",
+    "GroupBatch",
+    "GroupBatchError",
     "Loss",
     "LossContext",
     "LossOutput",
@@ -44,15 +60,20 @@ __all__ = [
     "PreferenceBatch",
     "PreferenceBatchError",
     "RegistryError",
+    "Shape",
     "UnknownLossError",
+    "UnpairedBatch",
+    "UnpairedBatchError",
     "__version__",
     "combine",
     "get_loss",
     "get_registry",
+    "group_from_pairs",
     "hookimpl",
     "hookspec",
     "list_losses",
     "loss_spec",
+    "pairs_from_lists",
     "param",
     "param_infos",
     "reset_registry",

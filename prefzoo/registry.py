@@ -53,6 +53,7 @@ BUILTIN_MODULES = (
     "prefzoo.losses.simpo",
     "prefzoo.losses.orpo",
     "prefzoo.losses.combine",
+    "prefzoo.losses.lists",
 )
 
 

@@ -1,6 +1,8 @@
 """The loss interface: a params dataclass, a spec describing a loss, and the callable Loss.
 
-A loss is a pure function ``fn(batch, params, ctx) -> LossOutput``.  Its params
+A loss is a pure function ``fn(batch, params, ctx) -> LossOutput``; ``LossSpec.shapes``
+declares which batch it takes (pairs: PreferenceBatch, the default; lists: GroupBatch;
+unpaired: UnpairedBatch) and :class:`LossOutput` documents what it returns per shape.  Its params
 are a frozen, keyword-only dataclass deriving from :class:`LossParams` whose
 fields are declared with :func:`param`, so that their range and meaning are data:
 validation, the CLI, the docs catalogue and the Hypothesis strategies all read
@@ -19,7 +21,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prefzoo.types import NEED_FIELDS, LossContext, LossOutput, Need, PreferenceBatch, PreferenceBatchError
+from prefzoo.types import (
+    NEED_FIELDS,
+    AnyBatch,
+    GroupBatch,
+    LossContext,
+    LossOutput,
+    Need,
+    PreferenceBatch,
+    PreferenceBatchError,
+    Shape,
+    group_from_pairs,
+    shape_of,
+)
 
 __all__ = [
     "Loss",
@@ -209,7 +223,8 @@ def _literal_choices(typ: Any) -> tuple[Any, ...] | None:
     return None
 
 
-LossFn = Callable[[PreferenceBatch, Any, LossContext], LossOutput]
+LossFn = Callable[[Any, Any, LossContext], LossOutput]  # (PreferenceBatch | GroupBatch | UnpairedBatch, params, ctx)
+PAIRS_ONLY = frozenset({Shape.PAIR})
 
 
 @dataclass(frozen=True)
@@ -227,6 +242,7 @@ class LossSpec:
     batch_coupled: bool = False  # an example's loss depends on other examples (through ctx.gather)
     monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
+    shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
     description: str = ""  # one paragraph for `prefzoo losses NAME`
     notes: str = ""  # caveats shown in docs (e.g. gradient identities)
     plugin: str = "?"  # filled in by the registry: which plugin registered it
@@ -240,6 +256,12 @@ class LossSpec:
         for n in self.needs:
             if not isinstance(n, Need):
                 raise TypeError(f"loss {self.name!r}: needs must hold prefzoo.Need values, got {n!r}")
+        if not self.shapes or not all(isinstance(x, Shape) for x in self.shapes):
+            raise TypeError(f"loss {self.name!r}: shapes must be a non-empty set of prefzoo.Shape, got {self.shapes!r}")
+
+    def accepts(self, shape: Shape) -> bool:
+        """Whether :class:`Loss` takes batches of ``shape``: a declared shape, or pairs for a list loss (K = 2)."""
+        return shape in self.shapes or (shape is Shape.PAIR and Shape.LIST in self.shapes)
 
     def is_monotone(self, params: Any) -> bool:
         """Whether the loss declares ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 for these params."""
@@ -313,29 +335,45 @@ class Loss:
     def __repr__(self) -> str:
         return f"Loss({self.spec.name!r}, {self.params!r})"
 
-    def check_inputs(self, batch: PreferenceBatch) -> None:
-        if not isinstance(batch, PreferenceBatch):
-            raise PreferenceBatchError(
-                f"loss {self.name!r} takes a prefzoo.PreferenceBatch, got {type(batch).__name__}"
-            )
+    def check_inputs(self, batch: AnyBatch) -> None:
+        """The batch is of a shape this loss takes and carries every field it needs, else a one-line error."""
+        shape = shape_of(batch)
+        if shape is None or not self.spec.accepts(shape):
+            want = " or ".join(_BATCH_NAMES[x] for x in sorted(self.spec.shapes, key=lambda x: x.value))
+            hint = _SHAPE_HINT.get((shape, frozenset(self.spec.shapes)), "")
+            raise PreferenceBatchError(f"loss {self.name!r} takes a prefzoo.{want}, got {type(batch).__name__}{hint}")
+        fields_of = NEED_FIELDS if isinstance(batch, PreferenceBatch) else type(batch).NEED_FIELDS
+        kind = type(batch).__name__
         for need in self.needs:
-            missing = [f for f in NEED_FIELDS[need] if getattr(batch, f) is None]
+            if need not in fields_of:
+                raise PreferenceBatchError(f"loss {self.name!r} needs {need.value}, which a {kind} cannot carry")
+            missing = [f for f in fields_of[need] if getattr(batch, f) is None]
             if missing:
                 raise PreferenceBatchError(
-                    f"loss {self.name!r} needs {need.value}: PreferenceBatch.{missing[0]} is None "
-                    f"(required fields: {', '.join(NEED_FIELDS[need])})"
+                    f"loss {self.name!r} needs {need.value}: {kind}.{missing[0]} is None "
+                    f"(required fields: {', '.join(fields_of[need])})"
                 )
 
-    def __call__(self, batch: PreferenceBatch, gather: Callable[[Tensor], Tensor] | None = None) -> LossOutput:
+    def __call__(self, batch: AnyBatch, gather: Callable[[Tensor], Tensor] | None = None) -> LossOutput:
+        """The loss on ``batch``; pairs given to a list-only loss run as K = 2 groups (one loss per pair)."""
         self.check_inputs(batch)
         batch = upcast(batch)
+        if isinstance(batch, PreferenceBatch) and Shape.PAIR not in self.spec.shapes:
+            batch = group_from_pairs(batch)
         ctx = LossContext(gather=gather) if gather is not None else LossContext()
         out = self.spec.fn(batch, self.params, ctx)
-        check_output(self.name, self.spec.plugin, out, batch.batch_size)
+        check_output(self.name, self.spec.plugin, out, batch)
         return out
 
 
-def upcast(batch: PreferenceBatch) -> PreferenceBatch:
+_BATCH_NAMES = {Shape.PAIR: "PreferenceBatch", Shape.LIST: "GroupBatch", Shape.UNPAIRED: "UnpairedBatch"}
+_SHAPE_HINT: dict[tuple[Shape | None, frozenset[Shape]], str] = {
+    (Shape.LIST, PAIRS_ONLY): "; reduce the lists to pairs first: prefzoo.pairs_from_lists(batch, 'best-worst') "
+    "or --pairs-from-lists",
+}
+
+
+def upcast(batch: AnyBatch) -> AnyBatch:
     """Half-precision inputs are computed in float32 (autograd flows back through the cast)."""
     changes = {}
     for f in dataclasses.fields(batch):
@@ -345,15 +383,26 @@ def upcast(batch: PreferenceBatch) -> PreferenceBatch:
     return batch.replace(**changes) if changes else batch
 
 
-def check_output(name: str, plugin: str, out: Any, b: int) -> None:
-    """Enforce the LossOutput contract so a broken plugin is named, not a crash later."""
+def check_output(name: str, plugin: str, out: Any, batch: AnyBatch | int) -> None:
+    """Enforce the LossOutput contract for the batch's shape, so a broken plugin is named, not a crash later.
+
+    ``batch`` may be the batch size B alone (a pairwise loss's output).
+    """
     who = f"loss {name!r} (plugin {plugin!r})"
+    b = batch if isinstance(batch, int) else batch.batch_size
+    per = "per pair" if isinstance(batch, int | PreferenceBatch) else (
+        "per group" if isinstance(batch, GroupBatch) else "per completion")
     if not isinstance(out, LossOutput):
         raise LossOutputError(f"{who} returned {type(out).__name__}, expected prefzoo.LossOutput")
     for field_name in ("losses", "chosen_rewards", "rejected_rewards"):
         t = getattr(out, field_name)
         if not isinstance(t, Tensor) or tuple(t.shape) != (b,):
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise LossOutputError(f"{who} returned {field_name} of shape {shape}; expected ({b},), one per pair")
+            raise LossOutputError(f"{who} returned {field_name} of shape {shape}; expected ({b},), one {per}")
     if not isinstance(out.metrics, Mapping):
         raise LossOutputError(f"{who} returned metrics of type {type(out.metrics).__name__}; expected a dict")
+    if out.rewards is not None and not isinstance(batch, int):
+        want = (b, 2) if isinstance(batch, PreferenceBatch) else tuple(batch.policy_logps.shape)
+        got = tuple(out.rewards.shape) if isinstance(out.rewards, Tensor) else type(out.rewards).__name__
+        if got != want:
+            raise LossOutputError(f"{who} returned rewards of shape {got}; expected {want}, one per completion")

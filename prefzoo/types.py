@@ -1,10 +1,15 @@
 """The tensors a loss receives and returns, with their documented shapes.
 
-B is the number of preference pairs on this process; T_w and T_l are the padded
-completion lengths of the chosen and rejected responses.  Every per-example
-field is a 1-D tensor of shape (B,).  Validation happens here, at the API
-boundary, so that a loss never meets a NaN, a negative length or a shape
-mismatch deep inside torch.
+Three batch shapes, one per kind of feedback (:class:`Shape`):
+
+- pairs, :class:`PreferenceBatch`: B is the number of preference pairs on this process; T_w and T_l are the
+  padded completion lengths of the chosen and rejected responses; every per-example field is (B,).
+- lists, :class:`GroupBatch`: G groups of up to K completions of one prompt each, ranked by a score; fields
+  are (G, K) with a mask for groups holding fewer than K completions.
+- unpaired, :class:`UnpairedBatch`: N single completions, each labelled desirable or undesirable; fields are (N,).
+
+Validation happens here, at the API boundary, so that a loss never meets a NaN,
+a negative length or a shape mismatch deep inside torch.
 """
 
 from __future__ import annotations
@@ -12,11 +17,25 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["LossContext", "LossOutput", "Need", "PreferenceBatch", "PreferenceBatchError", "error_summary"]
+__all__ = [
+    "GroupBatch",
+    "GroupBatchError",
+    "LossContext",
+    "LossOutput",
+    "Need",
+    "PreferenceBatch",
+    "PreferenceBatchError",
+    "Shape",
+    "UnpairedBatch",
+    "UnpairedBatchError",
+    "error_summary",
+    "group_from_pairs",
+]
 
 
 class PreferenceBatchError(ValueError):
@@ -30,6 +49,15 @@ class Need(str, enum.Enum):
     LENGTHS = "lengths"  # chosen_lengths, rejected_lengths
     TOKEN_LOGPS = "token_logps"  # per-token log-probs and masks
     TOKEN_ENTROPIES = "token_entropies"  # per-token entropies of π(·|prefix) and masks
+    KL_REFERENCE = "kl_reference"  # unpaired only: log-probs of mismatched prompt/completion pairs (KTO's z₀)
+
+
+class Shape(str, enum.Enum):
+    """The batch shapes a loss can declare it takes (``LossSpec.shapes``); the trainer reads them, never a name."""
+
+    PAIR = "pair"  # PreferenceBatch: one chosen and one rejected completion per prompt
+    LIST = "list"  # GroupBatch: K >= 2 completions per prompt, ranked by a score (ties allowed)
+    UNPAIRED = "unpaired"  # UnpairedBatch: one completion per example, labelled desirable or not
 
 
 # Which batch fields each need requires, used to name a missing input clearly.
@@ -198,14 +226,304 @@ def _check_finite(name: str, t: Tensor, ids: tuple[str, ...] | None) -> None:
         )
 
 
+class GroupBatchError(PreferenceBatchError):
+    """A GroupBatch field is missing, mis-shaped or non-finite (a PreferenceBatchError, so handlers catch both)."""
+
+
+class UnpairedBatchError(PreferenceBatchError):
+    """An UnpairedBatch field is missing, mis-shaped or non-finite."""
+
+
+def _check_field(
+    kind: str, err: type[PreferenceBatchError], name: str, t: object, shape: tuple[int, ...], ref: Tensor, what: str
+) -> Tensor:
+    """``t`` is a tensor of ``shape`` on ``ref``'s device, else a one-line ``err`` naming ``kind.name``."""
+    if not isinstance(t, Tensor):
+        raise err(f"{kind}.{name} must be a torch.Tensor of shape {what}, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise err(f"{kind}.{name} has shape {tuple(t.shape)} but policy_logps implies {shape} {what}")
+    if t.device != ref.device:
+        raise err(f"{kind}.{name} is on {t.device} but policy_logps is on {ref.device}: move it with .to()")
+    return t
+
+
+def _check_values(
+    kind: str, err: type[PreferenceBatchError], name: str, t: Tensor, valid: Tensor | None, filler: str
+) -> None:
+    """Float fields are finite floats, bool fields bools, length fields whole positive counts (on ``valid`` slots)."""
+    if name.endswith("mask") or name == "labels":
+        if t.dtype != torch.bool:
+            fix = "True = desirable, False = undesirable" if name == "labels" else "True on real entries"
+            raise err(f"{kind}.{name} must be a bool tensor ({fix}), got {t.dtype}")
+        return
+    if name.endswith("lengths"):
+        integral = not t.is_complex() and t.dtype != torch.bool
+        if integral and t.is_floating_point():
+            integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
+        if not integral:
+            raise err(f"{kind}.{name} must hold whole token counts (an integer tensor), got {t.dtype}")
+        bad = (t <= 0) if valid is None else (t <= 0) & valid
+        if bool(bad.any()):
+            idx = tuple(torch.nonzero(bad)[0].tolist())
+            raise err(f"{kind}.{name}{list(idx)} = {t[idx].item()}: completion lengths must be positive token counts")
+        return
+    if not t.is_floating_point():
+        raise err(f"{kind}.{name} must be a floating-point tensor, got {t.dtype}")
+    finite = torch.isfinite(t.detach())
+    if not bool(finite.all()):
+        idx = tuple(torch.nonzero(~finite)[0].tolist())
+        raise err(f"{kind}.{name}{list(idx)} is {t.detach()[idx].item()}: values must be finite{filler}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupBatch:
+    """G groups (prompts) of up to K completions each, ranked by a score: the batch of a ``Shape.LIST`` loss.
+
+    Log-probs are sums over completion tokens, as in :class:`PreferenceBatch`.
+    Ranking: by ``scores`` (higher is better; ties allowed) when given, else by
+    column order (column 0 is the best; no ties).  Padding: ``mask[g, k]`` False
+    marks an empty slot of a group with fewer than K completions; every field
+    holds a finite filler there (0) and losses ignore it.  Each group holds at
+    least two completions.  A pair is the K = 2 case (:func:`group_from_pairs`).
+    """
+
+    policy_logps: Tensor  # (G, K) log π_θ(z_k|x), differentiable
+    ref_logps: Tensor | None = None  # (G, K) log π_ref(z_k|x), constant
+    lengths: Tensor | None = None  # (G, K) |z_k| completion tokens, > 0 on real slots
+    scores: Tensor | None = None  # (G, K) higher is better; None: column order is the ranking, best first
+    mask: Tensor | None = None  # (G, K) bool, False on padding slots; None: every slot holds a completion
+    policy_token_logps: Tensor | None = None  # (G, K, T) log π_θ(z_k,t | x, z_k,<t), 0 at padding
+    token_entropies: Tensor | None = None  # (G, K, T) H(π_θ(·| x, z_k,<t)), differentiable
+    token_mask: Tensor | None = None  # (G, K, T) bool, True on completion tokens
+    example_ids: tuple[str, ...] | None = field(default=None, compare=False)  # (G,) one id per group
+
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "ref_logps", "scores", "policy_token_logps",
+                                               "token_entropies")
+    GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
+    NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
+        Need.REFERENCE: ("ref_logps",),
+        Need.LENGTHS: ("lengths",),
+        Need.TOKEN_LOGPS: ("policy_token_logps", "token_mask"),
+        Need.TOKEN_ENTROPIES: ("token_entropies", "token_mask"),
+    }
+
+    def __post_init__(self) -> None:
+        kind, err, ref = "GroupBatch", GroupBatchError, self.policy_logps
+        if not isinstance(ref, Tensor) or ref.ndim != 2 or ref.shape[0] == 0 or ref.shape[1] < 2:
+            got: object = tuple(ref.shape) if isinstance(ref, Tensor) else type(ref).__name__
+            raise err(f"GroupBatch.policy_logps must have shape (G, K) with G >= 1 groups and K >= 2 completions, "
+                      f"got {got}")
+        g, k = ref.shape
+        if self.mask is not None:
+            _check_values(kind, err, "mask", _check_field(kind, err, "mask", self.mask, (g, k), ref, "(G, K)"),
+                          None, "")
+            n = self.mask.sum(dim=1)
+            if bool((n < 2).any()):
+                bad = int(torch.nonzero(n < 2)[0, 0])
+                who = f" (example {self.example_ids[bad]!r})" if self.example_ids is not None else ""
+                raise err(f"GroupBatch.mask[{bad}]{who} leaves {int(n[bad])} completion(s): a group needs at least "
+                          "two; drop it or pair it")
+        for name in ("policy_logps", "ref_logps", "lengths", "scores"):
+            t = getattr(self, name)
+            if t is not None:
+                _check_values(kind, err, name, _check_field(kind, err, name, t, (g, k), ref, "(G, K)"), self.mask,
+                              "; put a finite filler (0) in padding slots and mark them in mask")
+        shape: tuple[int, ...] | None = None
+        for name in ("policy_token_logps", "token_entropies", "token_mask"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if not isinstance(t, Tensor) or t.ndim != 3 or tuple(t.shape[:2]) != (g, k):
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise err(f"GroupBatch.{name} must have shape (G, K, T) with (G, K) = {(g, k)}, got {got}")
+            shape = shape or tuple(t.shape)
+            _check_values(kind, err, name, _check_field(kind, err, name, t, shape, ref, "(G, K, T)"), None, "")
+        if self.example_ids is not None and len(self.example_ids) != g:
+            raise err(f"GroupBatch.example_ids has {len(self.example_ids)} ids for G = {g} groups")
+
+    @property
+    def batch_size(self) -> int:
+        """G, the number of groups (one loss per group)."""
+        return int(self.policy_logps.shape[0])
+
+    @property
+    def group_size(self) -> int:
+        """K, the number of completion slots per group (padding included)."""
+        return int(self.policy_logps.shape[1])
+
+    @property
+    def has_reference(self) -> bool:
+        return self.ref_logps is not None
+
+    @property
+    def valid(self) -> Tensor:
+        """(G, K) bool: True on slots that hold a completion."""
+        if self.mask is not None:
+            return self.mask
+        return torch.ones(self.policy_logps.shape, dtype=torch.bool, device=self.policy_logps.device)
+
+    @property
+    def ranking_scores(self) -> Tensor:
+        """(G, K) detached values whose order is the ranking (higher is better): ``scores``, else K − 1 − column."""
+        if self.scores is not None:
+            return self.scores.detach()
+        k = self.group_size
+        col = torch.arange(k - 1, -1, -1, dtype=self.policy_logps.dtype, device=self.policy_logps.device)
+        return col.expand(self.batch_size, k)
+
+    def replace(self, **changes: Any) -> GroupBatch:
+        """A copy with some fields replaced (validated again)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return GroupBatch(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnpairedBatch:
+    """N single completions, each labelled desirable or undesirable: the batch of a ``Shape.UNPAIRED`` loss.
+
+    Log-probs are sums over completion tokens, as in :class:`PreferenceBatch`.
+    ``kl_policy_logps`` / ``kl_ref_logps`` are the log-probs of mismatched
+    prompt/completion pairs (example i's prompt with another example's
+    completion, built as TRL's KTOTrainer builds them), from which KTO estimates
+    its reference point z₀; they are constants.
+    """
+
+    policy_logps: Tensor  # (N,) log π_θ(y|x), differentiable
+    labels: Tensor  # (N,) bool, True = desirable, False = undesirable
+    ref_logps: Tensor | None = None  # (N,) log π_ref(y|x), constant
+    lengths: Tensor | None = None  # (N,) |y| completion tokens, > 0
+    kl_policy_logps: Tensor | None = None  # (N,) log π_θ(y'|x) of a mismatched completion y', constant
+    kl_ref_logps: Tensor | None = None  # (N,) log π_ref(y'|x), constant
+    policy_token_logps: Tensor | None = None  # (N, T) log π_θ(y_t | x, y_<t), 0 at padding
+    token_entropies: Tensor | None = None  # (N, T) H(π_θ(·| x, y_<t)), differentiable
+    token_mask: Tensor | None = None  # (N, T) bool, True on completion tokens
+    example_ids: tuple[str, ...] | None = field(default=None, compare=False)  # (N,)
+
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "ref_logps", "kl_policy_logps", "kl_ref_logps",
+                                               "policy_token_logps", "token_entropies")
+    GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
+    NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
+        Need.REFERENCE: ("ref_logps",),
+        Need.LENGTHS: ("lengths",),
+        Need.TOKEN_LOGPS: ("policy_token_logps", "token_mask"),
+        Need.TOKEN_ENTROPIES: ("token_entropies", "token_mask"),
+        Need.KL_REFERENCE: ("kl_policy_logps", "kl_ref_logps"),
+    }
+
+    def __post_init__(self) -> None:
+        kind, err, ref = "UnpairedBatch", UnpairedBatchError, self.policy_logps
+        if not isinstance(ref, Tensor) or ref.ndim != 1 or ref.shape[0] == 0:
+            got: object = tuple(ref.shape) if isinstance(ref, Tensor) else type(ref).__name__
+            raise err(f"UnpairedBatch.policy_logps must have shape (N,) with N >= 1 completions, got {got}")
+        n = ref.shape[0]
+        if self.labels is None:
+            raise err("UnpairedBatch.labels is required: one bool per completion, True = desirable")
+        for name in ("policy_logps", "labels", "ref_logps", "lengths", "kl_policy_logps", "kl_ref_logps"):
+            t = getattr(self, name)
+            if t is not None:
+                _check_values(kind, err, name, _check_field(kind, err, name, t, (n,), ref, "(N,)"), None, "")
+        shape: tuple[int, ...] | None = None
+        for name in ("policy_token_logps", "token_entropies", "token_mask"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if not isinstance(t, Tensor) or t.ndim != 2 or t.shape[0] != n:
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise err(f"UnpairedBatch.{name} must have shape (N, T) with N = {n}, got {got}")
+            shape = shape or tuple(t.shape)
+            _check_values(kind, err, name, _check_field(kind, err, name, t, shape, ref, "(N, T)"), None, "")
+        if self.example_ids is not None and len(self.example_ids) != n:
+            raise err(f"UnpairedBatch.example_ids has {len(self.example_ids)} ids for N = {n}")
+
+    @property
+    def batch_size(self) -> int:
+        """N, the number of completions (one loss per completion)."""
+        return int(self.policy_logps.shape[0])
+
+    @property
+    def has_reference(self) -> bool:
+        return self.ref_logps is not None
+
+    def replace(self, **changes: Any) -> UnpairedBatch:
+        """A copy with some fields replaced (validated again)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return UnpairedBatch(**values)
+
+
+def _pad_tokens(a: Tensor, b: Tensor) -> Tensor:
+    """(B, T_a) and (B, T_b) stacked to (B, 2, max T), zero/False padded on the right."""
+    t = max(a.shape[1], b.shape[1])
+    a = torch.nn.functional.pad(a, (0, t - a.shape[1]))
+    b = torch.nn.functional.pad(b, (0, t - b.shape[1]))
+    return torch.stack((a, b), dim=1)
+
+
+def group_from_pairs(batch: PreferenceBatch) -> GroupBatch:
+    """The K = 2 GroupBatch of a PreferenceBatch: column 0 the chosen, column 1 the rejected, ranked by column.
+
+    Differentiable (a stack), so gradients reach the PreferenceBatch's fields.  The way back is
+    ``prefzoo.pairs_from_lists(group, "best-worst")``.
+    """
+
+    def both(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+        return None if a is None or b is None else torch.stack((a, b), dim=1)
+
+    def tokens(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+        return None if a is None or b is None else _pad_tokens(a, b)
+
+    return GroupBatch(
+        policy_logps=torch.stack((batch.policy_chosen_logps, batch.policy_rejected_logps), dim=1),
+        ref_logps=both(batch.ref_chosen_logps, batch.ref_rejected_logps),
+        lengths=both(batch.chosen_lengths, batch.rejected_lengths),
+        policy_token_logps=tokens(batch.policy_chosen_token_logps, batch.policy_rejected_token_logps),
+        token_entropies=tokens(batch.chosen_token_entropies, batch.rejected_token_entropies),
+        token_mask=tokens(batch.chosen_mask, batch.rejected_mask),
+        example_ids=batch.example_ids,
+    )
+
+
+AnyBatch = PreferenceBatch | GroupBatch | UnpairedBatch
+BATCH_TYPES: dict[Shape, type[PreferenceBatch] | type[GroupBatch] | type[UnpairedBatch]] = {
+    Shape.PAIR: PreferenceBatch,
+    Shape.LIST: GroupBatch,
+    Shape.UNPAIRED: UnpairedBatch,
+}
+
+
+def shape_of(batch: object) -> Shape | None:
+    """The Shape of a batch object, or None when it is none of the three batch types."""
+    for shape, cls in BATCH_TYPES.items():
+        if isinstance(batch, cls):
+            return shape
+    return None
+
+
 @dataclass
 class LossOutput:
-    """What a loss returns.  Reduction (mean over examples) belongs to the trainer."""
+    """What a loss returns.  Reduction (mean over examples) belongs to the trainer.
 
-    losses: Tensor  # (B,) per-example losses, differentiable, not reduced
+    One loss per *example* of the batch's shape; reward accuracy is always mean(chosen_rewards > rejected_rewards):
+
+    ============  ==========  ==========================================  ==============================
+    shape         losses      chosen_rewards / rejected_rewards           rewards
+    ============  ==========  ==========================================  ==============================
+    PAIR          (B,)        score of y_w / of y_l                       None, or (B, 2) from a list loss
+    LIST          (G,) group  score of the best / of the worst completion  (G, K) every completion's score
+                              of the group (by the ranking)               (0 on padding slots)
+    UNPAIRED      (N,)        score of the completion / the point it is   (N,) the completion's score
+                              compared with (KTO: z₀; 0 if none)
+    ============  ==========  ==========================================  ==============================
+
+    For unpaired data "accuracy" is then mean((chosen > rejected) == labels).
+    """
+
+    losses: Tensor  # (B,) / (G,) / (N,) per-example losses, differentiable, not reduced
     chosen_rewards: Tensor  # (B,) detached scores of y_w; reward accuracy = mean(chosen > rejected)
     rejected_rewards: Tensor  # (B,) detached scores of y_l
     metrics: dict[str, Tensor] = field(default_factory=dict)  # detached scalars or (B,) extras
+    rewards: Tensor | None = None  # lists: (G, K), unpaired: (N,) detached per-completion scores; pairs: None/(B, 2)
 
 
 def _identity(t: Tensor) -> Tensor:

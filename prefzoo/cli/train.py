@@ -155,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         values, pairs = _collect(args)
         values["loss_params"] = _validate_loss(values, pairs)
+        default_data = _default_data(values)
+        if default_data is not None:  # --dataset default[:pairs|lists|unpaired] without --model: the default task
+            return _run_default({**values, "dataset": None}, _where(args), _flag_names(args), default_data)
         if (values.get("model") is None) != (values.get("dataset") is None):
             missing = "--model" if values.get("model") is None else "--dataset"
             raise CLIError(
@@ -181,6 +184,23 @@ def run(args: argparse.Namespace) -> int:
         LossOutputError,  # a plugin loss broke the LossOutput contract (the message names the plugin)
     ) as e:
         raise CLIError(str(e)) from None
+
+
+def _default_data(values: dict[str, Any]) -> str | None:
+    """The shape of ``--dataset default:SHAPE`` (``default`` alone: pairs) when --model is not set, else None."""
+    from prefzoo.data.default import DEFAULT_DATA
+
+    given = values.get("dataset")
+    name = given[0] if isinstance(given, list) and len(given) == 1 else given
+    if values.get("model") is not None or not isinstance(name, str) or name.split(":")[0] != "default":
+        return None
+    shape = name.partition(":")[2] or "pairs"
+    if shape not in DEFAULT_DATA:
+        raise CLIError(
+            f"--dataset {name}: the default task offers {', '.join('default:' + d for d in DEFAULT_DATA)} "
+            "(default alone = pairs)"
+        )
+    return shape
 
 
 def _where(args: argparse.Namespace) -> str:
@@ -255,8 +275,9 @@ def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
     return f"prefzoo train: {when}; wrote " + (", ".join(parts) if parts else "nothing")
 
 
-def _run_default(values: dict[str, Any], where: str, names: dict[str, str]) -> int:
-    """The embedded default task: tiny warmed-up Llama + synthetic pairs with an exact oracle, fully offline."""
+def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data: str = "pairs") -> int:
+    """The embedded default task: tiny warmed-up Llama + synthetic pairs (``data``: or lists, or unpaired examples)
+    with an exact oracle, fully offline."""
     import time
 
     from prefzoo.data.default import load_default_task
@@ -277,10 +298,12 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str]) -> i
         "dataset": None,
     }
     cfg = TrainConfig.from_dict(merged, where, names)
+    train_data, eval_data = task.data(data)
     if main:
+        what = {"pairs": "pairs", "lists": "lists of 4 drafts", "unpaired": "unpaired examples"}[data]
         print(
-            f"prefzoo train: embedded default task (model {task.model_dir}, {len(task.train)} train pairs, "
-            f"{len(task.eval)} held-out pairs, {len(task.heldout_prompts)} win-rate prompts)"
+            f"prefzoo train: embedded default task (model {task.model_dir}, {len(train_data)} train {what}, "
+            f"{len(eval_data)} held-out, {len(task.heldout_prompts)} win-rate prompts)"
         )
     from prefzoo.eval.default_task import evaluate_policy
 
@@ -292,7 +315,7 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str]) -> i
             flush=True,
         )
     before = evaluate_policy(task, task.load_model(), tokenizer) if main else {}
-    result = train(cfg, train_dataset=task.train, eval_dataset=task.eval)
+    result = train(cfg, train_dataset=train_data, eval_dataset=eval_data)
     _print_summary(result)
     if main and not result.already_complete and result.evals:
         print("prefzoo train: scoring the trained policy", flush=True)

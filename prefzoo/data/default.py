@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASSET_DIR",
+    "DEFAULT_DATA",
     "DEFAULT_TASK_VERSION",
     "DefaultTask",
     "WarmupConfig",
@@ -54,6 +55,7 @@ CACHE_ENV = "PREFZOO_CACHE"
 # the warmed-up policy of seed 0 ships as package data (python -m prefzoo.data.build_default_assets makes it)
 ASSET_DIR = Path(__file__).parent / "assets" / "default-task"
 SHIPPED_SEED = 0
+DEFAULT_DATA = ("pairs", "lists", "unpaired")  # --dataset default:SHAPE (plain `default` = pairs)
 STATS_FILE = "prefzoo_warmup.json"  # warm-up stats; in the shipped folder also the cache key it was built for
 
 
@@ -106,6 +108,23 @@ class DefaultTask:
     _start_cache: dict[Any, tuple[list[str], list[str]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    def data(self, shape: str = "pairs") -> tuple[datasets.Dataset, datasets.Dataset]:
+        """(train, eval) of ``shape``, on the same prompts as the pairs: ``pairs``, ``lists`` (K = 4 drafts ranked by
+        the oracle, :func:`synthetic.make_lists`) or ``unpaired`` (two drafts per prompt, desirable when exact,
+        :func:`synthetic.make_unpaired`)."""
+        import datasets
+
+        if shape == "pairs":
+            return self.train, self.eval
+        make = {"lists": synthetic.make_lists, "unpaired": synthetic.make_unpaired}.get(shape)
+        if make is None:
+            raise ValueError(f"default task data {shape!r}: choose one of {', '.join(DEFAULT_DATA)}")
+        splits = synthetic.make_splits(self.seed)
+        return (
+            datasets.Dataset.from_list(make(splits.pref_train, self.seed, "train")),
+            datasets.Dataset.from_list(make(splits.pref_eval, self.seed, "eval")),
+        )
 
     def load_model(self) -> Any:
         """A fresh copy of the starting policy (LlamaForCausalLM, eval mode, float32)."""

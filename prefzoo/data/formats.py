@@ -8,6 +8,9 @@ Recognised formats (auto-detected from the columns, or forced with ``format=``):
 - ``ultrafeedback`` (UltraFeedback-binarized): ``prompt`` string, ``chosen``/``rejected`` message lists whose last
   message is the assistant answer; the prompt is the conversation before that final assistant turn.
 - ``orca`` (Orca-DPO-pairs): ``system``, ``question``, ``chosen``, ``rejected`` strings.
+- ``ultrafeedback-raw``, ``list`` (K ranked or scored completions per prompt) and ``unpaired`` (TRL's KTO format):
+  see :mod:`prefzoo.data.shapes`, which normalizes them to lists ``{id, prompt, completions, scores}`` and unpaired
+  examples ``{id, prompt, completion, label}``.
 
 After normalization ``prompt`` is a string (plain) or a list of ``{"role", "content"}`` messages, and ``chosen`` and
 ``rejected`` are the completion strings.
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefzoo.data.cache import checked_map
+from prefzoo.data.shapes import SHAPE_COLUMNS, normalize_list_row, normalize_unpaired_row
 from prefzoo.data.validate import DataFormatError, check_messages, check_text, locate_file_error
 
 if TYPE_CHECKING:
@@ -27,12 +31,16 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "DataFormatError", "detect_format", "detected_format", "load_preference_dataset", "normalize"]
 
-FORMATS = ("plain", "conversational", "ultrafeedback", "orca")
+FORMATS = ("plain", "conversational", "ultrafeedback", "orca", "ultrafeedback-raw", "list", "unpaired")
+_SHAPE_OF = {"ultrafeedback-raw": "lists", "list": "lists", "unpaired": "unpaired"}  # every other format: pairs
 _FORMAT_COLUMNS = {
     "plain": "prompt (str), chosen (str), rejected (str)",
     "conversational": "chosen (messages), rejected (messages), optional prompt (messages)",
     "ultrafeedback": "prompt (str), chosen (messages ending in the assistant answer), rejected (messages)",
     "orca": "system (str), question (str), chosen (str), rejected (str)",
+    "ultrafeedback-raw": "instruction (str), completions (list of {response, overall_score})",
+    "list": "prompt, completions (list of K >= 2), optional scores (one number per completion)",
+    "unpaired": "prompt, completion, label (bool: true = desirable)",
 }
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -57,6 +65,12 @@ def _is_messages(value: Any) -> bool:
 def detect_format(columns: list[str], first_row: dict[str, Any]) -> str:
     """The name of the format whose columns ``columns`` hold, or a :class:`DataFormatError` naming what is missing."""
     cols = set(columns)
+    if {"instruction", "completions"} <= cols and isinstance(first_row.get("completions"), list):
+        return "ultrafeedback-raw"
+    if {"prompt", "completions"} <= cols:
+        return "list"
+    if {"completion", "label"} <= cols:
+        return "unpaired"
     if {"question", "chosen", "rejected"} <= cols:
         return "orca"
     if {"chosen", "rejected"} <= cols:
@@ -107,6 +121,10 @@ def _row_id(row: dict[str, Any], idx: int) -> str:
 
 def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
     rid = _row_id(row, idx)
+    if fmt in ("list", "ultrafeedback-raw"):
+        return normalize_list_row(row, idx, rid, fmt)
+    if fmt == "unpaired":
+        return normalize_unpaired_row(row, idx, rid)
     if fmt == "plain":
         texts = {col: check_text(row.get(col), rid, col) for col in ("prompt", "chosen", "rejected")}
         return {"id": rid, **texts}
@@ -143,13 +161,15 @@ def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
 
 
 def _first_complete_row(ds: datasets.Dataset) -> dict[str, Any]:
-    """The first of the first 100 rows with a non-null ``chosen`` (format detection must not trip on one bad row)."""
+    """The first of the first 100 rows with a non-null ``chosen`` or ``completions`` (format detection must not trip
+    on one bad row)."""
     head = ds.select(range(min(len(ds), 100)))
-    return next((r for r in head if r.get("chosen") is not None), head[0])
+    return next((r for r in head if r.get("chosen") is not None or r.get("completions") is not None), head[0])
 
 
 def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
-    """``ds`` converted to columns {id, prompt, chosen, rejected}; ``fmt=None`` detects the format."""
+    """``ds`` converted to columns {id, prompt, chosen, rejected} (lists and unpaired formats: the columns of
+    :data:`prefzoo.data.shapes.SHAPE_COLUMNS`); ``fmt=None`` detects the format."""
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
     if fmt is None:
@@ -163,9 +183,9 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
         lambda row, idx: _normalize_row(row, idx, fmt),
         with_indices=True,
         remove_columns=list(ds.column_names),
-        desc=f"normalizing {fmt} pairs",
+        desc=f"normalizing {fmt} data",
     )
-    out = out.select_columns(["id", "prompt", "chosen", "rejected"])
+    out = out.select_columns(SHAPE_COLUMNS[_SHAPE_OF.get(fmt, "pairs")])
     out.info.description = f"{FORMAT_PREFIX}{fmt}"  # read back by detected_format() for the start-of-run report
     ids = out["id"]
     if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefzoo.data.formats import FORMAT_PREFIX, DataFormatError, detected_format, load_preference_dataset
+from prefzoo.data.shapes import data_shape
 
 if TYPE_CHECKING:
     import datasets
@@ -91,6 +92,12 @@ def load_mixture(spec: str | list[Any], split: str, fmt: str | None, seed: int) 
         ds = load_preference_dataset(s.path, s.split or split, fmt)
         formats.append(f"{detected_format(ds)} ({s.path})")
         parts.append(ds.map(lambda row, i=i: {"id": f"{i}:{row['id']}"}, desc=f"naming ids of source {i}"))
+    shapes = {data_shape(p) for p in parts}
+    if len(shapes) > 1:
+        raise DataFormatError(
+            f"--dataset sources {', '.join(formats)} hold different data shapes ({', '.join(sorted(shapes))}), which "
+            "cannot be mixed in one run; mix sources of one shape (pairs, lists or unpaired examples)"
+        )
     kinds = {str(p.features["prompt"]) for p in parts}
     if len(kinds) > 1:
         raise DataFormatError(

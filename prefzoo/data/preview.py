@@ -10,8 +10,20 @@ BOUNDARY = " ‖ "  # printed between the prompt and a completion: where the tra
 
 
 def decoded_example(tokenizer: Any, row: dict[str, Any]) -> list[str]:
-    """One tokenized pair decoded as the model sees it (special tokens kept), the prompt/completion boundary marked."""
+    """One tokenized pair (list, unpaired example) decoded as the model sees it (special tokens kept), the
+    prompt/completion boundary marked."""
     prompt = tokenizer.decode(row["prompt_ids"], skip_special_tokens=False)
+    if "completion_ids" in row:
+        comps = row["completion_ids"]
+        if "label" in row:  # unpaired
+            tag = "desirable" if row["label"] else "undesirable"
+            return [f"  {tag + ':':12}{prompt!r}{BOUNDARY}{tokenizer.decode(comps, skip_special_tokens=False)!r}"]
+        scores = row.get("scores") or [None] * len(comps)
+        return [
+            f"  #{k} {'' if s is None else f'(score {s:g}) '}{prompt!r}{BOUNDARY}"
+            f"{tokenizer.decode(c, skip_special_tokens=False)!r}"
+            for k, (c, s) in enumerate(zip(comps, scores, strict=True))
+        ]
     chosen = tokenizer.decode(row["chosen_ids"], skip_special_tokens=False)
     rejected = tokenizer.decode(row["rejected_ids"], skip_special_tokens=False)
     return [

@@ -40,8 +40,10 @@ __all__ = [
     "distance",
     "draft_answer",
     "judge",
+    "make_lists",
     "make_pairs",
     "make_splits",
+    "make_unpaired",
     "noisy_answer",
     "parse_addition_prompt",
     "parse_answer",
@@ -204,4 +206,37 @@ def make_pairs(problems: list[AdditionProblem], seed: int, prefix: str, pairs_pe
             chosen, rejected = (x, y) if dx < dy else (y, x)
             row = {"id": f"{prefix}-{i}-{k}", "prompt": p.prompt, "chosen": str(chosen), "rejected": str(rejected)}
             rows.append(row)
+    return rows
+
+
+def make_lists(problems: list[AdditionProblem], seed: int, prefix: str, k: int = 4) -> list[dict]:
+    """Lists of ``k`` drafts per prompt ranked by the exact oracle, deterministic in ``seed``.
+
+    The drafts are drawn like the pairs' (:func:`draft_answer`), again until at least two of them differ in
+    distance to the truth; ``scores`` are −|answer − truth| (higher is better, ties allowed).  Returns dicts with
+    ``id``, ``prompt``, ``completions``, ``scores``.
+    """
+    rng = random.Random(f"prefzoo-lists-{prefix}-{seed}")
+    rows = []
+    for i, p in enumerate(problems):
+        while True:
+            drafts = [draft_answer(p.truth, rng) for _ in range(k)]
+            dist = [abs(d - p.truth) for d in drafts]
+            if len(set(dist)) > 1:
+                break
+        rows.append({"id": f"{prefix}-{i}", "prompt": p.prompt, "completions": [str(d) for d in drafts],
+                     "scores": [-float(d) for d in dist]})  # fmt: skip
+    return rows
+
+
+def make_unpaired(problems: list[AdditionProblem], seed: int, prefix: str, per_prompt: int = 2) -> list[dict]:
+    """Unpaired thumbs-up/down feedback: ``per_prompt`` independent drafts per prompt, each labelled desirable
+    exactly when the oracle finds it correct (about 30% of drafts).  Returns dicts with ``id``, ``prompt``,
+    ``completion``, ``label``."""
+    rng = random.Random(f"prefzoo-unpaired-{prefix}-{seed}")
+    rows = []
+    for i, p in enumerate(problems):
+        for k in range(per_prompt):
+            d = draft_answer(p.truth, rng)
+            rows.append({"id": f"{prefix}-{i}-{k}", "prompt": p.prompt, "completion": str(d), "label": d == p.truth})
     return rows

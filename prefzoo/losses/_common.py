@@ -9,7 +9,16 @@ from torch import Tensor
 
 from prefzoo.types import PreferenceBatch, PreferenceBatchError
 
-__all__ = ["average_logps", "log1mexp", "logratios", "minmax_normalize", "require", "sorted_pair_loss"]
+__all__ = [
+    "average_logps",
+    "gathered_bounds",
+    "log1mexp",
+    "logratios",
+    "minmax_normalize",
+    "minmax_scale",
+    "require",
+    "sorted_pair_loss",
+]
 
 
 def require(batch: PreferenceBatch, *names: str) -> tuple[Tensor, ...]:
@@ -50,14 +59,21 @@ def minmax_normalize(
     only detached values are gathered.  Returns (chosen, rejected, min, max).
     With ε = 0 and all rewards equal, the normalized rewards are 0 rather than 0/0.
     """
-    all_rs = torch.cat((chosen, rejected), dim=0).detach()  # (2B,)
-    gathered = gather(all_rs)  # (2·B_total,)
-    lo, hi = gathered.min(), gathered.max()
+    lo, hi = gathered_bounds(torch.cat((chosen, rejected), dim=0), gather)  # over (2·B_total,)
+    return minmax_scale(chosen, lo, hi, eps), minmax_scale(rejected, lo, hi, eps), lo, hi
+
+
+def gathered_bounds(values: Tensor, gather: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """(min, max) of the 1-D ``values`` over every process (the listing's ``gather_for_metrics``), detached."""
+    gathered = gather(values.detach())
+    return gathered.min(), gathered.max()
+
+
+def minmax_scale(x: Tensor, lo: Tensor, hi: Tensor, eps: float) -> Tensor:
+    """(x + ε − lo) / (hi + ε − lo), elementwise; 0 where the denominator is 0 (ε = 0 and lo = hi)."""
     denom = hi + eps - lo
     safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    norm_w = torch.where(denom > 0, (chosen + eps - lo) / safe, torch.zeros_like(chosen))
-    norm_l = torch.where(denom > 0, (rejected + eps - lo) / safe, torch.zeros_like(rejected))
-    return norm_w, norm_l, lo, hi
+    return torch.where(denom > 0, (x + eps - lo) / safe, torch.zeros_like(x))
 
 
 def log1mexp(x: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
 from prefzoo.spec import Loss, LossParamError, LossParams, LossSpec, param
-from prefzoo.types import LossContext, LossOutput, PreferenceBatch
+from prefzoo.types import LossContext, LossOutput, PreferenceBatch, Shape, group_from_pairs
 
 __all__ = ["CombinedLoss", "combine", "combine_from_string", "is_combination", "parse_params", "parse_terms"]
 
@@ -49,6 +49,11 @@ class CombinedLoss(Loss):
         self.terms = list(terms)
         name = " + ".join(f"{w:g}*{loss.name}" for w, loss in self.terms)
         needs = frozenset().union(*(loss.needs for _, loss in self.terms))
+        shapes = frozenset.intersection(*(loss.spec.shapes for _, loss in self.terms))
+        if not shapes and all(loss.spec.accepts(Shape.PAIR) for _, loss in self.terms):
+            shapes = frozenset({Shape.PAIR})  # list terms run on pairs as K = 2 groups
+        if not shapes:
+            raise LossParamError(f"cannot combine {name}: its terms take no batch shape in common")
         spec = LossSpec(
             name=name,
             fn=self._fn,
@@ -61,6 +66,7 @@ class CombinedLoss(Loss):
             batch_coupled=any(loss.batch_coupled for _, loss in self.terms),
             monotone=all(w >= 0 and loss.spec.is_monotone(loss.params) for w, loss in self.terms),
             shift_invariant=all(loss.spec.shift_invariant for _, loss in self.terms),
+            shapes=shapes,
             description="Weighted combination of registered losses.",
             plugin="prefzoo.losses.combine",
             builtin=all(loss.spec.builtin for _, loss in self.terms),
@@ -70,18 +76,19 @@ class CombinedLoss(Loss):
     def __repr__(self) -> str:
         return f"CombinedLoss({[(w, loss) for w, loss in self.terms]!r})"
 
-    def _fn(self, batch: PreferenceBatch, params: Any, ctx: LossContext) -> LossOutput:
+    def _fn(self, batch: Any, params: Any, ctx: LossContext) -> LossOutput:
         total: Tensor | None = None
         first: LossOutput | None = None
         metrics: dict[str, Tensor] = {}
         for w, loss in self.terms:
-            out = loss.spec.fn(batch, loss.params, ctx)
+            native = batch if not isinstance(batch, PreferenceBatch) or Shape.PAIR in loss.spec.shapes else None
+            out = loss.spec.fn(native if native is not None else group_from_pairs(batch), loss.params, ctx)
             total = w * out.losses if total is None else total + w * out.losses
             first = first or out
             metrics[f"{loss.name}/loss"] = out.losses.detach().mean()
             metrics.update({k if "/" in k else f"{loss.name}/{k}": v for k, v in out.metrics.items()})
         assert total is not None and first is not None
-        return LossOutput(total, first.chosen_rewards, first.rejected_rewards, metrics)
+        return LossOutput(total, first.chosen_rewards, first.rejected_rewards, metrics, rewards=first.rewards)
 
 
 def is_combination(name: str) -> bool:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from prefzoo.testing.reference_lists import pair_reference
 from prefzoo.types import PreferenceBatch
 
 __all__ = ["REFERENCES", "lse2", "naive_lse2", "reference_losses", "to_float64"]
@@ -201,6 +202,7 @@ REFERENCES: dict[str, tuple[Callable[[dict[str, Any], Any], Tensor], bool]] = {
     "orpo": (_orpo, False),
     "sft": (_sft, False),
     "mpo": (_mpo, False),
+    **{k: (pair_reference(k), False) for k in ("mml", "mmpo-list", "dpo-pl", "lipo", "rrhf")},  # K = 2
 }
 
 

@@ -1,23 +1,42 @@
-"""Batch assembly: a collated batch's policy (and reference) log-probs as the PreferenceBatch fields a loss needs.
+"""Batch assembly: a collated batch's policy (and reference) log-probs as the batch fields a loss needs.
 
-The trainer's step, its evaluation and ``prefzoo.eval.reward`` all build their batches here.
+The trainer's step, its evaluation and ``prefzoo.eval.reward`` all build their batches here.  The collated batch
+says its shape (:func:`batch_type`): pairs give :class:`PreferenceBatch` fields, lists (``group_mask``) the
+:class:`GroupBatch` fields from one forward over all G·K completions, unpaired examples (``labels``) the
+:class:`UnpairedBatch` fields, with KTO's mismatched KL rows scored without gradient when collated.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from prefzoo.spec import Loss
-from prefzoo.types import Need, PreferenceBatch
+from prefzoo.types import FLOAT_FIELDS, GroupBatch, Need, PreferenceBatch, UnpairedBatch
 
-__all__ = ["batch_fields", "preference_batch"]
+__all__ = ["batch_fields", "batch_type", "float_fields", "preference_batch"]
 
 
-def preference_batch(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> PreferenceBatch:
-    """Policy (and reference) log-probs for a collated batch, as the PreferenceBatch the loss declared it needs."""
+def batch_type(batch: dict[str, Any]) -> type[Any]:
+    """The batch class of a collated batch: GroupBatch (lists), UnpairedBatch or PreferenceBatch (pairs)."""
+    if "group_mask" in batch:
+        return GroupBatch
+    if "labels" in batch:
+        return UnpairedBatch
+    return PreferenceBatch
+
+
+def float_fields(cls: type[Any]) -> tuple[str, ...]:
+    """The floating-point fields of a batch class (checked for finiteness before the loss)."""
+    return FLOAT_FIELDS if cls is PreferenceBatch else tuple(cls.FLOAT_FIELDS)
+
+
+def preference_batch(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> Any:
+    """Policy (and reference) log-probs for a collated batch, as the batch (of its shape) the loss declared it needs."""
     fields = batch_fields(loss, policy, reference, batch, autocast)
     fields.pop("aux_loss", None)  # the router loss is a training term, not a batch field
-    return PreferenceBatch(**fields)
+    return batch_type(batch)(**fields)
 
 
 def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> dict[str, Any]:
@@ -25,6 +44,10 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
 
     ``reference(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))`` or None for reference-free losses.
     """
+    if "group_mask" in batch:
+        return _group_fields(loss, policy, reference, batch, autocast)
+    if "labels" in batch:
+        return _unpaired_fields(loss, policy, reference, batch, autocast)
     want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
     out = policy(
         batch["input_ids"],
@@ -53,4 +76,71 @@ def batch_fields(loss: Loss, policy: Any, reference: Any, batch: dict[str, Any],
         with autocast():
             ref_w, ref_l = reference(batch)  # (B,), (B,) constants
         fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
+    return fields
+
+
+def _rows(loss: Any, policy: Any, batch: dict[str, Any], prefix: str = "") -> Any:
+    """:func:`prefzoo.sequence_logps` of the collated rows ``{prefix}input_ids``... (one forward)."""
+    return policy(
+        batch[f"{prefix}input_ids"],
+        batch[f"{prefix}attention_mask"],
+        batch[f"{prefix}completion_mask"],
+        token_logps=Need.TOKEN_LOGPS in loss.needs,
+        token_entropies=Need.TOKEN_ENTROPIES in loss.needs,
+    )
+
+
+def _ref_rows(reference: Any, batch: dict[str, Any], autocast: Any, prefix: str = "") -> Any:
+    rows = {k: batch[f"{prefix}{k}"] for k in ("input_ids", "attention_mask", "completion_mask")}
+    with autocast():
+        return reference.rows(rows).float()  # (N,) constants
+
+
+def _group_fields(loss: Any, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> dict[str, Any]:
+    """GroupBatch fields: the N = Σ_g K_g rows scored in one forward, placed in the (G, K) grid by ``group_mask``."""
+    mask = batch["group_mask"]  # (G, K) bool
+    g_idx, k_idx = torch.nonzero(mask, as_tuple=True)  # (N,) each, row-major = the collated row order
+    out = _rows(loss, policy, batch)
+
+    def grid(t: Any) -> Any:  # (N, ...) -> (G, K, ...), 0 on empty slots; differentiable in t
+        return t.new_zeros(*mask.shape, *t.shape[1:]).index_put((g_idx, k_idx), t)
+
+    fields: dict[str, Any] = {
+        "policy_logps": grid(out["logps"]),  # (G, K)
+        "lengths": grid(out["lengths"]),  # (G, K)
+        "scores": batch.get("scores"),  # (G, K) or None: column order is the ranking
+        "mask": mask,
+        "example_ids": tuple(batch["ids"]),
+    }
+    if out.get("aux_loss") is not None:
+        fields["aux_loss"] = out["aux_loss"]
+    if out.get("token_mask") is not None:
+        fields["token_mask"] = grid(out["token_mask"])  # (G, K, T_c)
+    if out.get("token_logps") is not None:
+        fields["policy_token_logps"] = grid(out["token_logps"])
+    if out.get("token_entropies") is not None:
+        fields["token_entropies"] = grid(out["token_entropies"])
+    if reference is not None:
+        fields["ref_logps"] = grid(_ref_rows(reference, batch, autocast))  # (G, K)
+    return fields
+
+
+def _unpaired_fields(loss: Any, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any) -> dict[str, Any]:
+    """UnpairedBatch fields; with KL rows collated, also log π_θ and log π_ref of the mismatched pairs (no grad)."""
+    fields: dict[str, Any] = {"labels": batch["labels"], "example_ids": tuple(batch["ids"])}
+    if "kl_input_ids" in batch:  # as TRL's KTOTrainer: the KL log-probs are constants, computed first without grad
+        with torch.no_grad():
+            fields["kl_policy_logps"] = _rows(loss, policy, batch, "kl_")["logps"].detach()  # (N,)
+        if reference is not None:
+            fields["kl_ref_logps"] = _ref_rows(reference, batch, autocast, "kl_")  # (N,)
+    out = _rows(loss, policy, batch)
+    fields.update(policy_logps=out["logps"], lengths=out["lengths"])  # (N,), (N,)
+    if out.get("aux_loss") is not None:
+        fields["aux_loss"] = out["aux_loss"]
+    for src, dst in (("token_mask", "token_mask"), ("token_logps", "policy_token_logps"),
+                     ("token_entropies", "token_entropies")):  # fmt: skip
+        if out.get(src) is not None:
+            fields[dst] = out[src]
+    if reference is not None:
+        fields["ref_logps"] = _ref_rows(reference, batch, autocast)  # (N,)
     return fields

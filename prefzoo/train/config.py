@@ -28,7 +28,9 @@ class TrainConfig:
     loss_params: dict[str, Any] = field(default_factory=dict)  # validated by the loss's params class
     model: str | None = None  # hub name or local folder; None with dataset None = the embedded default task
     dataset: str | list[Any] | None = None  # hub name, jsonl/json/parquet/csv file or folder; several: PATH:WEIGHT
-    format: str | None = None  # plain | conversational | ultrafeedback | orca; None = detect from the columns
+    format: str | None = None  # plain|conversational|ultrafeedback|orca|ultrafeedback-raw|list|unpaired; None = detect
+    pairs_from_lists: str | None = None  # pairwise loss on list data: best-worst | all-pairs | best-vs-rest
+    unpair: bool = False  # an unpaired loss (kto, bco) on pairs: chosen desirable, rejected undesirable (as TRL)
     chat_template: str = "auto"  # conversations only: auto (the tokenizer's) | none | PATH.jinja; strings go as given
     train_split: str = "train"  # the split of --dataset to train on
     eval_split: str | None = None  # a split name; None = the 'test'/'validation' split if any, else eval_fraction
@@ -123,6 +125,10 @@ class TrainConfig:
             raise ConfigError(f"max_consecutive_skips={self.max_consecutive_skips} must be >= 0 (0 = never stop)")
         if not self.dist_timeout > 0:
             raise ConfigError(f"dist_timeout={self.dist_timeout} must be > 0 seconds")
+        if self.pairs_from_lists not in (None, "best-worst", "all-pairs", "best-vs-rest"):
+            raise ConfigError(
+                f"pairs_from_lists={self.pairs_from_lists!r}: choose best-worst, all-pairs or best-vs-rest (or unset)"
+            )
         if self.save_steps < 0:
             raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
 

@@ -1,4 +1,5 @@
-"""Train/eval splits for a run: load or take the normalized pairs, hold out an eval split, tokenize once."""
+"""Train/eval splits for a run: load or take the normalized data, hold out an eval split, reach the loss's shape,
+tokenize once."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from typing import Any
 
 from prefzoo.data.cache import checked_map
 from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize
+from prefzoo.data.groups import tokenize_lists, tokenize_unpaired
 from prefzoo.data.mixing import load_mixture
+from prefzoo.data.shapes import LISTS, UNPAIRED
 from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
 from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
-__all__ = ["prepare_datasets"]
+__all__ = ["load_splits", "prepare_datasets"]
+
+_TOKENIZE = {LISTS: tokenize_lists, UNPAIRED: tokenize_unpaired}  # every other shape: tokenize_pairs
 
 log = logging.getLogger(__name__)
 
@@ -20,18 +25,11 @@ def _prefix_ids(ds: Any, prefix: str) -> Any:
     return checked_map(ds, lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
 
 
-def prepare_datasets(
-    cfg: Any, tokenizer: Any, train: Any = None, eval_: Any = None, limits: ContextLimits | None = None
-) -> tuple[Any, Any, dict[str, Any]]:
-    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``.
+def load_splits(cfg: Any, train: Any = None, eval_: Any = None) -> tuple[Any, Any]:
+    """(normalized train, normalized eval or None) of ``cfg.dataset``; ``train``/``eval_`` override it.
 
-    ``limits``: the token limits fitted to the model's context (default: ``cfg``'s, unset ones at their defaults).
+    Called before any model loads, so the data's shape can be checked against the loss first.
     """
-    if limits is None:
-        p = cfg.max_prompt_length or DEFAULT_MAX_PROMPT_LENGTH
-        c = cfg.max_completion_length or DEFAULT_MAX_COMPLETION_LENGTH
-        limits = ContextLimits(p, c, (p, c), None, "not fitted to a model")
-    lengths = (limits.max_prompt_length, limits.max_completion_length)
     if train is None:
         if cfg.dataset is None:
             raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
@@ -48,28 +46,64 @@ def prepare_datasets(
                 except (DataFormatError, ValueError, KeyError):
                     continue
     else:
-        train = normalize(train, cfg.format) if "prompt_ids" not in train.column_names else train
-        if eval_ is not None and len(eval_) > 0:
+        train = normalize(train, cfg.format) if not _normalized(train) else train  # load_splits ran already
+        if eval_ is not None and len(eval_) > 0 and not _normalized(eval_):
             eval_ = normalize(eval_, cfg.format)
+    return train, eval_
+
+
+def _normalized(ds: Any) -> bool:
+    return detected_format(ds) is not None
+
+
+def prepare_datasets(
+    cfg: Any,
+    tokenizer: Any,
+    train: Any = None,
+    eval_: Any = None,
+    limits: ContextLimits | None = None,
+    plan: Any = None,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``.
+
+    ``limits``: the token limits fitted to the model's context (default: ``cfg``'s, unset ones at their defaults).
+    ``plan``: the :class:`prefzoo.train.shapes.ShapePlan` that brings the data to the loss's shape (default: as is).
+    """
+    from prefzoo.train.shapes import convert
+
+    if limits is None:
+        p = cfg.max_prompt_length or DEFAULT_MAX_PROMPT_LENGTH
+        c = cfg.max_completion_length or DEFAULT_MAX_COMPLETION_LENGTH
+        limits = ContextLimits(p, c, (p, c), None, "not fitted to a model")
+    lengths = (limits.max_prompt_length, limits.max_completion_length)
+    train, eval_ = load_splits(cfg, train, eval_)
     fmt = detected_format(train)
     if eval_ is None and cfg.eval_fraction > 0 and len(train) >= 20:
-        split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
+        split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)  # prompts held out before pairing
         train, eval_ = split["train"], split["test"]
-    train_tok, train_stats = tokenize_pairs(
+    tied = 0
+    if plan is not None:
+        train, tied = convert(train, plan)
+        if eval_ is not None and len(eval_) > 0:
+            eval_, _ = convert(eval_, plan)
+    tokenize = _TOKENIZE.get(plan.batches if plan is not None else "", tokenize_pairs)
+    train_tok, train_stats = tokenize(
         _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
     )
     stats: dict[str, Any] = {"train": {**vars(train_stats), "format": fmt}}
+    if tied:
+        stats["train"]["tied_lists"] = tied  # lists whose completions all tie: no pair (--pairs-from-lists)
     eval_tok = None
     if eval_ is not None and len(eval_) > 0:
-        eval_tok, eval_stats = tokenize_pairs(
+        eval_tok, eval_stats = tokenize(
             _prefix_ids(eval_, "eval"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():
-        st = TokenizeStats(**{k: v for k, v in s.items() if k != "format"})
+        st = TokenizeStats(**{k: v for k, v in s.items() if k not in ("format", "tied_lists")})
         log.info(
-            "%s pairs: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated "
-            "(%d pairs only because of the model's context)",
+            "%s: %d kept, %d dropped (no completion token left), %d prompts and %d completions truncated "
+            "(%d only because of the model's context)",
             split_name,
             st.kept,
             st.dropped,

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prefzoo.types import LossOutput, PreferenceBatch
+from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, UnpairedBatch
 
-__all__ = ["JsonlWriter", "MetricsAccumulator", "step_metrics"]
+__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "step_metrics"]
 
 
 def _scalar(t: Any) -> float:
@@ -21,18 +21,52 @@ def _scalar(t: Any) -> float:
     return float(t)
 
 
-def step_metrics(batch: PreferenceBatch, out: LossOutput, loss_value: Tensor) -> dict[str, float]:
-    """The standard metrics of one micro-batch, plus the loss's own (named ``loss/<key>``)."""
+def correct_rows(batch: Any, out: LossOutput) -> Tensor:
+    """(B,) float 1/0 per example: chosen_rewards > rejected_rewards (pairs; lists: the best over the worst), and
+    for unpaired data whether that comparison agrees with the label (LossOutput's convention)."""
+    right = out.chosen_rewards.detach() > out.rejected_rewards.detach()
+    if isinstance(batch, UnpairedBatch):
+        right = right == batch.labels
+    return right.float()
+
+
+def best_first(batch: GroupBatch, rewards: Tensor) -> Tensor:
+    """(G,) 1/0: the completion with the highest reward is one of the group's best (by the ranking; ties count)."""
+    valid, r = batch.valid, batch.ranking_scores  # (G, K), (G, K)
+    top = torch.where(valid, rewards.detach().float(), -torch.inf).argmax(dim=1, keepdim=True)  # (G, 1)
+    best = torch.where(valid, r, -torch.inf).amax(dim=1, keepdim=True)  # (G, 1)
+    return (r.gather(1, top) == best).float().squeeze(1)
+
+
+def step_metrics(batch: Any, out: LossOutput, loss_value: Tensor) -> dict[str, float]:
+    """The standard metrics of one micro-batch, plus the loss's own (named ``loss/<key>``).
+
+    Pairs: rewards and log-probs of chosen and rejected.  Lists: the same for the best and the worst completion of
+    each group, plus ``rewards/ranking_accuracy`` (the highest reward is on a best completion) and ``logps/mean``.
+    Unpaired: ``rewards/accuracies`` is whether the comparison agrees with the label; ``logps/desirable`` and
+    ``logps/undesirable`` (0 when the micro-batch has none) and ``data/desirable`` (their share).
+    """
     cw, cl = out.chosen_rewards.detach().float(), out.rejected_rewards.detach().float()  # (B,), (B,)
     m = {
         "loss": float(loss_value.detach()),
         "rewards/chosen": float(cw.mean()),
         "rewards/rejected": float(cl.mean()),
-        "rewards/accuracies": float((cw > cl).float().mean()),
+        "rewards/accuracies": float(correct_rows(batch, out).mean()),
         "rewards/margins": float((cw - cl).mean()),
-        "logps/chosen": float(batch.policy_chosen_logps.detach().float().mean()),
-        "logps/rejected": float(batch.policy_rejected_logps.detach().float().mean()),
     }
+    if isinstance(batch, PreferenceBatch):
+        m["logps/chosen"] = float(batch.policy_chosen_logps.detach().float().mean())
+        m["logps/rejected"] = float(batch.policy_rejected_logps.detach().float().mean())
+    elif isinstance(batch, GroupBatch):
+        lp, valid = batch.policy_logps.detach().float(), batch.valid  # (G, K)
+        m["logps/mean"] = float(lp[valid].mean())
+        if out.rewards is not None:
+            m["rewards/ranking_accuracy"] = float(best_first(batch, out.rewards).mean())
+    else:
+        lp, lab = batch.policy_logps.detach().float(), batch.labels  # (N,), (N,)
+        m["logps/desirable"] = float(lp[lab].mean()) if bool(lab.any()) else 0.0
+        m["logps/undesirable"] = float(lp[~lab].mean()) if bool((~lab).any()) else 0.0
+        m["data/desirable"] = float(lab.float().mean())
     for k, v in out.metrics.items():
         m[f"loss/{k}"] = _scalar(v)
     return m

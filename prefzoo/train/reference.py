@@ -38,10 +38,17 @@ log = logging.getLogger(__name__)
 
 
 class Reference:
-    """``ref(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))``, constant (no grad)."""
+    """``ref(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))``, constant (no grad).
+
+    ``ref.rows(batch) -> (N,)``: the log-prob of every collated row (lists' completions, unpaired examples and
+    their KL rows).
+    """
 
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
+
+    def rows(self, batch: dict[str, Any]) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} scores pairs only")
 
 
 class FrozenReference(Reference):
@@ -72,6 +79,10 @@ class FrozenReference(Reference):
         b = out.logps.shape[0] // 2
         return out.logps[:b].detach(), out.logps[b:].detach()
 
+    @torch.no_grad()
+    def rows(self, batch: dict[str, Any]) -> Tensor:
+        return self.module(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]).logps.detach()
+
 
 class AdapterDisabledReference(Reference):
     """The LoRA policy itself with adapters disabled: the base model, no second copy in memory."""
@@ -87,6 +98,12 @@ class AdapterDisabledReference(Reference):
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        logps = self.rows(batch)
+        b = logps.shape[0] // 2
+        return logps[:b], logps[b:]
+
+    @torch.no_grad()
+    def rows(self, batch: dict[str, Any]) -> Tensor:
         inner = self._inner()
         was_training = inner.training
         inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
@@ -96,8 +113,7 @@ class AdapterDisabledReference(Reference):
                 out = inner(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
         finally:
             inner.train(was_training)
-        b = out.logps.shape[0] // 2
-        return out.logps[:b].detach(), out.logps[b:].detach()
+        return out.logps.detach()
 
 
 class PrecomputedReference(Reference):
@@ -211,7 +227,7 @@ def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool,
     Reference-free losses get None; a fresh LoRA adapter gets the policy with adapters disabled (no second copy);
     ZeRO-3 gets a second load partitioned like the policy; otherwise a frozen copy of the starting model.
     """
-    if Need.REFERENCE not in loss.needs:
+    if Need.REFERENCE not in loss.needs and Need.KL_REFERENCE not in loss.needs:
         return None, "none (reference-free loss)"
     if cfg.lora and not has_adapter:
         return AdapterDisabledReference(policy), "adapter-disabled policy"

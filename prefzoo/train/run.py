@@ -15,15 +15,14 @@ from typing import Any
 
 import torch
 
-from prefzoo.train.batch import batch_fields
+from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids
-from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, step_metrics
+from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.runcard import write_final_model
 from prefzoo.train.setup import setup
-from prefzoo.types import FLOAT_FIELDS, PreferenceBatch
 
 __all__ = ["Run", "TrainResult", "evaluate"]
 
@@ -61,15 +60,16 @@ def evaluate(
     policy.eval()
     correct, losses = [], []
     for batch in dataloader:
+        cls = batch_type(batch)
         fields = batch_fields(loss, policy, reference, batch, accelerator.autocast)
-        ok = _finite_rows(fields)  # (B,) bool
-        fields = {k: _zero_rows(v, ok) if k in FLOAT_FIELDS else v for k, v in fields.items()}
-        out = loss(PreferenceBatch(**fields), gather=gather)
+        fields.pop("aux_loss", None)
+        ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
+        fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
+        pb = cls(**fields)
+        out = loss(pb, gather=gather)
         ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
         nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
-        correct.append(
-            accelerator.gather_for_metrics(torch.where(ok, (out.chosen_rewards > out.rejected_rewards).float(), nan))
-        )
+        correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
         losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
     policy.train(was_training)
     acc, mean_loss = torch.cat(correct), torch.cat(losses)
@@ -88,10 +88,11 @@ def evaluate(
     }
 
 
-def _finite_rows(fields: dict[str, Any]) -> Any:
-    """(B,) True where every float field of the pair is finite."""
-    ok = torch.ones_like(fields["policy_chosen_logps"], dtype=torch.bool)
-    for k in FLOAT_FIELDS:
+def _finite_rows(fields: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """(B,) True where every float field of the example (pair, group or completion) is finite."""
+    first = next(fields[k] for k in names if fields.get(k) is not None)
+    ok = torch.ones(first.shape[0], dtype=torch.bool, device=first.device)
+    for k in names:
         t = fields.get(k)
         if t is not None:
             ok &= torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(dim=1)
@@ -208,13 +209,14 @@ class Run:
         p, s, guard = self.parts, self.step_state, self.guard
         ids = [str(i) for i in batch["ids"]]
         s.ids += ids
+        cls = batch_type(batch)  # PreferenceBatch, or GroupBatch / UnpairedBatch for lists and unpaired data
         fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast)
         aux = fields.pop("aux_loss", None)  # () MoE router term (coef × aux) or None
         fields = self.callbacks.on_batch(self.state, fields)
-        local_bad = nonfinite_ids(ids, *(fields.get(k) for k in FLOAT_FIELDS))
+        local_bad = nonfinite_ids(ids, *(fields.get(k) for k in float_fields(cls)))
         out = None
         if not guard.any_rank(bool(local_bad)):  # every rank agrees before the loss gathers
-            pb = PreferenceBatch(**fields)
+            pb = cls(**fields)
             out = p.loss(pb, gather=p.gather)
             local_bad = nonfinite_ids(ids, out.losses)
         if out is None or guard.any_rank(bool(local_bad)):

@@ -15,19 +15,22 @@ import torch
 
 from prefzoo.data.chat import set_chat_template
 from prefzoo.data.collate import PreferenceCollator
+from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
+from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.data import prepare_datasets
+from prefzoo.train.data import load_splits, prepare_datasets
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
 from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
 from prefzoo.train.selfcheck import first_pairs, run_self_check
+from prefzoo.train.shapes import ShapePlan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
 
 __all__ = ["Parts", "setup", "trackers"]
@@ -72,16 +75,23 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     resume_path, resume_info = _check_config(cfg)
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
     set_seed(cfg.seed)
+    with accelerator.main_process_first():  # the data's shape is checked against the loss before any model loads
+        train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
+    plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
+    _check_shape_options(cfg, plan)
+    accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
     defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
     for line in defaults.lines():
         accelerator.print(f"prefzoo train: {line}")
     template = set_chat_template(tokenizer, cfg.chat_template)
     with accelerator.main_process_first():
-        train_tok, eval_tok, data_stats = prepare_datasets(cfg, tokenizer, train_dataset, eval_dataset, defaults.limits)
+        train_tok, eval_tok, data_stats = prepare_datasets(
+            cfg, tokenizer, train_dataset, eval_dataset, defaults.limits, plan
+        )
     for line in describe_data(tokenizer, train_tok, data_stats, template):
         accelerator.print(f"prefzoo train: {line}")
-    _print_data_stats(accelerator, data_stats)
+    _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
@@ -90,7 +100,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     trainable = [p for p in policy.parameters() if p.requires_grad]
     betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
-    collate = PreferenceCollator(tokenizer.pad_token_id, share_prompt=cfg.share_prompt)
+    collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
     train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
     steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
     schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio)
@@ -120,6 +130,34 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
     return parts
+
+
+def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
+    """The collator of the batches' shape: pairs, groups of completions, or unpaired examples (with KL rows)."""
+    if plan.batches == LISTS:
+        return GroupCollator(pad_token_id)
+    if plan.batches == UNPAIRED:
+        return UnpairedCollator(pad_token_id, kl=plan.kl)
+    return PreferenceCollator(pad_token_id, share_prompt=share_prompt)
+
+
+def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
+    """Options made for pairs, asked of lists or unpaired batches: one line each, before any model loads."""
+    if plan.batches == PAIRS:
+        return
+    what = f"{plan.batches} (data shape {plan.data})"
+    for key, flag in (("share_prompt", "--share-prompt"), ("group_by_length", "--group-by-length"),
+                      ("precompute_ref", "--precompute-ref")):  # fmt: skip
+        if getattr(cfg, key):
+            raise ConfigError(
+                f"{flag} works on pairs only for now; this run trains on {what}: drop {flag}"
+                + (" (the reference runs alongside the policy instead)" if key == "precompute_ref" else "")
+            )
+    if plan.kl and cfg.per_device_batch_size < 2:
+        raise ConfigError(
+            f"per_device_batch_size={cfg.per_device_batch_size}: loss {cfg.loss!r} estimates KTO's KL term from "
+            "mismatched pairs within each batch, which needs at least 2 examples per device (as TRL); raise it"
+        )
 
 
 def _check_config(cfg: TrainConfig) -> tuple[Path | None, dict[str, Any]]:
@@ -152,11 +190,13 @@ def _load_model(
     return lm, tokenizer, has_adapter, identity
 
 
-def _print_data_stats(accelerator: Any, data_stats: dict[str, Any]) -> None:
+def _print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = "pairs") -> None:
     for split_name, s in data_stats.items():
+        tied = f", {s['tied_lists']} lists with every completion tied left out" if s.get("tied_lists") else ""
+        same = "with chosen identical to rejected" if what == "pairs" else "with identical completions"
         accelerator.print(
-            f"prefzoo train: {split_name}: {s['kept']} pairs kept, {s['dropped']} dropped "
-            f"({s.get('identical', 0)} with chosen identical to rejected, {s.get('oversized', 0)} oversized, the "
+            f"prefzoo train: {split_name}: {s['kept']} {what} kept, {s['dropped']} dropped{tied} "
+            f"({s.get('identical', 0)} {same}, {s.get('oversized', 0)} oversized, the "
             f"rest with no completion token left), {s['prompt_truncated']} prompts / "
             f"{s['completion_truncated']} completions truncated ({s['context_truncated']} pairs only because of the "
             "model's context)"

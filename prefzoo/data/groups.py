@@ -1,0 +1,214 @@
+"""Tokenization and collation of lists (G prompts × up to K completions) and unpaired examples.
+
+Lists and unpaired examples are tokenized like pairs (:mod:`prefzoo.data.tokenize`: the prompt keeps its end, each
+completion its start, the same chat rendering) and counted in the same :class:`TokenizeStats`.  Collation lays
+every completion out as its own right-padded row ``[x, y]``, so one :func:`prefzoo.sequence_logps` forward scores
+all G·K completions (or all N examples); the batch says where each row belongs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prefzoo.data.cache import checked_map
+from prefzoo.data.chat import render_completion, render_prompt
+from prefzoo.data.tokenize import TokenizeStats, _examples
+from prefzoo.data.validate import MAX_TEXT_CHARS, DataFormatError
+
+if TYPE_CHECKING:
+    import datasets
+
+__all__ = ["GroupCollator", "UnpairedCollator", "pad_rows", "tokenize_lists", "tokenize_unpaired"]
+
+log = logging.getLogger(__name__)
+_FLAGS = ["keep", "identical", "oversized", "prompt_truncated", "completion_truncated", "context_truncated"]
+
+
+def _chars(value: Any) -> int:
+    return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
+
+
+def _tokenize(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    limits: tuple[int, int],
+    requested: tuple[int, int] | None,
+    num_proc: int | None,
+    answers: str,
+    what: str,
+) -> tuple[datasets.Dataset, TokenizeStats]:
+    """Tokenize the completions in column ``answers`` (a list of strings, or one string) after each prompt."""
+    max_p, max_c = limits
+    req_p, req_c = requested or limits
+    if tokenizer.eos_token_id is None:
+        raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
+    many = answers == "completions"
+
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        texts = row[answers] if many else [row[answers]]
+        base = {k: row[k] for k in row if k not in ("prompt", answers)}
+        if max([_chars(row["prompt"]), *(len(t) for t in texts)]) > MAX_TEXT_CHARS:
+            return {**base, "prompt_ids": [], "ids_": [[]] * len(texts), **dict.fromkeys(_FLAGS, False),
+                    "oversized": True}  # fmt: skip
+        prompt = render_prompt(tokenizer, row["prompt"])
+        comps = [render_completion(tokenizer, row["prompt"], t) for t in texts]
+        longest = max(len(c) for c in comps)
+        cut_c = [c[:max_c] for c in comps]  # completions keep their START
+        identical = many and all(c == cut_c[0] for c in cut_c) and len(cut_c[0]) > 0
+        cut = len(prompt) > max_p or longest > max_c
+        return {
+            **base,
+            "prompt_ids": prompt[-max_p:],  # the prompt keeps its END (the question nearest the answer)
+            "ids_": cut_c,
+            "prompt_truncated": len(prompt) > max_p,
+            "completion_truncated": longest > max_c,
+            "context_truncated": cut and len(prompt) <= req_p and longest <= req_c,
+            "keep": len(prompt) > 0 and all(len(c) > 0 for c in comps) and not identical,
+            "identical": identical,
+            "oversized": False,
+        }
+
+    if len(ds) == 0:
+        raise DataFormatError(f"the dataset (or the selected split) is empty: it holds no {what}")
+    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
+    count = {k: int(sum(enc[k])) for k in _FLAGS}
+    stats = TokenizeStats(
+        total=len(enc),
+        kept=count["keep"],
+        dropped=len(enc) - count["keep"],
+        prompt_truncated=count["prompt_truncated"],
+        completion_truncated=count["completion_truncated"],
+        identical=count["identical"],
+        oversized=count["oversized"],
+        context_truncated=count["context_truncated"],
+    )
+    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
+        stats.examples = _examples(enc)
+    if stats.kept == 0:
+        raise DataFormatError(
+            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
+            f"{stats.identical} with identical completions, {stats.oversized} with a field over {MAX_TEXT_CHARS} "
+            "characters; check the completions and --max-completion-length"
+        )
+    if stats.dropped:
+        enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
+                          desc=f"dropping empty {what}")  # fmt: skip
+        log.warning("dropped %d of %d %s (%d with identical completions, %d oversized, the rest with no completion "
+                    "token left)", stats.dropped, stats.total, what, stats.identical, stats.oversized)  # fmt: skip
+    enc = enc.remove_columns(_FLAGS)
+    if many:
+        enc = enc.rename_column("ids_", "completion_ids")
+    else:
+        enc = checked_map(enc, lambda r: {"completion_ids": r["ids_"][0]}, remove_columns=["ids_"],
+                          desc="completion ids")  # fmt: skip
+    return enc, stats
+
+
+def tokenize_lists(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    max_prompt_length: int = 1800,
+    max_completion_length: int = 512,
+    num_proc: int | None = None,
+    *,
+    requested: tuple[int, int] | None = None,
+) -> tuple[datasets.Dataset, TokenizeStats]:
+    """Columns id, prompt_ids, completion_ids (K lists), scores (or None); a list is dropped (counted) when a
+    completion or the prompt has no token left, or all its completions are identical after truncation."""
+    return _tokenize(ds, tokenizer, (max_prompt_length, max_completion_length), requested, num_proc,
+                     "completions", "lists")  # fmt: skip
+
+
+def tokenize_unpaired(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    max_prompt_length: int = 1800,
+    max_completion_length: int = 512,
+    num_proc: int | None = None,
+    *,
+    requested: tuple[int, int] | None = None,
+) -> tuple[datasets.Dataset, TokenizeStats]:
+    """Columns id, prompt_ids, completion_ids, label; examples with no completion token left are dropped, counted."""
+    return _tokenize(ds, tokenizer, (max_prompt_length, max_completion_length), requested, num_proc,
+                     "completion", "examples")  # fmt: skip
+
+
+def pad_rows(
+    rows: list[tuple[list[int], list[int]]], pad_token_id: int, multiple: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Right-padded rows ``[x, y]``: input_ids (N, T), attention_mask (N, T), completion_mask (N, T) bool."""
+    t = max(len(p) + len(c) for p, c in rows)
+    if multiple:
+        t = -(-t // multiple) * multiple
+    n = len(rows)
+    input_ids = torch.full((n, t), pad_token_id, dtype=torch.long)  # (N, T)
+    attention_mask = torch.zeros((n, t), dtype=torch.long)  # (N, T)
+    completion_mask = torch.zeros((n, t), dtype=torch.bool)  # (N, T)
+    for i, (p, c) in enumerate(rows):
+        seq = list(p) + list(c)
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[i, : len(seq)] = 1
+        completion_mask[i, len(p) : len(seq)] = True
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+
+
+class GroupCollator:
+    """``collate(lists)`` -> one row per completion, group by group, and where each row sits in the (G, K) grid.
+
+    Output: ``input_ids``/``attention_mask``/``completion_mask`` (N, T) with N = Σ_g K_g rows (group 0's completions
+    first, best first); ``group_mask`` (G, K) bool, True on the slots that hold a completion (row-major order of
+    the True slots is the row order), K = the largest group; ``scores`` (G, K) float32 (0 on empty slots) or None
+    when any list in the batch has no scores (then column order is the ranking); ``ids`` (G example ids).
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [(ex["prompt_ids"], c) for ex in examples for c in ex["completion_ids"]]
+        out: dict[str, Any] = pad_rows(rows, self.pad_token_id, self.pad_to_multiple_of)
+        sizes = [len(ex["completion_ids"]) for ex in examples]
+        g, k = len(examples), max(sizes)
+        mask = torch.arange(k).unsqueeze(0) < torch.tensor(sizes).unsqueeze(1)  # (G, K)
+        out["group_mask"] = mask
+        if all(ex.get("scores") is not None for ex in examples):
+            scores = torch.zeros(g, k, dtype=torch.float32)  # (G, K)
+            scores[mask] = torch.tensor([s for ex in examples for s in ex["scores"]], dtype=torch.float32)
+            out["scores"] = scores
+        else:
+            out["scores"] = None
+        out["ids"] = [str(ex["id"]) for ex in examples]
+        return out
+
+
+class UnpairedCollator:
+    """``collate(examples)`` -> N rows ``[x_i, y_i]``, their labels, and (``kl=True``) the N mismatched KL rows.
+
+    The KL rows are TRL 1.16 KTOTrainer's: the completions rotated by one within the batch,
+    ``(x_1, y_N), (x_2, y_1), ..., (x_N, y_{N-1})``, so the mismatched outputs are the batch's own outputs paired
+    with other prompts.  Output: ``input_ids``/``attention_mask``/``completion_mask`` (N, T); ``labels`` (N,) bool
+    (True = desirable); ``kl_input_ids``/``kl_attention_mask``/``kl_completion_mask`` (N, T') with ``kl``;
+    ``ids`` (N example ids).
+    """
+
+    def __init__(self, pad_token_id: int, kl: bool = False, pad_to_multiple_of: int | None = None) -> None:
+        self.pad_token_id = pad_token_id
+        self.kl = kl
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        prompts = [list(ex["prompt_ids"]) for ex in examples]
+        comps = [list(ex["completion_ids"]) for ex in examples]
+        out: dict[str, Any] = pad_rows(list(zip(prompts, comps, strict=True)), self.pad_token_id,
+                                       self.pad_to_multiple_of)  # fmt: skip
+        out["labels"] = torch.tensor([bool(ex["label"]) for ex in examples], dtype=torch.bool)  # (N,)
+        if self.kl:
+            shifted = comps[-1:] + comps[:-1]  # TRL: [y_N, y_1, ..., y_{N-1}]
+            kl = pad_rows(list(zip(prompts, shifted, strict=True)), self.pad_token_id, self.pad_to_multiple_of)
+            out.update({f"kl_{k}": v for k, v in kl.items()})
+        out["ids"] = [str(ex["id"]) for ex in examples]
+        return out

@@ -1,0 +1,215 @@
+"""The three batch shapes: GroupBatch / UnpairedBatch validation, the shape declaration, lists <-> pairs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo import (
+    GroupBatch,
+    GroupBatchError,
+    LossOutput,
+    LossSpec,
+    PreferenceBatch,
+    PreferenceBatchError,
+    Shape,
+    UnpairedBatch,
+    UnpairedBatchError,
+    group_from_pairs,
+    pairs_from_lists,
+)
+from prefzoo.losses.shapes import pair_indices
+from prefzoo.spec import Loss, LossOutputError, LossParams
+
+
+def group(g=3, k=4, *, scores=None, mask=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return GroupBatch(
+        policy_logps=(-10 * torch.rand(g, k, generator=gen, dtype=torch.float64)).requires_grad_(),
+        ref_logps=-10 * torch.rand(g, k, generator=gen, dtype=torch.float64),
+        lengths=torch.randint(1, 50, (g, k), generator=gen),
+        scores=scores,
+        mask=mask,
+    )
+
+
+# --- validation: one line naming the field and the fix ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"policy_logps": torch.zeros(3)}, r"GroupBatch.policy_logps must have shape \(G, K\) .*got \(3,\)"),
+        ({"policy_logps": torch.zeros(3, 1)}, r"K >= 2 completions, got \(3, 1\)"),
+        ({"ref_logps": torch.zeros(3, 3)}, r"GroupBatch.ref_logps has shape \(3, 3\) but policy_logps implies"),
+        ({"scores": torch.tensor([[1.0, float("nan")]] * 3)}, r"GroupBatch.scores\[0, 1\] is nan: .*finite filler"),
+        ({"lengths": torch.tensor([[1, 0]] * 3)}, r"GroupBatch.lengths\[0, 1\] = 0: .*positive"),
+        ({"lengths": torch.full((3, 2), 1.5)}, r"GroupBatch.lengths must hold whole token counts"),
+        ({"mask": torch.ones(3, 2)}, r"GroupBatch.mask must be a bool tensor"),
+        ({"mask": torch.tensor([[True, True], [True, False], [True, True]])}, r"GroupBatch.mask\[1\] leaves 1"),
+        ({"token_mask": torch.ones(3, 2)}, r"GroupBatch.token_mask must have shape \(G, K, T\)"),
+        ({"example_ids": ("a",)}, r"GroupBatch.example_ids has 1 ids for G = 3"),
+    ],
+)
+def test_group_batch_errors_name_the_field(kw, match):
+    fields = {"policy_logps": torch.zeros(3, 2), **kw}
+    with pytest.raises(GroupBatchError, match=match) as e:
+        GroupBatch(**fields)
+    assert "\n" not in str(e.value) and isinstance(e.value, PreferenceBatchError)
+
+
+def test_group_batch_padding_may_hold_zero_lengths():
+    mask = torch.tensor([[True, True, False]])
+    g = GroupBatch(policy_logps=torch.zeros(1, 3), lengths=torch.tensor([[3, 4, 0]]), mask=mask)
+    assert g.batch_size == 1 and g.group_size == 3 and g.valid.tolist() == [[True, True, False]]
+    with pytest.raises(GroupBatchError, match=r"lengths\[0, 2\] = 0"):
+        g.replace(mask=None)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"labels": torch.tensor([1, 0])}, r"UnpairedBatch.labels must be a bool tensor \(True = desirable"),
+        ({"labels": torch.tensor([True])}, r"UnpairedBatch.labels has shape \(1,\) but policy_logps implies \(2,\)"),
+        ({"kl_ref_logps": torch.tensor([0.0, float("inf")])}, r"UnpairedBatch.kl_ref_logps\[1\] is inf"),
+        ({"policy_logps": torch.zeros(2, 2)}, r"UnpairedBatch.policy_logps must have shape \(N,\)"),
+        ({"token_entropies": torch.zeros(3, 4)}, r"UnpairedBatch.token_entropies must have shape \(N, T\) with N = 2"),
+    ],
+)
+def test_unpaired_batch_errors_name_the_field(kw, match):
+    fields = {"policy_logps": torch.zeros(2), "labels": torch.tensor([True, False]), **kw}
+    with pytest.raises(UnpairedBatchError, match=match):
+        UnpairedBatch(**fields)
+
+
+def test_ranking_scores_are_column_order_without_scores():
+    assert group(1, 3).ranking_scores.tolist() == [[2.0, 1.0, 0.0]]
+    s = torch.tensor([[0.5, 2.0, 1.0]], dtype=torch.float64)
+    assert group(1, 3, scores=s).ranking_scores.tolist() == s.tolist()
+
+
+# --- lists -> pairs -----------------------------------------------------------------------------------------------
+
+
+def test_reductions_by_hand():
+    """Scores [[1, 3, 3, 0], [2, 2, 2, 2], [5, 1, 4, pad]]: ties never pair, padding never pairs."""
+    s = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [5.0, 1.0, 4.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True] * 4, [True] * 4, [True, True, True, False]])
+    b = group(scores=s, mask=mask)
+    trip = lambda how: list(zip(*(t.tolist() for t in pair_indices(b, how)), strict=True))  # noqa: E731
+    assert trip("best-worst") == [(0, 1, 3), (2, 0, 1)]
+    assert trip("best-vs-rest") == [(0, 1, 0), (0, 1, 3), (2, 0, 1), (2, 0, 2)]
+    assert trip("all-pairs") == [(0, 0, 3), (0, 1, 0), (0, 1, 3), (0, 2, 0), (0, 2, 3), (2, 0, 1), (2, 0, 2),
+                                 (2, 2, 1)]
+
+
+@pytest.mark.parametrize("how", prefzoo.REDUCTIONS)
+def test_pairs_from_lists_gathers_fields_and_gradients(how):
+    b = group(4, 3, seed=2)
+    pairs, gidx = pairs_from_lists(b, how)
+    g, i, j = pair_indices(b, how)
+    assert torch.equal(gidx, g)
+    assert torch.equal(pairs.policy_chosen_logps, b.policy_logps[g, i])
+    assert torch.equal(pairs.ref_rejected_logps, b.ref_logps[g, j])
+    assert torch.equal(pairs.rejected_lengths, b.lengths[g, j])
+    expected = {"best-worst": 4, "best-vs-rest": 8, "all-pairs": 12}[how]
+    assert pairs.batch_size == expected
+    out = prefzoo.get_loss("dpo", beta=0.5)(pairs)
+    (grad,) = torch.autograd.grad(out.losses.sum(), b.policy_logps)
+    assert bool((grad[:, 0] < 0).all())  # the best completion is only ever chosen: DPO pushes it up
+
+
+def test_all_tied_lists_give_no_pairs():
+    b = group(2, 3, scores=torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(GroupBatchError, match="no group in this batch of 2 has two completions with different"):
+        pairs_from_lists(b)
+    with pytest.raises(prefzoo.LossParamError, match="unknown reduction 'worst'"):
+        pairs_from_lists(b, "worst")  # type: ignore[arg-type]
+
+
+def test_k2_round_trip_pairs_to_groups_and_back():
+    gen = torch.Generator().manual_seed(0)
+    pb = PreferenceBatch(
+        policy_chosen_logps=-torch.rand(5, generator=gen), policy_rejected_logps=-torch.rand(5, generator=gen),
+        ref_chosen_logps=-torch.rand(5, generator=gen), ref_rejected_logps=-torch.rand(5, generator=gen),
+        chosen_lengths=torch.tensor([1, 2, 3, 4, 5]), rejected_lengths=torch.tensor([5, 4, 3, 2, 1]),
+        policy_chosen_token_logps=-torch.rand(5, 3, generator=gen), policy_rejected_token_logps=torch.zeros(5, 2),
+        chosen_mask=torch.ones(5, 3, dtype=torch.bool), rejected_mask=torch.ones(5, 2, dtype=torch.bool),
+        example_ids=tuple("abcde"),
+    )
+    g = group_from_pairs(pb)
+    assert g.group_size == 2 and g.token_mask is not None and g.token_mask.shape == (5, 2, 3)
+    back, idx = pairs_from_lists(g, "best-worst")
+    assert idx.tolist() == [0, 1, 2, 3, 4] and back.example_ids == tuple(f"{c}[0>1]" for c in "abcde")
+    for f in ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps",
+              "chosen_lengths", "rejected_lengths", "policy_chosen_token_logps", "chosen_mask"):
+        assert torch.equal(getattr(back, f), getattr(pb, f)), f
+    assert torch.equal(back.policy_rejected_token_logps[:, :2], pb.policy_rejected_token_logps)
+    assert not bool(back.rejected_mask[:, 2].any())  # the padded token column stays masked
+
+
+# --- the shape declaration ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NoParams(LossParams):
+    pass
+
+
+def _list_fn(batch, p, ctx):
+    assert isinstance(batch, GroupBatch)
+    s = torch.where(batch.valid, batch.policy_logps, -torch.inf)
+    r = batch.policy_logps.detach()
+    return LossOutput(-torch.logsumexp(s, dim=1), r[:, 0], r[:, -1], rewards=r)
+
+
+def _spec(shapes, fn=_list_fn):
+    return LossSpec(name="t", fn=fn, params_cls=_NoParams, family="t", formula="", paper="", scores="",
+                    shapes=frozenset(shapes))
+
+
+def test_existing_losses_declare_pairs_and_list_losses_take_pairs_as_k2():
+    assert all(prefzoo.loss_spec(n).shapes == {Shape.PAIR} for n in ("dpo", "mmpo", "simpo", "orpo", "mpo"))
+    loss = Loss(_spec({Shape.LIST}), _NoParams())
+    pb = PreferenceBatch(policy_chosen_logps=torch.tensor([-1.0, -2.0]),
+                         policy_rejected_logps=torch.tensor([-3.0, 0.0]))
+    out = loss(pb)
+    assert torch.allclose(out.losses, -torch.logaddexp(pb.policy_chosen_logps, pb.policy_rejected_logps))
+    assert out.rewards is not None and out.rewards.shape == (2, 2)
+
+
+def test_wrong_shape_is_one_line_naming_the_fix():
+    with pytest.raises(PreferenceBatchError, match=r"'dpo' takes a prefzoo.PreferenceBatch, got GroupBatch; reduce"):
+        prefzoo.get_loss("dpo")(group())
+    lst = Loss(_spec({Shape.LIST}), _NoParams())
+    with pytest.raises(PreferenceBatchError, match=r"takes a prefzoo.GroupBatch, got UnpairedBatch"):
+        lst(UnpairedBatch(policy_logps=torch.zeros(2), labels=torch.tensor([True, False])))
+    with pytest.raises(PreferenceBatchError, match=r"needs reference: GroupBatch.ref_logps is None"):
+        Loss(dataclasses.replace(_spec({Shape.LIST}), needs=frozenset({prefzoo.Need.REFERENCE})), _NoParams())(
+            GroupBatch(policy_logps=torch.zeros(2, 3)))
+    with pytest.raises(TypeError, match="shapes must be a non-empty set"):
+        _spec(set())
+
+
+def test_output_contract_per_shape():
+    bad = Loss(_spec({Shape.LIST}, fn=lambda b, p, c: dataclasses.replace(_list_fn(b, p, c), rewards=torch.zeros(3))),
+               _NoParams())
+    with pytest.raises(LossOutputError, match=r"rewards of shape \(3,\); expected \(3, 4\), one per completion"):
+        bad(group())
+    short = Loss(_spec({Shape.LIST}, fn=lambda b, p, c: LossOutput(torch.zeros(1), torch.zeros(1), torch.zeros(1))),
+                 _NoParams())
+    with pytest.raises(LossOutputError, match=r"losses of shape \(1,\); expected \(3,\), one per group"):
+        short(group())
+
+
+def test_combination_of_a_list_loss_and_a_pair_loss_runs_on_pairs():
+    lst = Loss(_spec({Shape.LIST}), _NoParams())
+    combo = prefzoo.combine([(1.0, lst), (0.5, "sft")])
+    assert combo.spec.shapes == {Shape.PAIR}
+    pb = PreferenceBatch(policy_chosen_logps=torch.tensor([-1.0]), policy_rejected_logps=torch.tensor([-3.0]),
+                         chosen_lengths=torch.tensor([2]), rejected_lengths=torch.tensor([2]))
+    want = -torch.logaddexp(torch.tensor(-1.0), torch.tensor(-3.0)) + 0.5 * 0.5
+    assert torch.allclose(combo(pb).losses, want.reshape(1))
