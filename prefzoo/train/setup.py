@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from prefzoo.data.chat import set_chat_template
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
-from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED, data_shape
+from prefzoo.data.shapes import LISTS, PAIRS, PROMPTS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
@@ -28,10 +29,12 @@ from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import apply_lora, build_optimizer, build_schedule, load_model_and_tokenizer
 from prefzoo.train.model_defaults import apply_model_defaults
+from prefzoo.train.online import OnlineError, OnlineRounds, online_prompts, parse_judge
 from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
 from prefzoo.train.selfcheck import first_pairs, run_self_check
-from prefzoo.train.shapes import ShapePlan, plan_shape
+from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
+from prefzoo.types import Shape
 
 __all__ = ["Parts", "setup", "trackers"]
 
@@ -58,6 +61,9 @@ class Parts:
     steps_per_epoch: int
     total_steps: int
     num_epochs: int
+    collate: Any = None  # the collator of the batches' shape
+    online: Any = None  # OnlineRounds of an on-policy run (--online), else None
+    resume_path: Path | None = None  # the checkpoint this run resumed from
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
     timings: dict[str, float] = field(default_factory=dict)
@@ -77,7 +83,18 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     set_seed(cfg.seed)
     with accelerator.main_process_first():  # the data's shape is checked against the loss before any model loads
         train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
-    plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
+    prompts: list[Any] | None = None
+    eval_plan: ShapePlan | None = None
+    judge: Any = None
+    if cfg.online:  # the data is prompts; each round's samples are lists (see prefzoo.train.online)
+        if cfg.precompute_ref:
+            raise ConfigError("--precompute-ref with --online: generated completions are new each round; drop it")
+        prompts = online_prompts(train_dataset)
+        plan = online_plan(loss, cfg.pairs_from_lists, cfg.unpair)
+        train_dataset, eval_dataset, eval_plan = None, *_online_eval(loss, cfg, eval_dataset, accelerator)
+        judge = _online_judge(cfg)
+    else:
+        plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
     accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
@@ -86,10 +103,17 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         accelerator.print(f"prefzoo train: {line}")
     template = set_chat_template(tokenizer, cfg.chat_template)
     with accelerator.main_process_first():
-        train_tok, eval_tok, data_stats = prepare_datasets(
-            cfg, tokenizer, train_dataset, eval_dataset, defaults.limits, plan
-        )
-    for line in describe_data(tokenizer, train_tok, data_stats, template):
+        if prompts is None:
+            train_tok, eval_tok, data_stats = prepare_datasets(
+                cfg, tokenizer, train_dataset, eval_dataset, defaults.limits, plan
+            )
+        else:
+            train_tok, eval_tok, data_stats = None, None, {}
+            if eval_dataset is not None:  # held-out preference data, in the shape this loss takes it
+                whole = dataclasses.replace(cfg, eval_fraction=0.0)
+                eval_tok, _, stats = prepare_datasets(whole, tokenizer, eval_dataset, None, defaults.limits, eval_plan)
+                data_stats["eval"] = stats["train"]
+    for line in describe_data(tokenizer, train_tok, data_stats, template) if train_tok is not None else ():
         accelerator.print(f"prefzoo train: {line}")
     _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
     if cfg.lora and not has_adapter:
@@ -101,13 +125,23 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
     collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
-    train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
-    steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
+    if prompts is None:
+        train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
+        examples = len(train_tok)
+    else:  # online: each round's micro-batches are built from its samples (prefzoo.train.online)
+        eval_collate = _collator(eval_plan, tokenizer.pad_token_id, False) if eval_plan is not None else collate
+        train_dl = None
+        eval_dl = None if eval_tok is None else _dataloaders(cfg, eval_collate, eval_tok, eval_tok)[1]
+        examples = len(prompts)
+    steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, examples, accelerator.num_processes)
     schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio)
-    policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
+    if train_dl is None:
+        policy, optimizer, schedule = accelerator.prepare(policy, optimizer, schedule)
+    else:
+        policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
-    if not _zero3_enabled():  # the fast path against the model's own forward, before any reference is cached
+    if not _zero3_enabled() and train_tok is not None:  # the fast path against the model's own forward, first
         check_batch = first_pairs(train_tok, collate, accelerator.device)
         run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     timings: dict[str, float] = {}
@@ -126,10 +160,54 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         make_gather(accelerator), _run_info(cfg, identity, accelerator.num_processes), data_stats, defaults,
         steps_per_epoch, total_steps, num_epochs, timings=timings,
     )  # fmt: skip
+    parts.collate = collate
+    if prompts is not None:
+        parts.online = _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
+        if parts.online is not None:
+            parts.online.load(resume_path)
     return parts
+
+
+def _online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: Any) -> tuple[Any, Any]:
+    """(held-out data, its ShapePlan) of an on-policy run, or (None, None) when there is none or this loss cannot
+    evaluate on it (said in one line)."""
+    if eval_dataset is None or len(eval_dataset) == 0 or data_shape(eval_dataset) == PROMPTS:
+        return None, None
+    try:
+        shape = data_shape(eval_dataset)
+        return eval_dataset, plan_shape(
+            loss, shape, cfg.pairs_from_lists if shape == LISTS else None,
+            shape == PAIRS and not loss.spec.accepts(Shape.PAIR) and not loss.spec.accepts(Shape.LIST),
+        )  # fmt: skip
+    except ConfigError as e:
+        accelerator.print(f"prefzoo train: no held-out evaluation: {e}")
+        return None, None
+
+
+def _online_judge(cfg: TrainConfig) -> Any:
+    """The judge of an on-policy run, built before the policy loads (bad names and options fail early)."""
+    from prefzoo.eval.judges import get_judge
+
+    name, opts = parse_judge(cfg.judge, cfg.judge_params)
+    try:
+        return get_judge(name, **opts)
+    except (ValueError, TypeError, OSError) as e:
+        raise OnlineError(f"--judge {cfg.judge!r}: {e}") from None
+
+
+def _online_rounds(cfg: TrainConfig, parts: Parts, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
+    from prefzoo.eval.engines import make_engine
+    from prefzoo.eval.generation import unwrap_model
+
+    lm = unwrap_model(parts.accelerator.unwrap_model(parts.policy).lm)
+    try:
+        engine = make_engine(cfg.engine, lm, parts.tokenizer)
+    except (ValueError, RuntimeError) as e:
+        raise OnlineError(str(e)) from None
+    return OnlineRounds(cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
 
 
 def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
@@ -269,6 +347,7 @@ def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
             )
     _load_state(parts.accelerator, path)
     parts.start_step = int(saved["step"])
+    parts.resume_path = path
     parts.start_skipped = int(saved.get("skipped_steps", 0))
     parts.accelerator.print(f"prefzoo train: resumed from {path} at step {parts.start_step}")
 
