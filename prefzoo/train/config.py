@@ -80,7 +80,7 @@ class TrainConfig:
     engine: str = "hf"  # generation engine: hf (transformers generate) | vllm (GPU, the vllm extra)
     temperature: float = 1.0  # sampling temperature of the online samples
     top_p: float = 1.0  # nucleus sampling of the online samples
-    max_new_tokens: int = 64  # tokens an online sample may generate (one that hits it is scored as it is, counted)
+    max_new_tokens: int | None = None  # tokens an online sample may generate; unset = the completion token limit
     generation_batch_size: int | None = None  # prompts per generate call; unset = per_device_batch_size
     desirable_threshold: float | None = None  # unpaired losses online: score >= it is desirable; unset = above mean
     # bookkeeping
@@ -117,13 +117,14 @@ class TrainConfig:
             "logp_chunk_size",
             "samples_per_prompt",
             "online_every",
-            "max_new_tokens",
         )
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr} must be > 0")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} must be >= 1 (or unset for the completion limit)")
         if self.generation_batch_size is not None and self.generation_batch_size < 1:
             raise ConfigError(f"generation_batch_size={self.generation_batch_size} must be >= 1 (or unset)")
         if not 0 <= self.judge_max_skip <= 1:

@@ -148,6 +148,11 @@ class OnlineRounds:
     current: dict[str, Any] | None = None  # {"round": r, "rows": [...all processes' rows...]} of the round in flight
     checked: bool = False  # the log-prob self-check ran (on the first round's first micro-batch)
 
+    @property
+    def max_new_tokens(self) -> int:
+        """``--max-new-tokens``, or (unset) the completion token limit of the run: samples fit what training keeps."""
+        return int(self.cfg.max_new_tokens or self.limits.max_completion_length)
+
     # -- geometry ------------------------------------------------------------------------------------------------
     @property
     def micro_per_round(self) -> int:
@@ -199,7 +204,7 @@ class OnlineRounds:
             ids = mine[start : start + chunk]
             params = SamplingParams(
                 n=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens, batch_size=chunk,
+                max_new_tokens=self.max_new_tokens, batch_size=chunk,
                 seed=(cfg.seed * 7_919 + r) * 1_000_003 + win_pos[ids[0]],
             )  # fmt: skip
             got = self.engine.sample([self.prompts[i] for i in ids], params)
@@ -260,7 +265,7 @@ class OnlineRounds:
             f"{st.judging_s:.1f} s; score mean {st.score_mean:.3f}, spread {st.score_spread:.3f}; "
             f"{st.all_tied} prompts all tied, {st.skipped} skipped"
             + (f" (first: {reason})" if reason else "")
-            + (f", {st.truncated} samples hit max_new_tokens" if st.truncated else "")
+            + (f", {st.truncated} samples hit max_new_tokens={self.max_new_tokens}" if st.truncated else "")
         )
 
     def batches(self, rows: list[dict[str, Any]], r: int) -> list[dict[str, Any]]:

@@ -200,14 +200,19 @@ def _online_judge(cfg: TrainConfig) -> Any:
 
 def _online_rounds(cfg: TrainConfig, parts: Parts, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
     from prefzoo.eval.engines import make_engine
-    from prefzoo.eval.generation import unwrap_model
+    from prefzoo.eval.generation import prompt_budget, unwrap_model
 
     lm = unwrap_model(parts.accelerator.unwrap_model(parts.policy).lm)
     try:
         engine = make_engine(cfg.engine, lm, parts.tokenizer)
     except (ValueError, RuntimeError) as e:
         raise OnlineError(str(e)) from None
-    return OnlineRounds(cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
+    rounds = OnlineRounds(cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
+    try:
+        prompt_budget(lm, parts.tokenizer, rounds.max_new_tokens)
+    except ValueError as e:
+        raise ConfigError(f"--max-new-tokens: {e}") from None
+    return rounds
 
 
 def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:

@@ -132,6 +132,8 @@ def test_bad_online_settings_fail_before_the_model_loads(task: Any, prompts_file
         run_inprocess(online(task, prompts_file, tmp_path / "b", online=False))
     with pytest.raises(ConfigError, match="--pairs-from-lists"):
         run_inprocess(online(task, prompts_file, tmp_path / "c", loss="dpo"))
+    with pytest.raises(ConfigError, match=r"--max-new-tokens: max_new_tokens=64 leaves no room for a prompt"):
+        run_inprocess(online(task, prompts_file, tmp_path / "e", max_new_tokens=64))  # the model's context is 64
     with pytest.raises(ConfigError, match="--precompute-ref with --online"):
         run_inprocess(online(task, prompts_file, tmp_path / "d", loss="dpo", pairs_from_lists="best-worst",
                              precompute_ref=True))  # fmt: skip
