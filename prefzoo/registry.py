@@ -52,6 +52,7 @@ BUILTIN_MODULES = (
     "prefzoo.losses.dpo",
     "prefzoo.losses.simpo",
     "prefzoo.losses.orpo",
+    "prefzoo.losses.unpaired",
     "prefzoo.losses.combine",
     "prefzoo.losses.lists",
 )

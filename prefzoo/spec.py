@@ -27,6 +27,7 @@ from prefzoo.types import (
     GroupBatch,
     LossContext,
     LossOutput,
+    LossState,
     Need,
     PreferenceBatch,
     PreferenceBatchError,
@@ -243,6 +244,7 @@ class LossSpec:
     monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
+    initial_state: Callable[[Any], LossState] | None = None  # stateful losses: params -> the state before step one
     description: str = ""  # one paragraph for `prefzoo losses NAME`
     notes: str = ""  # caveats shown in docs (e.g. gradient identities)
     plugin: str = "?"  # filled in by the registry: which plugin registered it
@@ -270,6 +272,11 @@ class LossSpec:
     @property
     def needs_reference(self) -> bool:
         return Need.REFERENCE in self.needs
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the loss carries state from call to call (ctx.state in, LossOutput.state out)."""
+        return self.initial_state is not None
 
     def params(self, **kwargs: Any) -> LossParams:
         """Construct and validate the params; unknown keys name the valid ones."""
@@ -314,11 +321,19 @@ def coerce(info: ParamInfo, text: Any, where: str) -> Any:
 
 
 class Loss:
-    """A loss bound to validated params: ``out = loss(batch)`` or ``loss(batch, gather=fn)``."""
+    """A loss bound to validated params: ``out = loss(batch)`` or ``loss(batch, gather=fn)``.
+
+    A stateful loss (``spec.initial_state``) is also bound to its state: ``loss.state`` goes in as ``ctx.state``
+    and the returned ``LossOutput.state`` replaces it after each training call.  ``state_dict`` /
+    ``load_state_dict`` make the loss checkpointable (``accelerator.register_for_checkpointing(loss)``).
+    """
 
     def __init__(self, spec: LossSpec, params: LossParams) -> None:
         self.spec = spec
         self.params = params
+        self.state: LossState | None = None
+        if spec.initial_state is not None:
+            self.state = _detached(spec.initial_state(params))
 
     @property
     def name(self) -> str:
@@ -354,16 +369,42 @@ class Loss:
                     f"(required fields: {', '.join(fields_of[need])})"
                 )
 
-    def __call__(self, batch: AnyBatch, gather: Callable[[Tensor], Tensor] | None = None) -> LossOutput:
-        """The loss on ``batch``; pairs given to a list-only loss run as K = 2 groups (one loss per pair)."""
+    def __call__(
+        self, batch: AnyBatch, gather: Callable[[Tensor], Tensor] | None = None, update_state: bool | None = None
+    ) -> LossOutput:
+        """The loss on ``batch``; pairs given to a list-only loss run as K = 2 groups (one loss per pair).
+
+        ``update_state``: whether a stateful loss advances its state; by default it does when autograd is on (a
+        training step) and not under ``torch.no_grad()`` (evaluation), as TRL's ``do_train``.
+        """
         self.check_inputs(batch)
         batch = upcast(batch)
         if isinstance(batch, PreferenceBatch) and Shape.PAIR not in self.spec.shapes:
             batch = group_from_pairs(batch)
-        ctx = LossContext(gather=gather) if gather is not None else LossContext()
+        update = torch.is_grad_enabled() if update_state is None else update_state
+        ctx = LossContext(state=self.state, update_state=update, **({} if gather is None else {"gather": gather}))
         out = self.spec.fn(batch, self.params, ctx)
         check_output(self.name, self.spec.plugin, out, batch)
+        check_state(self.name, self.spec.plugin, out.state, self.state)
+        if update and out.state is not None:
+            self.state = _detached(out.state)
         return out
+
+    def state_dict(self) -> LossState:
+        """A copy of the state (empty for a stateless loss), for checkpoints."""
+        return {k: v.detach().clone() for k, v in (self.state or {}).items()}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Restore a state saved by :meth:`state_dict`; a missing, unknown or mis-shaped entry is a ValueError."""
+        if self.state is None:
+            if state:
+                raise ValueError(f"loss {self.name!r} has no state, but the checkpoint holds {sorted(state)}")
+            return
+        try:
+            check_state(self.name, self.spec.plugin, dict(state), self.state)
+        except LossOutputError as e:
+            raise ValueError(f"cannot restore the state of loss {self.name!r}: {e}") from None
+        self.state = {k: torch.as_tensor(v).to(self.state[k]) for k, v in state.items()}
 
 
 _BATCH_NAMES = {Shape.PAIR: "PreferenceBatch", Shape.LIST: "GroupBatch", Shape.UNPAIRED: "UnpairedBatch"}
@@ -371,6 +412,28 @@ _SHAPE_HINT: dict[tuple[Shape | None, frozenset[Shape]], str] = {
     (Shape.LIST, PAIRS_ONLY): "; reduce the lists to pairs first: prefzoo.pairs_from_lists(batch, 'best-worst') "
     "or --pairs-from-lists",
 }
+
+
+def _detached(state: Mapping[str, Tensor]) -> LossState:
+    return {k: v.detach() for k, v in state.items()}
+
+
+def check_state(name: str, plugin: str, new: Any, old: LossState | None) -> None:
+    """A stateful loss returns a state with its keys and shapes; a stateless one returns none."""
+    who = f"loss {name!r} (plugin {plugin!r})"
+    if old is None:
+        if new is not None:
+            raise LossOutputError(f"{who} returned a state but declares none: set LossSpec.initial_state")
+        return
+    if not isinstance(new, Mapping):
+        raise LossOutputError(f"{who} returned no state (LossOutput.state); a stateful loss returns its next state")
+    if set(new) != set(old):
+        extra, missing = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+        raise LossOutputError(f"{who} returned state keys {sorted(new)}: unknown {extra}, missing {missing}")
+    for k, v in new.items():
+        if not isinstance(v, Tensor) or v.shape != old[k].shape:
+            got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+            raise LossOutputError(f"{who} returned state {k!r} of shape {got}; expected {tuple(old[k].shape)}")
 
 
 def upcast(batch: AnyBatch) -> AnyBatch:

@@ -15,7 +15,7 @@ a negative length or a shape mismatch deep inside torch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ __all__ = [
     "GroupBatchError",
     "LossContext",
     "LossOutput",
+    "LossState",
     "Need",
     "PreferenceBatch",
     "PreferenceBatchError",
@@ -500,6 +501,11 @@ def shape_of(batch: object) -> Shape | None:
     return None
 
 
+# A stateful loss's running quantities (detached tensors by name), carried by prefzoo.Loss between calls and saved with
+# checkpoints: e.g. BCO's {"delta": (), "count": ()}.
+LossState = dict[str, Tensor]
+
+
 @dataclass
 class LossOutput:
     """What a loss returns.  Reduction (mean over examples) belongs to the trainer.
@@ -524,6 +530,7 @@ class LossOutput:
     rejected_rewards: Tensor  # (B,) detached scores of y_l
     metrics: dict[str, Tensor] = field(default_factory=dict)  # detached scalars or (B,) extras
     rewards: Tensor | None = None  # lists: (G, K), unpaired: (N,) detached per-completion scores; pairs: None/(B, 2)
+    state: LossState | None = None  # a stateful loss's state after this call (LossSpec.initial_state); else None
 
 
 def _identity(t: Tensor) -> Tensor:
@@ -537,9 +544,15 @@ class LossContext:
     ``gather(t)`` returns the concatenation of ``t`` over all processes, in rank order
     (the identity on one process).  Losses only gather detached tensors, so the
     hook need not be differentiable (accelerate's ``gather`` is not).
+
+    ``state`` is what a stateful loss carried over from its previous call (BCO's running
+    reward mean δ); it returns the next one in ``LossOutput.state``, computed only from
+    the previous state and gathered values, so that every process holds the same state.
     """
 
     gather: Callable[[Tensor], Tensor] = _identity
+    state: Mapping[str, Tensor] | None = None  # a stateful loss's state before this call; None for the others
+    update_state: bool = True  # False in evaluation: the loss reads its state and returns it unchanged
 
     @property
     def distributed(self) -> bool:

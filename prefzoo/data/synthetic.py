@@ -212,20 +212,20 @@ def make_pairs(problems: list[AdditionProblem], seed: int, prefix: str, pairs_pe
 def make_lists(problems: list[AdditionProblem], seed: int, prefix: str, k: int = 4) -> list[dict]:
     """Lists of ``k`` drafts per prompt ranked by the exact oracle, deterministic in ``seed``.
 
-    The drafts are drawn like the pairs' (:func:`draft_answer`), again until at least two of them differ in
-    distance to the truth; ``scores`` are −|answer − truth| (higher is better, ties allowed).  Returns dicts with
+    ``k`` distinct drafts are drawn like the pairs' (:func:`draft_answer`, a repeated answer drawn again);
+    ``scores`` are −|answer − truth| (higher is better; an answer and its mirror image tie).  Returns dicts with
     ``id``, ``prompt``, ``completions``, ``scores``.
     """
     rng = random.Random(f"prefzoo-lists-{prefix}-{seed}")
     rows = []
     for i, p in enumerate(problems):
-        while True:
-            drafts = [draft_answer(p.truth, rng) for _ in range(k)]
-            dist = [abs(d - p.truth) for d in drafts]
-            if len(set(dist)) > 1:
-                break
+        drafts: list[int] = []
+        while len(drafts) < k:
+            d = draft_answer(p.truth, rng)
+            if d not in drafts:
+                drafts.append(d)
         rows.append({"id": f"{prefix}-{i}", "prompt": p.prompt, "completions": [str(d) for d in drafts],
-                     "scores": [-float(d) for d in dist]})  # fmt: skip
+                     "scores": [float(-abs(d - p.truth)) for d in drafts]})  # fmt: skip
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
 from prefzoo.spec import Loss, LossParamError, LossParams, LossSpec, param
-from prefzoo.types import LossContext, LossOutput, PreferenceBatch, Shape, group_from_pairs
+from prefzoo.types import LossContext, LossOutput, LossState, PreferenceBatch, Shape, group_from_pairs
 
 __all__ = ["CombinedLoss", "combine", "combine_from_string", "is_combination", "parse_params", "parse_terms"]
 
@@ -67,6 +68,7 @@ class CombinedLoss(Loss):
             monotone=all(w >= 0 and loss.spec.is_monotone(loss.params) for w, loss in self.terms),
             shift_invariant=all(loss.spec.shift_invariant for _, loss in self.terms),
             shapes=shapes,
+            initial_state=self._initial_state if any(loss.spec.stateful for _, loss in self.terms) else None,
             description="Weighted combination of registered losses.",
             plugin="prefzoo.losses.combine",
             builtin=all(loss.spec.builtin for _, loss in self.terms),
@@ -76,19 +78,29 @@ class CombinedLoss(Loss):
     def __repr__(self) -> str:
         return f"CombinedLoss({[(w, loss) for w, loss in self.terms]!r})"
 
+    def _initial_state(self, params: Any) -> LossState:
+        """Each stateful term's state under ``"<term index>.<key>"``."""
+        return {f"{i}.{k}": v for i, (_, loss) in enumerate(self.terms) for k, v in loss.state_dict().items()}
+
     def _fn(self, batch: Any, params: Any, ctx: LossContext) -> LossOutput:
         total: Tensor | None = None
         first: LossOutput | None = None
         metrics: dict[str, Tensor] = {}
-        for w, loss in self.terms:
+        state: LossState = {}
+        for i, (w, loss) in enumerate(self.terms):
             native = batch if not isinstance(batch, PreferenceBatch) or Shape.PAIR in loss.spec.shapes else None
-            out = loss.spec.fn(native if native is not None else group_from_pairs(batch), loss.params, ctx)
+            own = None if ctx.state is None or not loss.spec.stateful else {
+                k.partition(".")[2]: v for k, v in ctx.state.items() if k.partition(".")[0] == str(i)}
+            term_ctx = dataclasses.replace(ctx, state=own)
+            out = loss.spec.fn(native if native is not None else group_from_pairs(batch), loss.params, term_ctx)
+            state.update({f"{i}.{k}": v for k, v in (out.state or {}).items()})
             total = w * out.losses if total is None else total + w * out.losses
             first = first or out
             metrics[f"{loss.name}/loss"] = out.losses.detach().mean()
             metrics.update({k if "/" in k else f"{loss.name}/{k}": v for k, v in out.metrics.items()})
         assert total is not None and first is not None
-        return LossOutput(total, first.chosen_rewards, first.rejected_rewards, metrics, rewards=first.rewards)
+        return LossOutput(total, first.chosen_rewards, first.rejected_rewards, metrics, rewards=first.rewards,
+                          state=state if ctx.state is not None else None)
 
 
 def is_combination(name: str) -> bool:

@@ -96,7 +96,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     else:
         plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
-    accelerator.print(f"prefzoo train: {plan.describe()}")
+    if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
+        accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
     defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
     for line in defaults.lines():
@@ -149,10 +150,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         t0 = time.perf_counter()
         reference, ref_kind = precompute_reference(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
         timings["reference"] = time.perf_counter() - t0
+    unit = {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs")
     accelerator.print(
         f"prefzoo train: loss {loss!r}; reference: {ref_kind}; {accelerator.num_processes} "
-        f"process(es) × {cfg.per_device_batch_size} pairs × {cfg.grad_accum} accumulation = "
-        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} pairs per step; "
+        f"process(es) × {cfg.per_device_batch_size} {unit} × {cfg.grad_accum} accumulation = "
+        f"{accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum} {unit} per step; "
         f"{total_steps} steps"
     )
     parts = Parts(
@@ -164,6 +166,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     if prompts is not None:
         parts.online = _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
+    if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
+        accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
         if parts.online is not None:

@@ -21,7 +21,9 @@ B_UNEVEN = 11  # split as 1 + 5 + 5 (3 ranks), 1 + 10 (2 ranks), 1 + 4 + 3 + 3 (
 def coupled_losses() -> list[str]:
     import prefzoo
 
-    return [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).batch_coupled]
+    # unpaired losses take an UnpairedBatch: tests/distributed/test_unpaired_gather.py
+    specs = [prefzoo.loss_spec(n) for n in prefzoo.list_losses()]
+    return [s.name for s in specs if s.batch_coupled and s.accepts(prefzoo.Shape.PAIR)]
 
 
 def make_batch(theta: torch.Tensor, b: int, seed: int = 0):

@@ -21,8 +21,10 @@ from hypothesis import given
 import prefzoo
 from prefzoo.testing import batches_for, cast_batch, grads, loss_params, shard_batch
 
-DECOUPLED = [n for n in prefzoo.list_losses() if not prefzoo.loss_spec(n).batch_coupled]
-COUPLED = [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).batch_coupled]
+# unpaired losses: tests/properties/test_unpaired.py
+PAIRWISE = [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).accepts(prefzoo.Shape.PAIR)]
+DECOUPLED = [n for n in PAIRWISE if not prefzoo.loss_spec(n).batch_coupled]
+COUPLED = [n for n in PAIRWISE if prefzoo.loss_spec(n).batch_coupled]
 
 
 @pytest.mark.parametrize("name", DECOUPLED)

@@ -173,12 +173,15 @@ def _history(tmp_path) -> list[dict]:
 @pytest.mark.slow
 def test_train_mmpo_list_on_raw_ultrafeedback(tmp_path, tiny_dir, capsys):
     _needs("mmpo-list")
-    data = write_jsonl(tmp_path / "ultrafeedback_raw.jsonl", make_ultrafeedback_raw(16))
-    rc, out, err = _run(capsys, "--loss", "mmpo-list", *_train_args(tmp_path, tiny_dir, data))
+    data = write_jsonl(tmp_path / "ultrafeedback_raw.jsonl", make_ultrafeedback_raw(24))
+    args = [*_train_args(tmp_path, tiny_dir, data), "--eval-fraction", "0.25", "--eval-at-start"]
+    rc, out, err = _run(capsys, "--loss", "mmpo-list", *args)
     assert rc == 0, err
-    assert "data shape lists, trained as lists" in out
+    assert "data shape lists, trained as lists" in out and "train: 18 lists kept" in out
     steps = [r for r in _history(tmp_path) if "loss" in r]
     assert len(steps) == 2 and all("rewards/ranking_accuracy" in r and "logps/mean" in r for r in steps)
+    evals = [r for r in _history(tmp_path) if "eval/reward_accuracy" in r]
+    assert len(evals) == 2 and all(r["eval/pairs"] == 6 for r in evals)  # the 6 held-out lists, before and after
 
 
 @pytest.mark.slow
@@ -195,10 +198,11 @@ def test_train_dpo_with_pairs_from_lists(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 def test_train_kto_on_unpaired_examples(tmp_path, tiny_dir, capsys):
     _needs("kto")
-    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(16))
-    rc, out, err = _run(capsys, "--loss", "kto", *_train_args(tmp_path, tiny_dir, data))
+    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(24))
+    rc, out, err = _run(capsys, "--loss", "kto", *_train_args(tmp_path, tiny_dir, data), "--eval-fraction", "0.25")
     assert rc == 0, err
     assert "KL pairs: completions rotated by one" in out
+    assert [r["eval/pairs"] for r in _history(tmp_path) if "eval/pairs" in r] == [6.0]
     steps = [r for r in _history(tmp_path) if "loss" in r]
     assert len(steps) == 2 and all(0.0 <= r["data/desirable"] <= 1.0 for r in steps)
 
@@ -212,3 +216,49 @@ def test_train_kto_on_pairs_with_unpair(tmp_path, tiny_dir, capsys):
     rc, out, err = _run(capsys, "--loss", "kto", "--unpair", *_train_args(tmp_path, tiny_dir, data))
     assert rc == 0, err
     assert "trained as unpaired (--unpair" in out and "train: 16 examples kept" in out  # 8 pairs -> 16 examples
+
+
+def test_group_and_unpaired_metrics():
+    from prefzoo.train.metrics import step_metrics
+    from prefzoo.types import GroupBatch, LossOutput, UnpairedBatch
+
+    group = GroupBatch(policy_logps=torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, 0.0]]),
+                       scores=torch.tensor([[2.0, 2.0, 0.0], [1.0, 0.0, 0.0]]),
+                       mask=torch.tensor([[True, True, True], [True, True, False]]))  # fmt: skip
+    rewards = torch.tensor([[0.1, 0.5, 0.0], [0.0, 0.3, 9.0]])  # group 0: a tied best on top; group 1: the worst
+    out = LossOutput(torch.zeros(2), torch.tensor([0.5, 0.0]), torch.tensor([0.0, 0.3]), rewards=rewards)
+    m = step_metrics(group, out, torch.tensor(0.0))
+    assert m["rewards/ranking_accuracy"] == 0.5  # the padded slot's 9.0 is ignored
+    assert m["rewards/accuracies"] == 0.5 and m["logps/mean"] == pytest.approx(-9.0 / 5)
+    un = UnpairedBatch(policy_logps=torch.tensor([-1.0, -3.0, -2.0]), labels=torch.tensor([True, False, False]))
+    out = LossOutput(torch.zeros(3), torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3))
+    m = step_metrics(un, out, torch.tensor(0.0))
+    assert m["rewards/accuracies"] == pytest.approx(1 / 3)  # reward > point agrees with the label only for 0
+    assert m["logps/desirable"] == -1.0 and m["logps/undesirable"] == -2.5
+    assert m["data/desirable"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.slow
+def test_train_bco_keeps_its_state_in_checkpoints(tmp_path, tiny_dir, capsys):
+    """A stateful unpaired loss: its running mean δ is registered for checkpointing and advances every step."""
+    _needs("bco")
+    data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(16))
+    rc, _, err = _run(capsys, "--loss", "bco", "--save-steps", "1", *_train_args(tmp_path, tiny_dir, data))
+    assert rc == 0, err
+    saved = sorted((tmp_path / "out" / "checkpoints").glob("step-*/custom_checkpoint_0.*"))
+    assert len(saved) == 2
+    states = [torch.load(f, weights_only=True) for f in saved]
+    assert float(states[0]["count"]) < float(states[1]["count"])  # δ advanced between the two steps
+
+
+@pytest.mark.slow
+def test_train_list_loss_on_pairs_as_k2_groups(tmp_path, tiny_dir, capsys):
+    """A list loss on pair data trains on K = 2 groups: mmpo-list on pairs equals mmpo (lists' K = 2 identity)."""
+    _needs("mmpo-list")
+    data = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(8))
+    losses = {}
+    for name in ("mmpo-list", "mmpo"):
+        rc, _, err = _run(capsys, "--loss", name, *_train_args(tmp_path / name, tiny_dir, data))
+        assert rc == 0, err
+        losses[name] = [r["loss"] for r in _history(tmp_path / name) if "loss" in r]
+    assert losses["mmpo-list"] == pytest.approx(losses["mmpo"], abs=1e-5)
