@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "DataFormatError", "detect_format", "detected_format", "load_preference_dataset", "normalize"]
 
-FORMATS = ("plain", "conversational", "ultrafeedback", "orca", "ultrafeedback-raw", "list", "unpaired")
-_SHAPE_OF = {"ultrafeedback-raw": "lists", "list": "lists", "unpaired": "unpaired"}  # every other format: pairs
+FORMATS = ("plain", "conversational", "ultrafeedback", "orca", "ultrafeedback-raw", "list", "unpaired", "prompts")
+_SHAPE_OF = {"ultrafeedback-raw": "lists", "list": "lists", "unpaired": "unpaired", "prompts": "prompts"}  # else pairs
 _FORMAT_COLUMNS = {
     "plain": "prompt (str), chosen (str), rejected (str)",
     "conversational": "chosen (messages), rejected (messages), optional prompt (messages)",
@@ -42,6 +42,7 @@ _FORMAT_COLUMNS = {
     "ultrafeedback-raw": "instruction (str), completions (list of {response, overall_score})",
     "list": "prompt, completions (list of K >= 2), optional scores (one number per completion)",
     "unpaired": "prompt, completion, label (bool: true = desirable)",
+    "prompts": "prompt only (string or messages): on-policy training (--online)",
 }
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -72,6 +73,8 @@ def detect_format(columns: list[str], first_row: dict[str, Any]) -> str:
         return "list"
     if {"completion", "label"} <= cols:
         return "unpaired"
+    if "prompt" in cols and not cols & {"chosen", "rejected", "completion", "completions", "question"}:
+        return "prompts"
     if {"question", "chosen", "rejected"} <= cols:
         return "orca"
     if {"chosen", "rejected"} <= cols:
@@ -126,6 +129,10 @@ def _normalize_row(row: dict[str, Any], idx: int, fmt: str) -> dict[str, Any]:
         return normalize_list_row(row, idx, rid, fmt)
     if fmt == "unpaired":
         return normalize_unpaired_row(row, idx, rid)
+    if fmt == "prompts":
+        value = row.get("prompt")
+        return {"id": rid, "prompt": check_text(value, rid, "prompt") if isinstance(value, str) or value is None
+                else check_messages(value, rid, "prompt")}  # fmt: skip
     if fmt == "plain":
         texts = {col: check_text(row.get(col), rid, col) for col in ("prompt", "chosen", "rejected")}
         return {"id": rid, **texts}

@@ -34,6 +34,7 @@ __all__ = [
     "LISTS",
     "PAIRS",
     "PAIRS_FROM_LISTS",
+    "PROMPTS",
     "SHAPE_COLUMNS",
     "UNPAIRED",
     "data_shape",
@@ -45,7 +46,9 @@ __all__ = [
 ]
 
 PAIRS, LISTS, UNPAIRED = "pairs", "lists", "unpaired"  # the data shapes (prefzoo.Shape values)
+PROMPTS = "prompts"  # prompts only: the data of on-policy training (--online), which samples the completions
 SHAPE_COLUMNS = {
+    PROMPTS: ["id", "prompt"],
     PAIRS: ["id", "prompt", "chosen", "rejected"],
     LISTS: ["id", "prompt", "completions", "scores"],
     UNPAIRED: ["id", "prompt", "completion", "label"],
@@ -54,12 +57,15 @@ PAIRS_FROM_LISTS = ("best-worst", "all-pairs", "best-vs-rest")  # --pairs-from-l
 
 
 def data_shape(ds: datasets.Dataset) -> str:
-    """``pairs``, ``lists`` or ``unpaired``: the shape of a normalized (or tokenized) dataset, read from its columns."""
+    """``pairs``, ``lists``, ``unpaired`` or ``prompts``: the shape of a normalized (or tokenized) dataset, read from
+    its columns."""
     cols = set(ds.column_names)
     if {"completions", "completion_ids"} & cols:
         return LISTS
     if {"completion", "label"} <= cols:
         return UNPAIRED
+    if "prompt" in cols and cols <= {"id", "prompt"}:
+        return PROMPTS
     return PAIRS
 
 

@@ -83,8 +83,8 @@ def generate(
     (:func:`prefzoo.data.chat.render_prompt`: a string as given, a conversation
     through the chat template with the generation prompt).  A prompt longer than the model's context minus
     ``max_new_tokens`` keeps its end (as in training); how many were cut is logged and, when ``report`` is a dict,
-    stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``, and the number of tokens
-    each prompt generated before its eos in ``report["new_tokens"]``.
+    stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``, the number of tokens
+    each prompt generated before its eos in ``report["new_tokens"]`` and those tokens in ``report["token_ids"]``.
     """
     import torch
 
@@ -103,6 +103,7 @@ def generate(
     model.eval()
     out: list[str] = []
     lengths: list[int] = []  # generated tokens per prompt, before the first eos (at most max_new_tokens)
+    token_ids: list[list[int]] = []  # those tokens
     try:
         with padding_side(tokenizer, "left"):
             for i in range(0, len(prompts), batch_size):
@@ -125,7 +126,9 @@ def generate(
                     )  # (b, T_prompt + T_new)
                 new = ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
                 out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-                lengths.extend(_generated_lengths(new, tokenizer.eos_token_id))
+                got = _generated_lengths(new, tokenizer.eos_token_id)
+                lengths.extend(got)
+                token_ids.extend(row[:n].tolist() for row, n in zip(new, got, strict=True))
     finally:
         model.train(was_training)
     if truncated:
@@ -134,5 +137,5 @@ def generate(
             truncated, len(prompts), budget, max_new_tokens, why,
         )  # fmt: skip
     if report is not None:
-        report.update(prompts_truncated=truncated, prompt_budget=budget, new_tokens=lengths)
+        report.update(prompts_truncated=truncated, prompt_budget=budget, new_tokens=lengths, token_ids=token_ids)
     return out

@@ -106,6 +106,15 @@ class Callback:
     def on_evaluate(self, state: RunState, metrics: dict[str, float]) -> None:
         """An evaluation finished (``eval/reward_accuracy``, ``eval/loss``, ...; same values on every process)."""
 
+    def on_generation_begin(self, state: RunState) -> None:
+        """On-policy runs (--online): before a round's samples are drawn from the policy."""
+
+    def on_generation_end(self, state: RunState) -> None:
+        """On-policy runs: the round's samples are drawn (the judge has not scored them yet)."""
+
+    def on_judged(self, state: RunState) -> None:
+        """On-policy runs: the round's samples are scored and gathered; its training steps come next."""
+
     def on_save_files(self, state: RunState, path: Path) -> None:
         """Main process only: a checkpoint's files are in ``path`` and fsynced; its completion marker is not yet."""
 

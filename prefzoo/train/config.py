@@ -87,6 +87,19 @@ class TrainConfig:
     share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once
     logps_fallback: bool = False  # log-prob self-check fails: use the model's own forward (slower) instead of stopping
     group_by_length: bool = False  # batches of pairs of similar length (less padding), in a seeded random order
+    # on-policy training (--online): the data is prompts; each round the policy samples and a judge scores
+    online: bool = False  # sample completions from the policy each round and train on them as judged
+    samples_per_prompt: int = 4  # completions sampled per prompt and round (n of the MML estimator)
+    online_every: int = 1  # optimizer steps per round of fresh samples (1: fully on-policy; N: semi-online)
+    judge: str = "oracle"  # oracle | reward-model:PATH | llm:PATH | a plugin judge's name
+    judge_params: list[str] = field(default_factory=list)  # the judge's KEY=VALUE options, e.g. tie_tolerance=0.1
+    judge_max_skip: float = 0.5  # stop when the judge fails on more than this share of a round's prompts
+    engine: str = "hf"  # generation engine: hf (transformers generate) | vllm (GPU, the vllm extra)
+    temperature: float = 1.0  # sampling temperature of the online samples
+    top_p: float = 1.0  # nucleus sampling of the online samples
+    max_new_tokens: int | None = None  # tokens an online sample may generate; unset = the completion token limit
+    generation_batch_size: int | None = None  # prompts per generate call; unset = per_device_batch_size
+    desirable_threshold: float | None = None  # unpaired losses online: score >= it is desirable; unset = above mean
     # bookkeeping
     output_dir: str = "runs/prefzoo"  # checkpoints/, metrics.jsonl, final model and run card
     logging_steps: int = 1  # optimizer steps between metric lines
@@ -121,6 +134,8 @@ class TrainConfig:
             "logging_steps",
             "save_total_limit",
             "logp_chunk_size",
+            "samples_per_prompt",
+            "online_every",
         )
         for name in positive:
             if int(getattr(self, name)) < 1:
@@ -140,6 +155,16 @@ class TrainConfig:
                 f"push_to_hub={self.push_to_hub!r}: give the hub repo id, e.g. --push-to-hub org/name (TRL's "
                 "push_to_hub: true + hub_model_id: org/name is written here as push_to_hub: org/name)"
             )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} must be >= 1 (or unset for the completion limit)")
+        if self.generation_batch_size is not None and self.generation_batch_size < 1:
+            raise ConfigError(f"generation_batch_size={self.generation_batch_size} must be >= 1 (or unset)")
+        if not 0 <= self.judge_max_skip <= 1:
+            raise ConfigError(f"judge_max_skip={self.judge_max_skip} must be in [0, 1]")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"temperature={self.temperature} must be a positive number")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1]")
         if self.dataset_num_proc is not None and self.dataset_num_proc < 1:
             raise ConfigError(f"dataset_num_proc={self.dataset_num_proc} must be >= 1 (or unset)")
         if self.max_steps is not None and self.max_steps < 1:

@@ -133,6 +133,8 @@ class Run:
     def train(self, train_dataset: Any, eval_dataset: Any) -> TrainResult:
         self.setup(train_dataset, eval_dataset)
         p, state = self.parts, self.state
+        if p.online is not None:
+            return self.train_online(p.online)
         start_epoch = state.global_step // p.steps_per_epoch
         skip = (state.global_step - start_epoch * p.steps_per_epoch) * self.cfg.grad_accum  # micro-batches seen
         self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
@@ -148,6 +150,22 @@ class Run:
             if p.eval_dl is not None:
                 self.evaluate()
             self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
+            if not self.done and self.stop_requested():
+                break
+        return self.finish()
+
+    def train_online(self, online: Any) -> TrainResult:
+        """On-policy rounds (:mod:`prefzoo.train.online`): sample, judge, then the round's steps; evaluation at the end
+        of each pass over the prompts."""
+        p, state = self.parts, self.state
+        for batches in online.rounds(self):
+            state.epoch = state.global_step // p.steps_per_epoch + 1
+            if self.done or self.train_epoch(batches):
+                break
+            if state.global_step % p.steps_per_epoch == 0 or state.global_step >= p.total_steps:
+                if p.eval_dl is not None:
+                    self.evaluate()
+                self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
             if not self.done and self.stop_requested():
                 break
         return self.finish()
@@ -393,11 +411,17 @@ class Run:
                 save_model_folder(acc, p.policy, p.tokenizer, tmp, p.model_defaults)
 
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
-                                before_marker=lambda tmp: self.callbacks.call("on_save_files", state, tmp),
+                                before_marker=self._save_files,
                                 node_local=storage is not None and not storage.shared, write=write)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved
+
+    def _save_files(self, folder: Path) -> None:
+        """Main process, a checkpoint's files written and its marker not yet: the online round, the callbacks' files."""
+        if self.parts.online is not None:
+            self.parts.online.save(folder)
+        self.callbacks.call("on_save_files", self.state, folder)
 
     def abort_nonfinite(self) -> None:
         saved = self.saved or self.checkpoint(force=True)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from prefzoo.data.chat import set_chat_template
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
-from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED, data_shape
+from prefzoo.data.shapes import LISTS, PAIRS, PROMPTS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, read_marker
@@ -37,11 +38,12 @@ from prefzoo.train.model import (
 from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
+from prefzoo.train.online import OnlineError, OnlineRounds, online_prompts, parse_judge
 from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
 from prefzoo.train.selfcheck import first_pairs, run_self_check
-from prefzoo.train.shapes import ShapePlan, plan_shape
+from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
-from prefzoo.types import Need
+from prefzoo.types import Need, Shape
 
 __all__ = ["Parts", "setup", "skip_batches_left", "trackers"]
 
@@ -68,6 +70,9 @@ class Parts:
     steps_per_epoch: int
     total_steps: int
     num_epochs: int
+    collate: Any = None  # the collator of the batches' shape
+    online: Any = None  # OnlineRounds of an on-policy run (--online), else None
+    resume_path: Path | None = None  # the checkpoint this run resumed from
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
     skip_record: list[int] | None = None  # [start step, N] of the --skip-batches N this run applies (or applied)
@@ -95,7 +100,20 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     set_seed(cfg.seed)
     with accelerator.main_process_first():  # the data's shape is checked against the loss before any model loads
         train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
-    plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
+    prompts: list[Any] | None = None
+    eval_plan: ShapePlan | None = None
+    judge: Any = None
+    if cfg.online:  # the data is prompts; each round's samples are lists (see prefzoo.train.online)
+        if cfg.precompute_ref:
+            raise ConfigError("--precompute-ref with --online: generated completions are new each round; drop it")
+        if cfg.skip_batches:
+            raise ConfigError("--skip-batches with --online: there is no fixed data order to skip in; drop it")
+        prompts = online_prompts(train_dataset)
+        plan = online_plan(loss, cfg.pairs_from_lists, cfg.unpair)
+        train_dataset, eval_dataset, eval_plan = None, *_online_eval(loss, cfg, eval_dataset, accelerator)
+        judge = _online_judge(cfg)
+    else:
+        plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
     if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
         accelerator.print(f"prefzoo train: {plan.describe()}")
@@ -105,14 +123,22 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         accelerator.print(f"prefzoo train: {line}")
     template = set_chat_template(tokenizer, cfg.chat_template)
     with accelerator.main_process_first():
-        train_tok, eval_tok, data_stats = prepare_datasets(
-            cfg, tokenizer, train_dataset, eval_dataset, defaults.limits, plan
-        )
-    for line in describe_data(tokenizer, train_tok, data_stats, template):
+        if prompts is None:
+            train_tok, eval_tok, data_stats = prepare_datasets(
+                cfg, tokenizer, train_dataset, eval_dataset, defaults.limits, plan
+            )
+        else:
+            train_tok, eval_tok, data_stats = None, None, {}
+            if eval_dataset is not None:  # held-out preference data, in the shape this loss takes it
+                whole = dataclasses.replace(cfg, eval_fraction=0.0)
+                eval_tok, _, stats = prepare_datasets(whole, tokenizer, eval_dataset, None, defaults.limits, eval_plan)
+                data_stats["eval"] = stats["train"]
+    for line in describe_data(tokenizer, train_tok, data_stats, template) if train_tok is not None else ():
         accelerator.print(f"prefzoo train: {line}")
     _print_data_stats(accelerator, data_stats, {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs"))
-    _agree_on_identity(cfg, accelerator, storage, train_tok, eval_tok, identity)
-    if Need.SCORES in loss.needs and "score_chosen" not in train_tok.column_names:
+    agreed_data = train_tok if prompts is None else _as_dataset(prompts)
+    _agree_on_identity(cfg, accelerator, storage, agreed_data, eval_tok, identity)
+    if Need.SCORES in loss.needs and (train_tok is None or "score_chosen" not in train_tok.column_names):
         raise ConfigError(
             f"loss {loss.name!r} needs each pair's scores (ODPO's offset), but the data has no score_chosen and "
             "score_rejected columns; add them (UltraFeedback's names) or drop the modifier"
@@ -126,13 +152,23 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
     collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
-    train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
-    steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, len(train_tok), accelerator.num_processes)
+    if prompts is None:
+        train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
+        examples = len(train_tok)
+    else:  # online: each round's micro-batches are built from its samples (prefzoo.train.online)
+        eval_collate = _collator(eval_plan, tokenizer.pad_token_id, False) if eval_plan is not None else collate
+        train_dl = None
+        eval_dl = None if eval_tok is None else _dataloaders(cfg, eval_collate, eval_tok, eval_tok)[1]
+        examples = len(prompts)
+    steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, examples, accelerator.num_processes)
     schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio, cfg.lr_scheduler_type, cfg.warmup_steps)
-    policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
+    if train_dl is None:
+        policy, optimizer, schedule = accelerator.prepare(policy, optimizer, schedule)
+    else:
+        policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
-    if not _zero3_enabled():  # the fast path against the model's own forward, before any reference is cached
+    if not _zero3_enabled() and train_tok is not None:  # the fast path against the model's own forward, first
         check_batch = first_pairs(train_tok, collate, accelerator.device)
         run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     timings: dict[str, float] = {}
@@ -152,11 +188,16 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         make_gather(accelerator), _run_info(cfg, identity, accelerator.num_processes), data_stats, defaults,
         steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage,
     )  # fmt: skip
+    parts.collate = collate
+    if prompts is not None:
+        parts.online = _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
     if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
         accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
+        if parts.online is not None:
+            parts.online.load(resume_path)
     if cfg.skip_batches:
         done = resume_info.get("skip_batches")  # the same skip, already applied before this checkpoint
         same = isinstance(done, list) and len(done) == 2 and done[1] == cfg.skip_batches and done[0] < parts.start_step
@@ -177,6 +218,59 @@ def skip_batches_left(cfg: TrainConfig, start_step: int, record: list[int] | Non
         f"{start_step + steps} are passed over (counted as skipped steps; no update, no scheduler step)"
     )
     return steps * cfg.grad_accum
+
+
+def _as_dataset(prompts: list[Any]) -> Any:
+    """An on-policy run's prompts as a dataset, for the ranks' data agreement (its content digest)."""
+    import json
+
+    import datasets
+
+    return datasets.Dataset.from_dict({"prompt": [json.dumps(p, sort_keys=True) for p in prompts]})
+
+
+def _online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: Any) -> tuple[Any, Any]:
+    """(held-out data, its ShapePlan) of an on-policy run, or (None, None) when there is none or this loss cannot
+    evaluate on it (said in one line)."""
+    if eval_dataset is None or len(eval_dataset) == 0 or data_shape(eval_dataset) == PROMPTS:
+        return None, None
+    try:
+        shape = data_shape(eval_dataset)
+        return eval_dataset, plan_shape(
+            loss, shape, cfg.pairs_from_lists if shape == LISTS else None,
+            shape == PAIRS and not loss.spec.accepts(Shape.PAIR) and not loss.spec.accepts(Shape.LIST),
+        )  # fmt: skip
+    except ConfigError as e:
+        accelerator.print(f"prefzoo train: no held-out evaluation: {e}")
+        return None, None
+
+
+def _online_judge(cfg: TrainConfig) -> Any:
+    """The judge of an on-policy run, built before the policy loads (bad names and options fail early)."""
+    from prefzoo.eval.judges import get_judge
+
+    name, opts = parse_judge(cfg.judge, cfg.judge_params)
+    try:
+        return get_judge(name, **opts)
+    except (ValueError, TypeError, OSError) as e:
+        raise OnlineError(f"--judge {cfg.judge!r}: {e}") from None
+
+
+def _online_rounds(cfg: TrainConfig, parts: Parts, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
+    from prefzoo.eval.engines import make_engine
+    from prefzoo.eval.generation import prompt_budget, unwrap_model
+
+    lm = unwrap_model(parts.accelerator.unwrap_model(parts.policy).lm)
+    try:
+        engine = make_engine(cfg.engine, lm, parts.tokenizer)
+    except (ValueError, RuntimeError) as e:
+        raise OnlineError(str(e)) from None
+    rounds = OnlineRounds(cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
+    try:
+        prompt_budget(lm, parts.tokenizer, rounds.max_new_tokens)
+    except ValueError as e:
+        raise ConfigError(f"--max-new-tokens: {e}") from None
+    return rounds
 
 
 def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
@@ -368,6 +462,7 @@ def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
             )
     _load_state(parts.accelerator, path)
     parts.start_step = int(saved["step"])
+    parts.resume_path = path
     parts.start_skipped = int(saved.get("skipped_steps", 0))
     parts.accelerator.print(f"prefzoo train: resumed from {path} at step {parts.start_step}")
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prefzoo.data.shapes import LISTS, PAIRS, PAIRS_FROM_LISTS, UNPAIRED, lists_to_pairs, unpair
+from prefzoo.data.shapes import LISTS, PAIRS, PAIRS_FROM_LISTS, PROMPTS, UNPAIRED, lists_to_pairs, unpair
 from prefzoo.train.config import ConfigError
 from prefzoo.types import Need, Shape
 
-__all__ = ["ShapeError", "ShapePlan", "convert", "plan_shape"]
+__all__ = ["ShapeError", "ShapePlan", "convert", "online_plan", "plan_shape"]
 
 _SHAPE = {PAIRS: Shape.PAIR, LISTS: Shape.LIST, UNPAIRED: Shape.UNPAIRED}
 _WORDS = {Shape.PAIR: "pairs", Shape.LIST: "lists", Shape.UNPAIRED: "unpaired examples"}
@@ -67,6 +67,12 @@ def _others(shape: Shape) -> str:
 
 def plan_shape(loss: Any, data: str, pairs_from_lists: str | None = None, unpair: bool = False) -> ShapePlan:
     """The :class:`ShapePlan` for ``loss`` on data of shape ``data``, or a :class:`ShapeError` (before any model)."""
+    if data == PROMPTS:
+        raise ShapeError(
+            "the data holds prompts only (no chosen/rejected, completions or completion column): add --online to "
+            "sample completions from the policy and judge them (--samples-per-prompt, --judge), or give "
+            "preference data"
+        )
     spec = loss.spec
     shapes = frozenset(spec.shapes)
     have = _SHAPE[data]
@@ -112,6 +118,19 @@ def plan_shape(loss: Any, data: str, pairs_from_lists: str | None = None, unpair
         f"loss {name!r} takes {takes} but the data holds {_WORDS[have]} ({_COLUMNS[have]}); no flag converts them: "
         f"give {takes} ({'; '.join(_COLUMNS[s] for s in sorted(shapes, key=lambda s: s.value))})"
     )
+
+
+def online_plan(loss: Any, pairs_from_lists: str | None = None, unpair: bool = False) -> ShapePlan:
+    """How generated lists (n scored samples per prompt) reach ``loss`` in an on-policy run: a list loss takes them
+    as they are, a pairwise loss through ``--pairs-from-lists``, an unpaired loss as examples labelled by score."""
+    spec = loss.spec
+    if unpair:
+        raise ShapeError("--unpair splits pairs; with --online an unpaired loss labels the samples by score: drop it")
+    if not spec.accepts(Shape.LIST) and not spec.accepts(Shape.PAIR) and Shape.UNPAIRED in spec.shapes:
+        if pairs_from_lists is not None:
+            raise ShapeError(f"--pairs-from-lists: loss {spec.name!r} takes unpaired examples; drop it")
+        return ShapePlan(LISTS, UNPAIRED, kl=Need.KL_REFERENCE in loss.needs)
+    return plan_shape(loss, LISTS, pairs_from_lists, False)
 
 
 def convert(ds: Any, plan: ShapePlan) -> tuple[Any, int]:
