@@ -240,7 +240,7 @@ class LossSpec:
     paper: str  # citation with arXiv id or URL
     scores: str  # what chosen_rewards / rejected_rewards are
     needs: frozenset[Need] = frozenset()  # inputs the trainer must compute
-    batch_coupled: bool = False  # an example's loss depends on other examples (through ctx.gather)
+    batch_coupled: bool | Callable[[Any], bool] = False  # depends on other examples (ctx.gather), maybe per params
     monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
@@ -268,6 +268,10 @@ class LossSpec:
     def is_monotone(self, params: Any) -> bool:
         """Whether the loss declares ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 for these params."""
         return bool(self.monotone(params)) if callable(self.monotone) else bool(self.monotone)
+
+    def is_batch_coupled(self, params: Any) -> bool:
+        """Whether an example's loss depends on other examples of the batch for these params."""
+        return bool(self.batch_coupled(params)) if callable(self.batch_coupled) else bool(self.batch_coupled)
 
     @property
     def needs_reference(self) -> bool:
@@ -345,7 +349,7 @@ class Loss:
 
     @property
     def batch_coupled(self) -> bool:
-        return self.spec.batch_coupled
+        return self.spec.is_batch_coupled(self.params)
 
     def __repr__(self) -> str:
         return f"Loss({self.spec.name!r}, {self.params!r})"
