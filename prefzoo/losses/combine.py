@@ -256,8 +256,8 @@ def prefzoo_register_losses() -> list[LossSpec]:
             scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",
             needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
             batch_coupled=nll_coupled,
-            description="Reasoning/Regularized Preference Optimization: DPO plus an NLL term on the chosen response "
-            "(the same as '--loss \"dpo + 1.0*sft\"' with sft's nll_reduction).",
+            description="The loss of Iterative Reasoning Preference Optimization (RPO): DPO plus α·NLL on the chosen "
+            "response; the same as '--loss \"dpo + α*sft\"' with sft.nll_reduction=batch-tokens.",
             notes="nll_reduction defaults to 'batch-tokens' here, unlike sft, cpo and orpo: rpo exists to match TRL's "
             "RPO preset, whose NLL is the mean over all chosen tokens of the batch. 'example' gives each example's "
             "own token mean.",
