@@ -14,6 +14,7 @@ from prefzoo.types import LossContext, PreferenceBatch, PreferenceBatchError
 
 __all__ = [
     "EXP_CAP",
+    "EXP_HEADROOM",
     "NLL_NOTE",
     "NLL_REDUCTIONS",
     "average_logps",
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 EXP_CAP = 80.0  # exp(80) ≈ 5.5e34 stays finite in float32 and bfloat16 (TRL clamps its α-divergence at the same value)
+EXP_HEADROOM = 0.1  # past the cap e^x grows by at most 10% more: β·2·1.1e^80/(1 − 2ε) stays finite as TRL's clamp does
 NLL_REDUCTIONS = ("example", "batch-tokens")
 NLL_NOTE = (
     "nll_reduction defaults to 'example' (each example's NLL averaged over its own tokens): an example's loss then "
@@ -150,11 +152,14 @@ def chosen_nll(batch: PreferenceBatch, reduction: str, ctx: LossContext) -> Tens
     return -pw * (lengths.numel() / lengths.sum())  # (B,)
 
 
-def exp_capped(x: Tensor, cap: float = EXP_CAP) -> Tensor:
-    """exp(x) up to ``cap``, then e^cap·(1 + log(1 + x − cap)): equal value and slope at ``cap``, finite and still
-    increasing beyond it (for every finite float32 x), so a clamp does not leave a flat loss with zero gradient."""
+def exp_capped(x: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
+    """exp(x) up to ``cap``, then e^cap·(1 + h·u/(h + u)) with u = x − cap, h = ``headroom``: equal value and slope
+    at ``cap``, still increasing beyond it (slope e^cap·h²/(h + u)² > 0) but never above (1 + h)·e^cap, so a loss
+    that multiplies it by β/(1 − 2ε) (robust) stays as finite as with a flat clamp, which would have zero gradient.
+    The slope stays representable in float32 up to u ≈ 1e18, far past any summed log-prob."""
     below = torch.exp(x.clamp(max=cap))
-    above = math.exp(cap) * (1 + torch.log1p((x - cap).clamp(min=0)))
+    u = (x - cap).clamp(min=0)
+    above = math.exp(cap) * (1 + headroom - headroom**2 / (headroom + u))  # = h·u/(h + u), its slope not cancelling
     return torch.where(x > cap, above, below)
 
 

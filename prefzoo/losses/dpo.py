@@ -42,8 +42,8 @@ from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 _CAP_NOTE = (
     "forward_kl and alpha_divergence: e^x is TRL's up to x = 80 (TRL's own α-divergence clamp), then "
-    "e^80·(1 + log(1 + x − 80)), finite and still increasing, where TRL's forward KL overflows float32 (x > 88.7) "
-    "and its α-divergence is flat with zero gradient."
+    "e^80·(1 + 0.1·u/(0.1 + u)) with u = x − 80: same slope at 80, still increasing (non-zero gradient) and at most "
+    "1.1·e^80, where TRL's forward KL overflows float32 (x > 88.7) and its α-divergence is flat with zero gradient."
 )
 _IPO_MAX_DELTA = 1e18  # (1e18)² = 1e36 < float32 max 3.4e38; only exponential f-divergences get this far
 
@@ -103,7 +103,7 @@ class SFTParams(LossParams):
 def f_scores(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> tuple[Tensor, Tensor]:
     """f'(π/π_ref) of f-DPO applied to the log-ratios; identity for reverse KL."""
     kind = p.f_divergence
-    # e^x is capped by exp_capped: equal to TRL up to x = 80, then growing like log x (finite, with a gradient)
+    # e^x is capped by exp_capped: equal to TRL up to x = 80, then bounded but still increasing (with a gradient)
     if kind == "forward_kl":  # f'(t) = 1 − 1/t
         return 1 - exp_capped(-rho_w), 1 - exp_capped(-rho_l)
     if kind == "js_divergence":  # f'(t) = log 2 + log σ(log t)
@@ -437,8 +437,9 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "Chan Lu et al. 2024, arXiv:2406.08414 (DiscoPOP)",
             monotone=False,
             description="Discovered Preference Optimization: log-ratio modulated blend of logistic and exponential.",
-            notes="With τ > 1 the exponential term grows like exp(−βΔ(1 − 1/τ)) as Δ → −∞; it is capped like e^x "
-            "past 80 (finite, still increasing) instead of overflowing, where TRL's exp(−βΔ) is inf beyond 88.7.",
+            notes="With τ > 1 the exponential term grows like exp(−βΔ(1 − 1/τ)) as Δ → −∞; past an exponent of 80 "
+            "it is capped like f-DPO's e^x (bounded, still increasing) instead of overflowing, where TRL's exp(−βΔ) "
+            "is inf beyond 88.7.",
         ),
         _spec(
             "sigmoid-norm",

@@ -55,9 +55,9 @@ def _rho(x: dict[str, Any]) -> tuple[Tensor, Tensor]:
 
 
 def _exp80(x: Tensor) -> Tensor:
-    """e^x up to x = 80, then e^80·(1 + log(1 + x − 80)) (prefzoo's cap: finite, still increasing)."""
-    return torch.where(x > 80.0, math.exp(80.0) * (1 + torch.log1p(torch.clamp(x - 80.0, min=0.0))),
-                       torch.exp(torch.clamp(x, max=80.0)))
+    """e^x up to x = 80, then e^80·(1 + 0.1·u/(0.1 + u)), u = x − 80 (prefzoo's cap: bounded, still increasing)."""
+    u = torch.clamp(x - 80.0, min=0.0)
+    return torch.where(x > 80.0, math.exp(80.0) * (1 + 0.1 * u / (0.1 + u)), torch.exp(torch.clamp(x, max=80.0)))
 
 
 def _square1e18(u: Tensor) -> Tensor:

@@ -108,10 +108,11 @@ def _at(name, params, side, rho, other, dtype, length=3):
 @pytest.mark.parametrize(("name", "params", "side", "sign"), EXTREMES, ids=[f"{e[0]}-{i}" for i, e in
                                                                              enumerate(EXTREMES)])
 def test_gradient_is_finite_and_points_back_at_extreme_log_ratios(name, params, side, sign, dtype):
-    """|ρ| from 100 to 1e36 (float32 and bfloat16 inputs, computed in float32): the loss and the gradient are
+    """|ρ| from 100 to 1e15, far past any summed log-prob (float32 and bfloat16 inputs, computed in float32; the
+    cap's slope e^80·0.01/u² leaves float32 past u ≈ 1e18): the loss and the gradient are
     finite, and the gradient of the far-out side is non-zero and pulls it back, raising the chosen margin."""
 
-    @given(exponent=st.floats(2.0, 36.0), other=st.floats(-20.0, 0.0))
+    @given(exponent=st.floats(2.0, 15.0), other=st.floats(-20.0, 0.0))
     def run(exponent, other):
         loss, gw, gl = _at(name, params, side, sign * 10.0**exponent, other, dtype)
         assert torch.isfinite(loss).all() and torch.isfinite(gw).all() and torch.isfinite(gl).all(), (loss, gw, gl)
@@ -136,7 +137,7 @@ CAPS = [
 def test_no_cliff_at_the_cap(name, params, side, sign, rho):
     """Just past the cap the gradient is within a factor 2 of just before it (a clamp would drop it to 0 or to the
     logistic term's ≈ β), and the loss keeps growing as the margin shrinks."""
-    eps = 1e-3 * rho
+    eps = 1e-5 * rho
     before, after, further = (_at(name, params, side, sign * r, -5.0, F64) for r in (rho - eps, rho + eps, 2 * rho))
     dir_before, dir_after = float(before[1] - before[2]), float(after[1] - after[2])
     assert dir_before < 0 and 0.5 < dir_after / dir_before < 2, (dir_before, dir_after)
