@@ -57,6 +57,7 @@ OTHERS: dict[str, tuple[str, str, str, str]] = {
     "cpo-ipo": ("loss", f'{_TRL_CPO} `loss_type="ipo"`', "", ""),
     "orpo": ("loss", "`ORPOTrainer` (experimental)", "`pref_loss: orpo`", ""),
     "kto": ("loss", "`KTOTrainer`", "`stage: kto`", ""),
+    "apo-zero-unpaired": ("loss", '`KTOTrainer` `loss_type="apo_zero_unpaired"`', "", ""),
     "kto-pair": ("loss", "", "`pref_loss: kto_pair`", ""),
     "wpo": ("modifier", "`use_weighting`", "", ""),
     "ld-dpo": ("modifier", "`ld_alpha`", "`ld_alpha`", ""),

@@ -20,6 +20,7 @@ __all__ = [
     "average_logps",
     "chosen_nll",
     "exp_capped",
+    "exp_capped_diff",
     "gathered_bounds",
     "log1mexp",
     "logratios",
@@ -161,6 +162,14 @@ def exp_capped(x: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) 
     u = (x - cap).clamp(min=0)
     above = math.exp(cap) * (1 + headroom - headroom**2 / (headroom + u))  # = h·u/(h + u), its slope not cancelling
     return torch.where(x > cap, above, below)
+
+
+def exp_capped_diff(a: Tensor, b: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
+    """exp_capped(a) − exp_capped(b) without cancelling (1 + h)·e^cap when both are past the cap:
+    there it is e^cap·h²·(1/(h + u_b) − 1/(h + u_a))."""
+    ua, ub = (a - cap).clamp(min=0), (b - cap).clamp(min=0)
+    both = math.exp(cap) * headroom**2 * (1 / (headroom + ub) - 1 / (headroom + ua))
+    return torch.where((a > cap) & (b > cap), both, exp_capped(a, cap, headroom) - exp_capped(b, cap, headroom))
 
 
 def square_capped(u: Tensor, cap: float) -> Tensor:

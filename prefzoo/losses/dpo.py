@@ -30,6 +30,7 @@ from prefzoo.losses._common import (
     average_logps,
     chosen_nll,
     exp_capped,
+    exp_capped_diff,
     logratios,
     nll_coupled,
     require,
@@ -123,10 +124,29 @@ def _out(losses: Tensor, rho_w: Tensor, rho_l: Tensor, beta: float, **metrics: T
     return LossOutput(losses, (beta * rho_w).detach(), (beta * rho_l).detach(), dict(metrics))
 
 
+def f_delta(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
+    """Δ = f'_w − f'_l, without the cancellation of two capped exponentials past the cap (both ≈ 1.1·e^80)."""
+    kind, a = p.f_divergence, p.alpha_divergence_coef - 1.0
+    if kind == "forward_kl":  # (1 − e^{−ρ_w}) − (1 − e^{−ρ_l})
+        return exp_capped_diff(-rho_l, -rho_w)
+    if kind == "alpha_divergence" and abs(a) >= 1e-6:
+        f_w, f_l = f_scores(rho_w, rho_l, p)
+        both = (a * rho_w > 1.0) & (a * rho_l > 1.0)  # past 1 both are exp_capped − 1: take their difference
+        return torch.where(both, exp_capped_diff(a * rho_w, a * rho_l) / a, f_w - f_l)
+    f_w, f_l = f_scores(rho_w, rho_l, p)
+    return f_w - f_l
+
+
+def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDPOParams) -> Tensor:
+    """f'_w/|y_w| − f'_l/|y_l| as Δ/|y_w| + f'_l·(1/|y_w| − 1/|y_l|): exact Δ when the lengths are equal."""
+    _, f_l = f_scores(rho_w, rho_l, p)
+    lw, ll = lw.to(f_l.dtype), ll.to(f_l.dtype)
+    return f_delta(rho_w, rho_l, p) / lw + f_l * (1 / lw - 1 / ll)
+
+
 def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:
     rho_w, rho_l = logratios(batch)  # (B,)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
-    return f_w - f_l, rho_w, rho_l  # Δ = f'_w − f'_l
+    return f_delta(rho_w, rho_l, p), rho_w, rho_l  # Δ = f'_w − f'_l
 
 
 def dpo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
@@ -151,9 +171,8 @@ def hinge_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossO
 def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """IPO (Azar et al. 2023, arXiv:2310.12036, Eq. 17) on per-token averages.  L = (Δ̄ − 1/(2β))²."""
     rho_w, rho_l = logratios(batch)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = average_logps(f_w, lw) - average_logps(f_l, ll)  # Δ̄: per-token averaged scores, as TRL
+    d = _averaged_delta(rho_w, rho_l, lw, ll, p)  # Δ̄: per-token averaged scores, as TRL
     # exponential f' (forward KL, α) grow past e^80: beyond |u| = 1e18 the square grows like log|u| (finite, with a
     # gradient) instead of overflowing float32; TRL's (u)² is finite only up to |u| ≈ 1.8e19
     return _out(square_capped(d - 1 / (2 * p.beta), _IPO_MAX_DELTA), rho_w, rho_l, p.beta)
@@ -256,9 +275,8 @@ def discopop_loss(batch: PreferenceBatch, p: DiscoPOPParams, ctx: LossContext) -
 def sigmoid_norm_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """DPO on per-token averaged scores (TRL 'sigmoid_norm').  L = −log σ(β(f'_w/|y_w| − f'_l/|y_l|))."""
     rho_w, rho_l = logratios(batch)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = average_logps(f_w, lw) - average_logps(f_l, ll)
+    d = _averaged_delta(rho_w, rho_l, lw, ll, p)
     return _out(-F.logsigmoid(p.beta * d), rho_w, rho_l, p.beta)
 
 
