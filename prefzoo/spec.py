@@ -245,7 +245,7 @@ class LossSpec:
     paper: str  # citation with arXiv id or URL
     scores: str  # what chosen_rewards / rejected_rewards are
     needs: frozenset[Need] = frozenset()  # inputs the trainer must compute
-    batch_coupled: bool = False  # an example's loss depends on other examples (through ctx.gather)
+    batch_coupled: bool | Callable[[Any], bool] = False  # depends on other examples (ctx.gather), maybe per params
     monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
@@ -282,6 +282,10 @@ class LossSpec:
         """Whether the loss is a reward-difference loss with β (``reward_difference``) for these params."""
         rd = self.reward_difference
         return bool(rd(params)) if callable(rd) else bool(rd)
+
+    def is_batch_coupled(self, params: Any) -> bool:
+        """Whether an example's loss depends on other examples of the batch for these params."""
+        return bool(self.batch_coupled(params)) if callable(self.batch_coupled) else bool(self.batch_coupled)
 
     @property
     def needs_reference(self) -> bool:
@@ -359,7 +363,7 @@ class Loss:
 
     @property
     def batch_coupled(self) -> bool:
-        return self.spec.batch_coupled
+        return self.spec.is_batch_coupled(self.params)
 
     def __repr__(self) -> str:
         return f"Loss({self.spec.name!r}, {self.params!r})"

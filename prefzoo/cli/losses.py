@@ -23,6 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="print the loss catalogue as Markdown (this is how docs/losses.md is generated)",
     )
+    p.add_argument(
+        "--features",
+        action="store_true",
+        help="print the feature table (prefzoo vs TRL 1.16, LLaMA-Factory, OpenRLHF) as Markdown, as in README.md",
+    )
     return p
 
 
@@ -38,6 +43,20 @@ def source_of(spec: LossSpec) -> str:
     return "built-in" if spec.builtin else "plugin"
 
 
+_BATCH_TEXT = {
+    "yes": "coupled (in-batch, gathered across processes)",
+    "no": "per-example",
+    "by params": "per-example or coupled, depending on its parameters (e.g. nll_reduction)",
+}
+
+
+def coupling(spec: LossSpec) -> str:
+    """"yes", "no" or "by params": whether an example's loss depends on the rest of its batch."""
+    if callable(spec.batch_coupled):
+        return "by params"
+    return "yes" if spec.batch_coupled else "no"
+
+
 def list_table() -> str:
     reg = get_registry()
     rows = []
@@ -49,7 +68,7 @@ def list_table() -> str:
                 s.family,
                 "yes" if s.needs_reference else "no",
                 ",".join(sorted(n.value for n in s.needs)) or "-",
-                "yes" if s.batch_coupled else "no",
+                coupling(s),
                 source_of(s),
                 s.plugin,
             ]
@@ -79,7 +98,7 @@ def describe(spec: LossSpec) -> str:
         f"  loss:    L = {spec.formula}",
         f"  scores:  {spec.scores}",
         f"  needs:   {', '.join(sorted(n.value for n in spec.needs)) or 'policy log-probs only'}",
-        f"  batch:   {'coupled (in-batch, gathered across processes)' if spec.batch_coupled else 'per-example'}",
+        f"  batch:   {_BATCH_TEXT[coupling(spec)]}",
         f"  paper:   {spec.paper}",
     ]
     if spec.shapes != {Shape.PAIR}:
@@ -115,8 +134,9 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
         needs = ", ".join(sorted(n.value for n in s.needs)) or "-"
         out.append(
             f"| [`{s.name}`](#{s.name}) | {s.family} | {'yes' if s.needs_reference else 'no'} | {needs} | "
-            f"{'yes' if s.batch_coupled else 'no'} | {s.paper} |"
+            f"{coupling(s)} | {s.paper} |"
         )
+    out += _nll_section(specs)
     for s in specs:
         out += ["", f"## {s.name}", "", s.description, "", f"**Loss:** `L = {s.formula}`", ""]
         out += [f"**Scores** (reward accuracy): {s.scores}", ""]
@@ -134,8 +154,24 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
     return "\n".join(out) + "\n"
 
 
+def _nll_section(specs: list[LossSpec]) -> list[str]:
+    """Which losses take ``nll_reduction``, with their defaults: prefzoo's convention against TRL's, stated once."""
+    rows = [(s.name, i.default) for s in specs for i in param_infos(s.params_cls) if i.name == "nll_reduction"]
+    if not rows:
+        return []
+    from prefzoo.losses._common import NLL_NOTE
+
+    listed = ", ".join(f"[`{n}`](#{n}) (default `{d!r}`)" for n, d in rows)
+    intro = f"Losses with an NLL term on the chosen response take `nll_reduction`: {listed}."
+    return ["", "## NLL reduction", "", intro, "", f"{NLL_NOTE} A loss whose default differs says why in its notes."]
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.markdown:
+    if args.features:
+        from prefzoo.cli.features import feature_table_markdown
+
+        print(feature_table_markdown())
+    elif args.markdown:
         print(catalogue_markdown(), end="")
     else:
         print(describe(loss_spec(args.name)) if args.name else list_table())

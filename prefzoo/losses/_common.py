@@ -1,24 +1,46 @@
-"""Shared pieces of the built-in losses: per-token averages, DPO log-ratios, in-batch min-max normalization."""
+"""Shared pieces of the built-in losses: per-token averages, DPO log-ratios, in-batch min-max normalization, the NLL
+term of the chosen response, and exponentials and squares that stay finite without losing their gradient."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from prefzoo.types import PreferenceBatch, PreferenceBatchError
+from prefzoo.types import LossContext, PreferenceBatch, PreferenceBatchError
 
 __all__ = [
+    "EXP_CAP",
+    "EXP_HEADROOM",
+    "NLL_NOTE",
+    "NLL_REDUCTIONS",
     "average_logps",
+    "chosen_nll",
+    "exp_capped",
+    "exp_capped_diff",
     "gathered_bounds",
     "log1mexp",
     "logratios",
     "minmax_normalize",
     "minmax_scale",
+    "nll_coupled",
     "require",
     "sorted_pair_loss",
+    "square_capped",
 ]
+
+EXP_CAP = 80.0  # exp(80) ≈ 5.5e34 stays finite in float32 and bfloat16 (TRL clamps its α-divergence at the same value)
+EXP_HEADROOM = 0.1  # past the cap e^x grows by at most 10% more: β·2·1.1e^80/(1 − 2ε) stays finite as TRL's clamp does
+NLL_REDUCTIONS = ("example", "batch-tokens")
+NLL_NOTE = (
+    "nll_reduction defaults to 'example' (each example's NLL averaged over its own tokens): an example's loss then "
+    "does not depend on the batch it is in, so gradient accumulation is exact and long and short answers weigh the "
+    "same. TRL averages over all chosen tokens of the batch ('batch-tokens'), which weighs examples by length and "
+    "makes the loss depend on the batch; prefzoo counts those tokens over the gathered batch (all processes)."
+)
 
 
 def require(batch: PreferenceBatch, *names: str) -> tuple[Tensor, ...]:
@@ -108,3 +130,51 @@ def sorted_pair_loss(
     term_b = (share(b, b_all) * f(a_all[None, :] - b[:, None])).sum(dim=1)  # b_j against its partners
     both = term_a + term_b
     return both - 0.5 * both.detach()
+
+
+def nll_coupled(p: Any) -> bool:
+    """Whether a loss with an ``nll_reduction`` parameter couples the examples of a batch (TRL's token mean)."""
+    return bool(p.nll_reduction == "batch-tokens")
+
+
+def chosen_nll(batch: PreferenceBatch, reduction: str, ctx: LossContext) -> Tensor:
+    """Per-example shares of the NLL of the chosen response, −log π(y_w|x) per token.
+
+    ``"example"``: each example's own token mean, −log π(y_w|x)/|y_w| (prefzoo's default: an example's loss does
+    not depend on the batch it is in, so gradient accumulation is exact).  ``"batch-tokens"``: TRL's mean over every
+    chosen token of the batch, −Σ_j log π(y_w,j|x_j) / Σ_j |y_w,j|, shared as N·(−log π(y_w,i|x_i))/Σ_j |y_w,j|
+    so that the mean over the N examples is TRL's value.  The token count and N span the gathered batch (all
+    processes); they are constants, so only detached lengths are gathered.
+    """
+    pw, lw = require(batch, "policy_chosen_logps", "chosen_lengths")
+    if reduction == "example":
+        return -average_logps(pw, lw)  # (B,)
+    lengths = ctx.gather(lw.to(pw.dtype).detach())  # (N,) every chosen length of the gathered batch
+    return -pw * (lengths.numel() / lengths.sum())  # (B,)
+
+
+def exp_capped(x: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
+    """exp(x) up to ``cap``, then e^cap·(1 + h·u/(h + u)) with u = x − cap, h = ``headroom``: equal value and slope
+    at ``cap``, still increasing beyond it (slope e^cap·h²/(h + u)² > 0) but never above (1 + h)·e^cap, so a loss
+    that multiplies it by β/(1 − 2ε) (robust) stays as finite as with a flat clamp, which would have zero gradient.
+    The slope stays representable in float32 up to u ≈ 1e18, far past any summed log-prob."""
+    below = torch.exp(x.clamp(max=cap))
+    u = (x - cap).clamp(min=0)
+    above = math.exp(cap) * (1 + headroom - headroom**2 / (headroom + u))  # = h·u/(h + u), its slope not cancelling
+    return torch.where(x > cap, above, below)
+
+
+def exp_capped_diff(a: Tensor, b: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
+    """exp_capped(a) − exp_capped(b) without cancelling (1 + h)·e^cap when both are past the cap:
+    there it is e^cap·h²·(1/(h + u_b) − 1/(h + u_a))."""
+    ua, ub = (a - cap).clamp(min=0), (b - cap).clamp(min=0)
+    both = math.exp(cap) * headroom**2 * (1 / (headroom + ub) - 1 / (headroom + ua))
+    return torch.where((a > cap) & (b > cap), both, exp_capped(a, cap, headroom) - exp_capped(b, cap, headroom))
+
+
+def square_capped(u: Tensor, cap: float) -> Tensor:
+    """u² for |u| ≤ ``cap``, then cap²·(1 + 2·log(|u|/cap)): equal value and slope at ±cap, finite and still
+    increasing in |u| beyond it, where u² would overflow float32 (cap² must stay well below 3.4e38)."""
+    a = u.abs()
+    above = cap**2 * (1 + 2 * torch.log1p((a - cap).clamp(min=0) / cap))
+    return torch.where(a > cap, above, u.clamp(-cap, cap) ** 2)

@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
+from prefzoo.losses._common import NLL_REDUCTIONS
 from prefzoo.spec import Loss, LossParamError, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, LossState, PreferenceBatch, Shape, group_from_pairs
 
@@ -176,6 +177,17 @@ class MPOParams(LossParams):
     sft_weight: float = param(1.0, "weight of the sft term", ge=0.0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RPOParams(LossParams):
+    beta: float = param(0.1, "β of the dpo term", gt=0.0)
+    alpha: float = param(1.0, "α (TRL's sft loss weight, formerly rpo_alpha): weight of the NLL on y_w", ge=0.0)
+    nll_reduction: str = param(
+        "batch-tokens",
+        "NLL over all chosen tokens of the batch ('batch-tokens', TRL's) or averaged per example ('example')",
+        choices=NLL_REDUCTIONS,
+    )
+
+
 @functools.cache
 def _dpo_family() -> dict[str, LossSpec]:
     """The built-in dpo, bco-pair and sft specs, straight from their module (pure code: nothing to invalidate)."""
@@ -200,8 +212,24 @@ def mpo_loss(batch: PreferenceBatch, p: MPOParams, ctx: LossContext) -> LossOutp
     return combo._fn(batch, combo.params, ctx)
 
 
+def _rpo_terms(p: RPOParams) -> CombinedLoss:
+    specs = _dpo_family()
+    dpo, sft = specs["dpo"], specs["sft"]
+    return CombinedLoss(
+        [(1.0, Loss(dpo, dpo.params(beta=p.beta))), (p.alpha, Loss(sft, sft.params(nll_reduction=p.nll_reduction)))]
+    )
+
+
+def rpo_loss(batch: PreferenceBatch, p: RPOParams, ctx: LossContext) -> LossOutput:
+    """RPO (Pang et al. 2024, arXiv:2404.19733, Eq. 2): DPO plus α·NLL of the chosen response, as TRL builds it from
+    loss_type=['sigmoid', 'sft'] with loss_weights=[1, α] (NLL over all chosen tokens of the batch by default)."""
+    combo = _rpo_terms(p)
+    return combo._fn(batch, combo.params, ctx)
+
+
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
+    from prefzoo.losses._common import nll_coupled
     from prefzoo.types import Need
 
     return [
@@ -216,5 +244,22 @@ def prefzoo_register_losses() -> list[LossSpec]:
             needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
             description="Mixed Preference Optimization: a fixed weighted sum of dpo, bco-pair and sft "
             "(any weights via '--loss \"0.8*dpo + 0.2*bco-pair + 1.0*sft\"').",
-        )
+        ),
+        LossSpec(
+            name="rpo",
+            fn=rpo_loss,
+            params_cls=RPOParams,
+            family="combination",
+            formula="−log σ(βΔ) − α·log π(y_w|x)/|y_w| (the NLL over all chosen tokens of the batch by default)",
+            paper="Pang et al. 2024, arXiv:2404.19733 (Iterative RPO), as TRL's loss_type=['sigmoid','sft'] with "
+            "loss_weights=[1, α]",
+            scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",
+            needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
+            batch_coupled=nll_coupled,
+            description="The loss of Iterative Reasoning Preference Optimization (RPO): DPO plus α·NLL on the chosen "
+            "response; the same as '--loss \"dpo + α*sft\"' with sft.nll_reduction=batch-tokens.",
+            notes="nll_reduction defaults to 'batch-tokens' here, unlike sft, cpo and orpo: rpo exists to match TRL's "
+            "RPO preset, whose NLL is the mean over all chosen tokens of the batch. 'example' gives each example's "
+            "own token mean.",
+        ),
     ]

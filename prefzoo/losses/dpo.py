@@ -5,6 +5,11 @@ Every loss here is a function of the log-ratios
 and its scores are the implicit rewards β·ρ (Rafailov et al. 2023).  The
 reward-difference losses accept f-DPO's divergence (Wang et al. 2023,
 arXiv:2309.16240), which replaces ρ by f'(π/π_ref) before taking Δ = f'_w − f'_l.
+DPO-Positive (Smaug) adds a penalty on ρ_w < 0 inside the sigmoid.
+
+Exponentials and IPO's square are capped without losing their gradient (``exp_capped``, ``square_capped``):
+equal to TRL's values below the cap, finite and still increasing beyond it, so a pair far out (ρ < −80 with
+forward KL) is pulled back instead of sitting on a flat loss with zero gradient.
 """
 
 from __future__ import annotations
@@ -19,12 +24,28 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import average_logps, logratios, require, sorted_pair_loss
+from prefzoo.losses._common import (
+    NLL_NOTE,
+    NLL_REDUCTIONS,
+    average_logps,
+    chosen_nll,
+    exp_capped,
+    exp_capped_diff,
+    logratios,
+    nll_coupled,
+    require,
+    sorted_pair_loss,
+    square_capped,
+)
 from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
-_EXP_CLAMP = 80.0  # exp(80) ≈ 5.5e34 stays finite in float32 and bfloat16 (TRL clamps at the same value)
+_CAP_NOTE = (
+    "forward_kl and alpha_divergence: e^x is TRL's up to x = 80 (TRL's own α-divergence clamp), then "
+    "e^80·(1 + 0.1·u/(0.1 + u)) with u = x − 80: same slope at 80, still increasing (non-zero gradient) and at most "
+    "1.1·e^80, where TRL's forward KL overflows float32 (x > 88.7) and its α-divergence is flat with zero gradient."
+)
 _IPO_MAX_DELTA = 1e18  # (1e18)² = 1e36 < float32 max 3.4e38; only exponential f-divergences get this far
 
 
@@ -65,34 +86,67 @@ class RDPOParams(FDPOParams):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DPOPParams(DPOParams):
+    dpop_lambda: float = param(
+        50.0, "λ: weight of the penalty max(0, −ρ_w), active once log π(y_w) < log π_ref(y_w) (Smaug: 50)", ge=0.0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class SFTParams(LossParams):
-    pass
+    nll_reduction: str = param(
+        "example",
+        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
+        choices=NLL_REDUCTIONS,
+    )
 
 
 def f_scores(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> tuple[Tensor, Tensor]:
     """f'(π/π_ref) of f-DPO applied to the log-ratios; identity for reverse KL."""
     kind = p.f_divergence
+    # e^x is capped by exp_capped: equal to TRL up to x = 80, then bounded but still increasing (with a gradient)
     if kind == "forward_kl":  # f'(t) = 1 − 1/t
-        return 1 - torch.exp((-rho_w).clamp(max=_EXP_CLAMP)), 1 - torch.exp((-rho_l).clamp(max=_EXP_CLAMP))
+        return 1 - exp_capped(-rho_w), 1 - exp_capped(-rho_l)
     if kind == "js_divergence":  # f'(t) = log 2 + log σ(log t)
         return math.log(2) + F.logsigmoid(rho_w), math.log(2) + F.logsigmoid(rho_l)
     if kind == "alpha_divergence" and abs(p.alpha_divergence_coef - 1.0) >= 1e-6:  # f'(t) = (t^(α−1) − 1)/(α − 1)
         a = p.alpha_divergence_coef - 1.0
-        return (
-            torch.expm1((a * rho_w).clamp(max=_EXP_CLAMP)) / a,
-            torch.expm1((a * rho_l).clamp(max=_EXP_CLAMP)) / a,
-        )
+        return _expm1_capped(a * rho_w) / a, _expm1_capped(a * rho_l) / a
     return rho_w, rho_l  # reverse KL (and the α → 1 limit)
+
+
+def _expm1_capped(x: Tensor) -> Tensor:
+    """e^x − 1, precise near 0 (expm1) and capped like :func:`exp_capped` above 80."""
+    return torch.where(x > 1.0, exp_capped(x) - 1, torch.expm1(x.clamp(max=1.0)))
 
 
 def _out(losses: Tensor, rho_w: Tensor, rho_l: Tensor, beta: float, **metrics: Tensor) -> LossOutput:
     return LossOutput(losses, (beta * rho_w).detach(), (beta * rho_l).detach(), dict(metrics))
 
 
+def f_delta(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
+    """Δ = f'_w − f'_l, without the cancellation of two capped exponentials past the cap (both ≈ 1.1·e^80)."""
+    kind, a = p.f_divergence, p.alpha_divergence_coef - 1.0
+    if kind == "forward_kl":  # (1 − e^{−ρ_w}) − (1 − e^{−ρ_l})
+        return exp_capped_diff(-rho_l, -rho_w)
+    if kind == "alpha_divergence" and abs(a) >= 1e-6:
+        f_w, f_l = f_scores(rho_w, rho_l, p)
+        both = (a * rho_w > 1.0) & (a * rho_l > 1.0)  # past 1 both are exp_capped − 1: take their difference
+        return torch.where(both, exp_capped_diff(a * rho_w, a * rho_l) / a, f_w - f_l)
+    f_w, f_l = f_scores(rho_w, rho_l, p)
+    return f_w - f_l
+
+
+def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDPOParams) -> Tensor:
+    """f'_w/|y_w| − f'_l/|y_l| as Δ/|y_w| + f'_l·(1/|y_w| − 1/|y_l|): exact Δ when the lengths are equal."""
+    _, f_l = f_scores(rho_w, rho_l, p)
+    lw, ll = lw.to(f_l.dtype), ll.to(f_l.dtype)
+    return f_delta(rho_w, rho_l, p) / lw + f_l * (1 / lw - 1 / ll)
+
+
 def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:
     rho_w, rho_l = logratios(batch)  # (B,)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
-    return f_w - f_l, rho_w, rho_l  # Δ = f'_w − f'_l
+    return f_delta(rho_w, rho_l, p), rho_w, rho_l  # Δ = f'_w − f'_l
 
 
 def dpo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
@@ -117,11 +171,11 @@ def hinge_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossO
 def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """IPO (Azar et al. 2023, arXiv:2310.12036, Eq. 17) on per-token averages.  L = (Δ̄ − 1/(2β))²."""
     rho_w, rho_l = logratios(batch)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = average_logps(f_w, lw) - average_logps(f_l, ll)  # Δ̄: per-token averaged scores, as TRL
-    d = d.clamp(-_IPO_MAX_DELTA, _IPO_MAX_DELTA)  # exponential f' (forward KL, α) reach e^80: keep the square finite
-    return _out((d - 1 / (2 * p.beta)) ** 2, rho_w, rho_l, p.beta)
+    d = _averaged_delta(rho_w, rho_l, lw, ll, p)  # Δ̄: per-token averaged scores, as TRL
+    # exponential f' (forward KL, α) grow past e^80: beyond |u| = 1e18 the square grows like log|u| (finite, with a
+    # gradient) instead of overflowing float32; TRL's (u)² is finite only up to |u| ≈ 1.8e19
+    return _out(square_capped(d - 1 / (2 * p.beta), _IPO_MAX_DELTA), rho_w, rho_l, p.beta)
 
 
 def robust_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> LossOutput:
@@ -212,18 +266,17 @@ def discopop_loss(batch: PreferenceBatch, p: DiscoPOPParams, ctx: LossContext) -
     d, rw, rl = _delta(batch, p)
     z = p.beta * d
     m = torch.sigmoid(z / p.tau)
-    # exp(−z)·m is finite for all z: for z ≪ 0, m ≈ exp(z/τ) decays faster than exp(−z) grows when τ < 1.
-    # Computing it as exp(−z + log m) keeps it finite in floating point too.
-    expo = torch.exp((-z + F.logsigmoid(z / p.tau)).clamp(max=_EXP_CLAMP))
+    # exp(−z)·m = exp(−z + log m): for z ≪ 0 and τ < 1, m ≈ exp(z/τ) decays faster than exp(−z) grows; for τ > 1
+    # it grows like exp(−z(1 − 1/τ)), and exp_capped keeps it finite with a gradient that still raises the margin.
+    expo = exp_capped(-z + F.logsigmoid(z / p.tau))
     return _out(-F.logsigmoid(z) * (1 - m) + expo, rw, rl, p.beta)
 
 
 def sigmoid_norm_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """DPO on per-token averaged scores (TRL 'sigmoid_norm').  L = −log σ(β(f'_w/|y_w| − f'_l/|y_l|))."""
     rho_w, rho_l = logratios(batch)
-    f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = average_logps(f_w, lw) - average_logps(f_l, ll)
+    d = _averaged_delta(rho_w, rho_l, lw, ll, p)
     return _out(-F.logsigmoid(p.beta * d), rho_w, rho_l, p.beta)
 
 
@@ -234,12 +287,23 @@ def rdpo_loss(batch: PreferenceBatch, p: RDPOParams, ctx: LossContext) -> LossOu
     return _out(-F.logsigmoid(p.beta * d + p.alpha * (lw - ll).to(d.dtype)), rw, rl, p.beta)
 
 
+def dpop_loss(batch: PreferenceBatch, p: DPOPParams, ctx: LossContext) -> LossOutput:
+    """DPO-Positive (Pal et al. 2024, arXiv:2402.13228): the penalty sits inside β(…), as in the paper's loss.
+
+    L = −log σ(β·(ρ_w − ρ_l − λ·max(0, log π_ref(y_w|x) − log π_θ(y_w|x))))
+    """
+    rw, rl = logratios(batch)  # (B,)
+    penalty = torch.relu(-rw)  # (B,) max(0, log π_ref(y_w) − log π(y_w))
+    losses = -F.logsigmoid(p.beta * (rw - rl - p.dpop_lambda * penalty))
+    return _out(losses, rw, rl, p.beta, **{"dpop/penalty": penalty.detach().mean()})
+
+
 def sft_loss(batch: PreferenceBatch, p: SFTParams, ctx: LossContext) -> LossOutput:
-    """Supervised NLL of the chosen response, per token.  L = −log π_θ(y_w|x) / |y_w|."""
+    """Supervised NLL of the chosen response, per token.  L = −log π_θ(y_w|x) / |y_w| (or TRL's batch token mean)."""
     lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
     avg_w = average_logps(batch.policy_chosen_logps, lw)
     avg_l = average_logps(batch.policy_rejected_logps, ll)
-    return LossOutput(-avg_w, avg_w.detach(), avg_l.detach(), {})
+    return LossOutput(chosen_nll(batch, p.nll_reduction, ctx), avg_w.detach(), avg_l.detach(), {})
 
 
 _REF = frozenset({Need.REFERENCE})
@@ -270,6 +334,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "Rafailov et al. 2023, arXiv:2305.18290",
             reward_difference=_reverse_kl,
             description="Direct Preference Optimization, TRL loss_type='sigmoid'.",
+            notes=_CAP_NOTE,
         ),
         _spec(
             "cdpo",
@@ -299,6 +364,9 @@ def prefzoo_register_losses() -> list[LossSpec]:
             needs=_REF_LEN,
             monotone=False,
             description="Identity Preference Optimization, squared loss on per-token averaged log-ratios (as TRL).",
+            notes="Past |Δ̄ − 1/(2β)| = 1e18 (reached only through exponential f-divergences) the square continues as "
+            "1e36·(1 + 2·log(|u|/1e18)): finite in float32 and still pulling back, where a clamp would be flat. "
+            + _CAP_NOTE,
         ),
         _spec(
             "robust",
@@ -398,6 +466,9 @@ def prefzoo_register_losses() -> list[LossSpec]:
             monotone=False,
             reward_difference=_reverse_kl,
             description="Discovered Preference Optimization: log-ratio modulated blend of logistic and exponential.",
+            notes="With τ > 1 the exponential term grows like exp(−βΔ(1 − 1/τ)) as Δ → −∞; past an exponent of 80 "
+            "it is capped like f-DPO's e^x (bounded, still increasing) instead of overflowing, where TRL's exp(−βΔ) "
+            "is inf beyond 88.7.",
         ),
         _spec(
             "sigmoid-norm",
@@ -418,6 +489,15 @@ def prefzoo_register_losses() -> list[LossSpec]:
             reward_difference=_reverse_kl,
             description="Length-regularized DPO: the length difference shifts the margin.",
         ),
+        _spec(
+            "dpop",
+            dpop_loss,
+            DPOPParams,
+            "−log σ(β(ρ_w − ρ_l − λ·max(0, −ρ_w)))",
+            "Pal et al. 2024, arXiv:2402.13228 (Smaug, DPO-Positive)",
+            description="DPO-Positive: DPO plus a penalty, inside the sigmoid, whenever the chosen response becomes "
+            "less likely than under the reference.",
+        ),
         LossSpec(
             name="sft",
             fn=sft_loss,
@@ -427,7 +507,8 @@ def prefzoo_register_losses() -> list[LossSpec]:
             paper="TRL 1.16 loss_type='sft' (the SFT term of MPO, arXiv:2411.10442)",
             scores="log π_θ(y|x)/|y| (per-token average log-prob)",
             needs=frozenset({Need.LENGTHS}),
+            batch_coupled=nll_coupled,
             description="Supervised fine-tuning on the chosen response, per-token NLL; reference-free.",
-            notes="TRL averages NLL over all chosen tokens of the batch; prefzoo keeps it per example.",
+            notes=NLL_NOTE,
         ),
     ]

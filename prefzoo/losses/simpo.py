@@ -1,14 +1,16 @@
-"""Reference-free margin losses: SimPO and CPO."""
+"""Reference-free margin losses: SimPO, CPO and its SimPO/hinge/IPO variants, SimPER and SLiC-HF."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import average_logps, require
-from prefzoo.spec import LossParams, LossSpec, param
+from prefzoo.losses._common import NLL_NOTE, NLL_REDUCTIONS, average_logps, chosen_nll, nll_coupled, require
+from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
 
@@ -22,6 +24,28 @@ class SimPOParams(LossParams):
 class CPOParams(LossParams):
     beta: float = param(0.1, "β: temperature of the preference term", gt=0.0)
     alpha: float = param(1.0, "α: weight of the NLL term on the chosen response (TRL cpo_alpha)", ge=0.0)
+    nll_reduction: str = param(
+        "example",
+        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
+        choices=NLL_REDUCTIONS,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPOSimPOParams(CPOParams):
+    beta: float = param(2.0, "β: reward scale of the average log-prob (SimPO's; TRL CPO's beta)", gt=0.0)
+    gamma_beta_ratio: float = param(0.5, "γ/β: target reward margin divided by β (TRL: simpo_gamma / beta)", ge=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimPERParams(LossParams):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SLiCParams(LossParams):
+    delta: float = param(1.0, "δ: margin of the calibration hinge on log π(y_w|x) − log π(y_l|x)", gt=0.0)
+    reg_lambda: float = param(0.5, "λ: weight of the regulariser −log π(y_w|x) (SLiC-HF direct: y_ref = y_w)", ge=0.0)
 
 
 def simpo_loss(batch: PreferenceBatch, p: SimPOParams, ctx: LossContext) -> LossOutput:
@@ -36,19 +60,109 @@ def simpo_loss(batch: PreferenceBatch, p: SimPOParams, ctx: LossContext) -> Loss
     return LossOutput(-F.logsigmoid(p.beta * logits), (p.beta * chosen).detach(), (p.beta * rejected).detach())
 
 
+def _with_nll(pref: Tensor, chosen: Tensor, rejected: Tensor, p: CPOParams, batch: PreferenceBatch,
+              ctx: LossContext) -> LossOutput:
+    """CPO's objective: the preference term plus α·NLL(y_w); scores β·(the log-probs the preference term saw)."""
+    nll = chosen_nll(batch, p.nll_reduction, ctx)  # (B,)
+    metrics = {"cpo/nll": nll.detach().mean()}
+    return LossOutput(pref + p.alpha * nll, (p.beta * chosen).detach(), (p.beta * rejected).detach(), metrics)
+
+
 def cpo_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> LossOutput:
     """CPO (Xu et al. 2024, arXiv:2401.08417, Eq. 3 + NLL), as TRL's CPOTrainer with loss_type='sigmoid'.
 
     L = −log σ(β·(log π(y_w|x) − log π(y_l|x))) − α · log π(y_w|x)/|y_w|
     """
-    lw, _ = require(batch, "chosen_lengths", "rejected_lengths")
+    require(batch, "chosen_lengths", "rejected_lengths")
     pw, pl = batch.policy_chosen_logps, batch.policy_rejected_logps  # (B,) summed log-probs
-    nll = -average_logps(pw, lw)  # (B,) per-token NLL of y_w
-    losses = -F.logsigmoid(p.beta * (pw - pl)) + p.alpha * nll
-    return LossOutput(losses, (p.beta * pw).detach(), (p.beta * pl).detach(), {"cpo/nll": nll.detach().mean()})
+    return _with_nll(-F.logsigmoid(p.beta * (pw - pl)), pw, pl, p, batch, ctx)
+
+
+def cpo_hinge_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> LossOutput:
+    """CPO with the hinge preference term, as TRL's CPOTrainer with loss_type='hinge' (summed log-probs).
+
+    L = max(0, 1 − β·(log π(y_w|x) − log π(y_l|x))) − α · log π(y_w|x)/|y_w|
+    """
+    require(batch, "chosen_lengths", "rejected_lengths")
+    pw, pl = batch.policy_chosen_logps, batch.policy_rejected_logps  # (B,)
+    return _with_nll(torch.relu(1 - p.beta * (pw - pl)), pw, pl, p, batch, ctx)
+
+
+def cpo_ipo_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> LossOutput:
+    """CPO with IPO's squared preference term (Azar et al. 2023, Eq. 17) on average log-probs, as TRL's
+    CPOTrainer with loss_type='ipo'.
+
+    L = (log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α · log π(y_w|x)/|y_w|
+    """
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    chosen = average_logps(batch.policy_chosen_logps, lw)  # (B,)
+    rejected = average_logps(batch.policy_rejected_logps, ll)  # (B,)
+    return _with_nll((chosen - rejected - 1 / (2 * p.beta)) ** 2, chosen, rejected, p, batch, ctx)
+
+
+def cpo_simpo_loss(batch: PreferenceBatch, p: CPOSimPOParams, ctx: LossContext) -> LossOutput:
+    """SimPO plus CPO's NLL term (CPO-SimPO), as TRL's CPOTrainer with loss_type='simpo' and cpo_alpha > 0.
+
+    L = −log σ(β·(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l|) − γ) − α · log π(y_w|x)/|y_w|,  γ = β · gamma_beta_ratio
+    """
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    chosen = average_logps(batch.policy_chosen_logps, lw)  # (B,)
+    rejected = average_logps(batch.policy_rejected_logps, ll)  # (B,)
+    pref = -F.logsigmoid(p.beta * (chosen - rejected - p.gamma_beta_ratio))
+    return _with_nll(pref, chosen, rejected, p, batch, ctx)
+
+
+def simper_loss(batch: PreferenceBatch, p: SimPERParams, ctx: LossContext) -> LossOutput:
+    """SimPER (Xiao et al. 2025, arXiv:2502.00883): inverse perplexities, no hyperparameters.
+
+    L = −exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)
+    """
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    p_w = torch.exp(average_logps(batch.policy_chosen_logps, lw))  # (B,) 1/PPL(y_w) ∈ (0, 1]
+    p_l = torch.exp(average_logps(batch.policy_rejected_logps, ll))  # (B,)
+    return LossOutput(p_l - p_w, p_w.detach(), p_l.detach())
+
+
+def slic_loss(batch: PreferenceBatch, p: SLiCParams, ctx: LossContext) -> LossOutput:
+    """SLiC-HF (Zhao et al. 2023, arXiv:2305.10425), direct: rank calibration plus regularisation on y_w.
+
+    L = max(0, δ − log π(y_w|x) + log π(y_l|x)) − λ·log π(y_w|x)
+    """
+    pw, pl = batch.policy_chosen_logps, batch.policy_rejected_logps  # (B,) summed log-probs
+    return LossOutput(torch.relu(p.delta - pw + pl) - p.reg_lambda * pw, pw.detach(), pl.detach())
 
 
 _LEN = frozenset({Need.LENGTHS})
+
+
+_CPO_PAPER = "Xu et al. 2024, arXiv:2401.08417 (CPO), as TRL 1.16 trl.experimental.cpo"
+
+
+def _cpo(
+    name: str,
+    fn: LossFn,
+    params_cls: type[LossParams],
+    formula: str,
+    description: str,
+    paper: str = _CPO_PAPER,
+    scores: str = "β·log π_θ(y|x) (summed log-prob)",
+    monotone: bool = True,
+) -> LossSpec:
+    """A CPO-family spec: reference-free, needs lengths, coupled by the batch-token NLL when asked for."""
+    return LossSpec(
+        name=name,
+        fn=fn,
+        params_cls=params_cls,
+        family="simpo",
+        formula=formula,
+        paper=paper,
+        scores=scores,
+        needs=_LEN,
+        batch_coupled=nll_coupled,
+        monotone=monotone,
+        description=description,
+        notes=NLL_NOTE,
+    )
 
 
 @hookimpl
@@ -66,16 +180,64 @@ def prefzoo_register_losses() -> list[LossSpec]:
             logp_reward="average",
             description="Simple Preference Optimization: reference-free, length-normalized margin loss.",
         ),
-        LossSpec(
-            name="cpo",
-            fn=cpo_loss,
-            params_cls=CPOParams,
-            family="simpo",
-            formula="−log σ(β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+        _cpo(
+            "cpo",
+            cpo_loss,
+            CPOParams,
+            "−log σ(β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+            "Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
             paper="Xu et al. 2024, arXiv:2401.08417 (CPO)",
-            scores="β·log π_θ(y|x) (summed log-prob)",
+        ),
+        _cpo(
+            "cpo-hinge",
+            cpo_hinge_loss,
+            CPOParams,
+            "max(0, 1 − β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+            "CPO with SLiC's hinge as the preference term (TRL CPOTrainer loss_type='hinge').",
+        ),
+        _cpo(
+            "cpo-ipo",
+            cpo_ipo_loss,
+            CPOParams,
+            "(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α·log π(y_w|x)/|y_w|",
+            "CPO with IPO's squared preference term on average log-probs (TRL CPOTrainer loss_type='ipo').",
+            scores="β·log π_θ(y|x)/|y| (average log-prob)",
+            monotone=False,
+        ),
+        _cpo(
+            "cpo-simpo",
+            cpo_simpo_loss,
+            CPOSimPOParams,
+            "−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ) − α·log π(y_w|x)/|y_w|",
+            "CPO-SimPO: SimPO's length-normalized margin plus CPO's NLL on the chosen response "
+            "(TRL CPOTrainer loss_type='simpo' with cpo_alpha).",
+            paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
+            "as TRL 1.16 trl.experimental.cpo",
+            scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        ),
+        LossSpec(
+            name="simper",
+            fn=simper_loss,
+            params_cls=SimPERParams,
+            family="simpo",
+            formula="−exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)",
+            paper="Xiao et al. 2025, arXiv:2502.00883 (SimPER)",
+            scores="exp(log π_θ(y|x)/|y|) (inverse perplexity)",
             needs=_LEN,
-            description="Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
-            notes="TRL averages the NLL over all chosen tokens of the batch; prefzoo keeps it per example.",
+            description="Simple Preference optimization with pERplexity: hyperparameter-free and reference-free; "
+            "raises the chosen response's inverse perplexity and lowers the rejected one's.",
+        ),
+        LossSpec(
+            name="slic",
+            fn=slic_loss,
+            params_cls=SLiCParams,
+            family="simpo",
+            formula="max(0, δ − log π(y_w|x) + log π(y_l|x)) − λ·log π(y_w|x)",
+            paper="Zhao et al. 2023, arXiv:2305.10425 (SLiC-HF)",
+            scores="log π_θ(y|x) (summed log-prob)",
+            description="Sequence Likelihood Calibration with Human Feedback, direct: a rank-calibration hinge on "
+            "summed log-probs plus an NLL regulariser on the chosen response (y_ref = y_w); reference-free.",
+            notes="The regulariser is the summed (sequence) NLL, as the paper; `hinge` is the reference-based "
+            "variant that TRL calls SLiC.",
         ),
     ]

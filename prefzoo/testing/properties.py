@@ -231,7 +231,7 @@ def check_low_precision(loss: Loss, batch: PreferenceBatch, dtypes: tuple[torch.
         where: PreferenceBatch | None = b64
         got = loss(low).losses.detach()
         tol = 16 * worst + 16 * U32 * (1 + base.abs())
-        if loss.spec.batch_coupled:  # a per-example split of a batch quantity may jump at ties (AOT): compare means
+        if loss.batch_coupled:  # a per-example split of a batch quantity may jump at ties (AOT): compare means
             got, base, tol = got.mean().reshape(1), base.mean().reshape(1), tol.mean().reshape(1)
             where = None
         _close(loss.name, got, base, tol, where, f"{dt} loss vs float64 on the same inputs")
@@ -288,7 +288,7 @@ def check_shift_invariance(loss: Loss, batch: PreferenceBatch) -> None:
     base, worst = _sensitivity(loss, b, 1e-12, draws=2)
     got, tol = loss(shifted).losses.detach(), 1e-9 * (1 + base.abs()) + 100 * worst
     where: PreferenceBatch | None = b
-    if loss.spec.batch_coupled:  # rounding of x + c can create or break a tie, moving AOT's per-example split
+    if loss.batch_coupled:  # rounding of x + c can create or break a tie, moving AOT's per-example split
         got, base, tol, where = got.mean().reshape(1), base.mean().reshape(1), tol.mean().reshape(1), None
     _close(loss.name, got, base, tol, where,
            "loss changed when c was added to policy and reference log-probs of one response")
@@ -322,7 +322,7 @@ def _fresh(parts: list[PreferenceBatch]) -> list[PreferenceBatch]:
 def check_batch_decoupled(loss: Loss, batch: PreferenceBatch) -> None:
     """For losses not declared batch-coupled: each pair's loss is the same in any micro-batch, so the mean over a
     batch equals the mean of equal micro-batch means (gradient accumulation is exact)."""
-    if loss.spec.batch_coupled:
+    if loss.batch_coupled:
         return
     b = cast_batch(batch, torch.float64, requires_grad=False)
     n = b.batch_size
@@ -383,7 +383,8 @@ GENERIC_PROPERTIES: tuple[Property, ...] = (
     Property("sharded-gather", "sharding across ranks with the gather hook changes no loss, score or gradient",
              check_sharded_gather),
     Property("batch-decoupled", "a pair's loss does not depend on its micro-batch (unless declared batch_coupled)",
-             check_batch_decoupled, applies=lambda s: not s.batch_coupled),
+             check_batch_decoupled, applies=lambda s: s.batch_coupled is not True,
+             params_filter=lambda s, p: not s.is_batch_coupled(p)),
 )
 
 

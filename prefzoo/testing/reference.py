@@ -54,15 +54,28 @@ def _rho(x: dict[str, Any]) -> tuple[Tensor, Tensor]:
     return x["policy_chosen_logps"] - x["ref_chosen_logps"], x["policy_rejected_logps"] - x["ref_rejected_logps"]
 
 
+def _exp80(x: Tensor) -> Tensor:
+    """e^x up to x = 80, then e^80·(1 + 0.1·u/(0.1 + u)), u = x − 80 (prefzoo's cap: bounded, still increasing)."""
+    u = torch.clamp(x - 80.0, min=0.0)
+    return torch.where(x > 80.0, math.exp(80.0) * (1 + 0.1 * u / (0.1 + u)), torch.exp(torch.clamp(x, max=80.0)))
+
+
+def _square1e18(u: Tensor) -> Tensor:
+    """u² up to |u| = 1e18, then 1e36·(1 + 2·log(|u|/1e18)) (prefzoo's cap)."""
+    a = u.abs()
+    return torch.where(a > 1e18, 1e36 * (1 + 2 * torch.log(torch.clamp(a, min=1e18) / 1e18)),
+                       torch.clamp(u, -1e18, 1e18) ** 2)
+
+
 def _fprime(rho: Tensor, p: Any) -> Tensor:
     kind = getattr(p, "f_divergence", "reverse_kl")
     if kind == "forward_kl":
-        return 1 - torch.exp(torch.clamp(-rho, max=80.0))
+        return 1 - _exp80(-rho)
     if kind == "js_divergence":
         return math.log(2) - F.softplus(-rho)
     if kind == "alpha_divergence" and abs(p.alpha_divergence_coef - 1.0) >= 1e-6:
         a = p.alpha_divergence_coef - 1.0
-        return torch.expm1(torch.clamp(a * rho, max=80.0)) / a
+        return torch.where(a * rho > 1.0, _exp80(a * rho) - 1, torch.expm1(torch.clamp(a * rho, max=1.0))) / a
     return rho
 
 
@@ -111,11 +124,20 @@ def _orpo(x: dict[str, Any], p: Any) -> Tensor:
     def log_odds(a: Tensor) -> Tensor:
         return a - torch.log(-torch.expm1(a))
 
-    return -aw + p.beta * _nls(log_odds(aw) - log_odds(al))
+    return _nll(x, p) + p.beta * _nls(log_odds(aw) - log_odds(al))
+
+
+def _nll(x: dict[str, Any], p: Any, default: str = "example") -> Tensor:
+    """−log π(y_w|x)/|y_w|, or with nll_reduction="batch-tokens" each example's share B·(−log π(y_w|x))/Σ|y_w| of
+    TRL's mean over the batch's chosen tokens (the shares' mean is TRL's value)."""
+    pw, lw = x["policy_chosen_logps"], x["chosen_lengths"]
+    if getattr(p, "nll_reduction", default) == "batch-tokens":
+        return -pw * (pw.numel() / lw.sum())
+    return -pw / lw
 
 
 def _sft(x: dict[str, Any], p: Any) -> Tensor:
-    return -x["policy_chosen_logps"] / x["chosen_lengths"]
+    return _nll(x, p)
 
 
 def _dpo_family(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
@@ -124,8 +146,8 @@ def _dpo_family(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
         if kind in ("ipo", "sigmoid-norm"):
             rw, rl = _rho(x)
             d = _fprime(rw, p) / x["chosen_lengths"] - _fprime(rl, p) / x["rejected_lengths"]
-            if kind == "ipo":  # prefzoo clamps Δ̄ to ±1e18 so the square stays finite in float32
-                return (torch.clamp(d, -1e18, 1e18) - 1 / (2 * b)) ** 2
+            if kind == "ipo":  # prefzoo caps the square past |Δ̄ − 1/(2β)| = 1e18 so it stays finite in float32
+                return _square1e18(d - 1 / (2 * b))
             return _nls(b * d)
         d = _delta(x, p)
         z = b * d
@@ -144,7 +166,7 @@ def _dpo_family(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
             return torch.sigmoid(z) * (-_nls(z) - math.log1p(-e)) + torch.sigmoid(-z) * (-_nls(-z) - math.log(e))
         if kind == "discopop":
             m = torch.sigmoid(z / p.tau)
-            expo = torch.exp(torch.clamp(-z - _nls(z / p.tau), max=80.0))
+            expo = _exp80(-z - _nls(z / p.tau))
             return _nls(z) * (1 - m) + expo
         if kind == "rdpo":
             return _nls(z + p.alpha * (x["chosen_lengths"] - x["rejected_lengths"]))
@@ -174,10 +196,37 @@ def _simple(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
         if kind == "simpo":
             return _nls(b * (pw / lw - pl / ll - p.gamma_beta_ratio))
         if kind == "cpo":
-            return _nls(b * (pw - pl)) - p.alpha * pw / lw
+            return _nls(b * (pw - pl)) + p.alpha * _nll(x, p)
+        if kind == "cpo-hinge":
+            return torch.clamp(1 - b * (pw - pl), min=0) + p.alpha * _nll(x, p)
+        if kind == "cpo-ipo":
+            return (pw / lw - pl / ll - 1 / (2 * b)) ** 2 + p.alpha * _nll(x, p)
+        if kind == "cpo-simpo":
+            return _nls(b * (pw / lw - pl / ll - p.gamma_beta_ratio)) + p.alpha * _nll(x, p)
         raise KeyError(kind)
 
     return f
+
+
+def _dpop(x: dict[str, Any], p: Any) -> Tensor:
+    """Smaug's DPO-Positive: −log σ(β(ρ_w − ρ_l − λ·max(0, log π_ref(y_w) − log π(y_w))))."""
+    rw, rl = _rho(x)
+    return _nls(p.beta * (rw - rl - p.dpop_lambda * torch.clamp(-rw, min=0)))
+
+
+def _simper(x: dict[str, Any], p: Any) -> Tensor:
+    return torch.exp(x["policy_rejected_logps"] / x["rejected_lengths"]) - torch.exp(
+        x["policy_chosen_logps"] / x["chosen_lengths"])
+
+
+def _slic(x: dict[str, Any], p: Any) -> Tensor:
+    pw, pl = x["policy_chosen_logps"], x["policy_rejected_logps"]
+    return torch.clamp(p.delta - pw + pl, min=0) - p.reg_lambda * pw
+
+
+def _rpo(x: dict[str, Any], p: Any) -> Tensor:
+    rw, rl = _rho(x)
+    return _nls(p.beta * (rw - rl)) + p.alpha * _nll(x, p, default="batch-tokens")
 
 
 def _mpo(x: dict[str, Any], p: Any) -> Tensor:
@@ -195,7 +244,12 @@ REFERENCES: dict[str, tuple[Callable[[dict[str, Any], Any], Tensor], bool]] = {
     "mmpo-length-norm": (lambda x, p: _mmpo(x, p, average=True), False),
     **{k: (_dpo_family(k), False) for k in
        ("dpo", "cdpo", "robust", "hinge", "exo-pair", "discopop", "rdpo", "ipo", "sigmoid-norm")},
-    **{k: (_simple(k), False) for k in ("nca-pair", "bco-pair", "sppo-hard", "apo-zero", "apo-down", "simpo", "cpo")},
+    **{k: (_simple(k), False) for k in ("nca-pair", "bco-pair", "sppo-hard", "apo-zero", "apo-down", "simpo", "cpo",
+                                        "cpo-hinge", "cpo-ipo", "cpo-simpo")},
+    "dpop": (_dpop, False),
+    "simper": (_simper, False),
+    "slic": (_slic, False),
+    "rpo": (_rpo, False),
     "aot": (lambda x, p: _aot(x["policy_chosen_logps"] - x["policy_rejected_logps"],
                               x["ref_chosen_logps"] - x["ref_rejected_logps"], p), True),
     "aot-unpaired": (lambda x, p: _aot(*_rho(x), p), True),

@@ -21,9 +21,9 @@ B_UNEVEN = 11  # split as 1 + 5 + 5 (3 ranks), 1 + 10 (2 ranks), 1 + 4 + 3 + 3 (
 def coupled_losses() -> list[str]:
     import prefzoo
 
-    # unpaired losses take an UnpairedBatch: tests/distributed/test_unpaired_gather.py
+    # unpaired losses take an UnpairedBatch: tests/distributed/test_unpaired_gather.py; coupling with default params
     specs = [prefzoo.loss_spec(n) for n in prefzoo.list_losses()]
-    return [s.name for s in specs if s.batch_coupled and s.accepts(prefzoo.Shape.PAIR)]
+    return [s.name for s in specs if s.accepts(prefzoo.Shape.PAIR) and s.is_batch_coupled(s.params())]
 
 
 def make_batch(theta: torch.Tensor, b: int, seed: int = 0):

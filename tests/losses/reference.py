@@ -162,8 +162,15 @@ def ref_rdpo(x, p):
     return -logsig(p.get("beta", 0.1) * _delta(x, p) + p.get("alpha", 0.01) * (x["lw"] - x["ll"]))
 
 
-def ref_sft(x, p):
+def nll(x, p, default="example"):
+    """NLL of y_w: per example, or TRL's mean over every chosen token of the batch (the same value for each)."""
+    if p.get("nll_reduction", default) == "batch-tokens":
+        return (-x["pw"].sum() / x["lw"].sum()).expand(x["pw"].shape)
     return -x["pw"] / x["lw"]
+
+
+def ref_sft(x, p):
+    return nll(x, p)
 
 
 def ref_simpo(x, p):
@@ -173,13 +180,47 @@ def ref_simpo(x, p):
 
 def ref_cpo(x, p):
     b, a = p.get("beta", 0.1), p.get("alpha", 1.0)
-    return -logsig(b * (x["pw"] - x["pl"])) - a * x["pw"] / x["lw"]
+    return -logsig(b * (x["pw"] - x["pl"])) + a * nll(x, p)
+
+
+def ref_cpo_hinge(x, p):
+    b, a = p.get("beta", 0.1), p.get("alpha", 1.0)
+    return torch.clamp(1 - b * (x["pw"] - x["pl"]), min=0) + a * nll(x, p)
+
+
+def ref_cpo_ipo(x, p):
+    b, a = p.get("beta", 0.1), p.get("alpha", 1.0)
+    return (x["pw"] / x["lw"] - x["pl"] / x["ll"] - 1 / (2 * b)) ** 2 + a * nll(x, p)
+
+
+def ref_cpo_simpo(x, p):
+    b, g, a = p.get("beta", 2.0), p.get("gamma_beta_ratio", 0.5), p.get("alpha", 1.0)
+    return -logsig(b * (x["pw"] / x["lw"] - x["pl"] / x["ll"]) - b * g) + a * nll(x, p)
 
 
 def ref_orpo(x, p):
     aw, al = x["pw"] / x["lw"], x["pl"] / x["ll"]
     log_odds = (aw - torch.log(1 - torch.exp(aw))) - (al - torch.log(1 - torch.exp(al)))
-    return -aw - p.get("beta", 0.1) * logsig(log_odds)
+    return nll(x, p) - p.get("beta", 0.1) * logsig(log_odds)
+
+
+def ref_dpop(x, p):
+    # Smaug (Pal et al. 2024): −log σ(β(ρ_w − ρ_l − λ·max(0, log π_ref(y_w) − log π(y_w))))
+    b, lam = p.get("beta", 0.1), p.get("dpop_lambda", 50.0)
+    penalty = torch.clamp(x["rw"] - x["pw"], min=0)
+    return -logsig(b * ((x["pw"] - x["rw"]) - (x["pl"] - x["rl"]) - lam * penalty))
+
+
+def ref_simper(x, p):
+    return -torch.exp(x["pw"] / x["lw"]) + torch.exp(x["pl"] / x["ll"])
+
+
+def ref_slic(x, p):
+    return torch.clamp(p.get("delta", 1.0) - x["pw"] + x["pl"], min=0) - p.get("reg_lambda", 0.5) * x["pw"]
+
+
+def ref_rpo(x, p):  # TRL: loss_type=["sigmoid", "sft"], loss_weights=[1, α]; the sft term is a batch token mean
+    return ref_dpo(x, {"beta": p.get("beta", 0.1)}) + p.get("alpha", 1.0) * nll(x, p, default="batch-tokens")
 
 
 def ref_mpo(x, p):
@@ -248,5 +289,18 @@ REFERENCES = {
     "cpo": ref_cpo,
     "orpo": ref_orpo,
     "mpo": ref_mpo,
+    "dpop": ref_dpop,
+    "simper": ref_simper,
+    "slic": ref_slic,
+    "cpo-simpo": ref_cpo_simpo,
+    "cpo-hinge": ref_cpo_hinge,
+    "cpo-ipo": ref_cpo_ipo,
+    "rpo": ref_rpo,
 }
 MEAN_ONLY = {"aot", "aot-unpaired"}  # per-slot losses: compare the batch mean and its gradient
+
+
+def mean_only(name, params):
+    """Whether only the batch mean has a reference meaning: sorted slots, or TRL's batch token mean NLL."""
+    coupled = params.get("nll_reduction", "batch-tokens" if name == "rpo" else "example") == "batch-tokens"
+    return name in MEAN_ONLY or coupled

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import prefzoo
-from tests.losses.reference import MEAN_ONLY, REFERENCES
+from tests.losses.reference import REFERENCES, mean_only
 
 # (atol, rtol) against the float64 reference evaluated on the same (rounded) inputs.  Losses upcast
 # bf16 inputs to float32, so bf16 loss values are held to float32's tolerance on bf16-representable
@@ -35,8 +35,15 @@ PARAM_CASES = {
     "mmpo-no-norm": [{}, {"rejected_reward": 0.6}],
     "mmpo-length-norm": [{}, {"beta": 0.05}],
     "simpo": [{}, {"beta": 2.5, "gamma_beta_ratio": 1.6}],
-    "cpo": [{}, {"alpha": 0.0}],
-    "orpo": [{}, {"beta": 0.5}],
+    "cpo": [{}, {"alpha": 0.0}, {"nll_reduction": "batch-tokens"}],
+    "orpo": [{}, {"beta": 0.5}, {"nll_reduction": "batch-tokens"}],
+    "sft": [{}, {"nll_reduction": "batch-tokens"}],
+    "dpop": [{}, {"beta": 0.5, "dpop_lambda": 5.0}, {"dpop_lambda": 0.0}],
+    "slic": [{}, {"delta": 5.0, "reg_lambda": 0.0}],
+    "cpo-simpo": [{}, {"beta": 2.5, "gamma_beta_ratio": 1.6, "alpha": 0.3, "nll_reduction": "batch-tokens"}],
+    "cpo-hinge": [{}, {"beta": 0.05, "nll_reduction": "batch-tokens"}],
+    "cpo-ipo": [{}, {"beta": 0.5, "alpha": 0.0}, {"nll_reduction": "batch-tokens"}],
+    "rpo": [{}, {"beta": 0.5, "alpha": 0.2}, {"nll_reduction": "example"}],
     "mpo": [{}, {"beta": 0.2, "sft_weight": 0.5}],
     "mml": [{}, {"reward_from": "score", "beta": 0.3}],
     "mmpo-list": [{}, {"reward_from": "score", "norm_eps": 0.0}],
@@ -68,7 +75,7 @@ def run_prefzoo(name, params, x, dtype):
         rejected_lengths=x["ll"],
     )
     out = prefzoo.get_loss(name, **params)(batch)
-    val = out.losses.mean() if name in MEAN_ONLY else out.losses
+    val = out.losses.mean() if mean_only(name, params) else out.losses
     gw, gl = torch.autograd.grad(out.losses.mean(), (pw, pl), allow_unused=True)
     z = torch.zeros_like(x["pw"])
     return val.double(), (gw.double() if gw is not None else z), (gl.double() if gl is not None else z)
@@ -80,6 +87,7 @@ def run_reference(name, params, x, dtype):
     r["pw"].requires_grad_()
     r["pl"].requires_grad_()
     val = REFERENCES[name](r, params)
+    val = val.mean() if mean_only(name, params) else val
     gw, gl = torch.autograd.grad(val.mean(), (r["pw"], r["pl"]), allow_unused=True)
     z = torch.zeros_like(r["pw"])
     return val.detach(), (gw if gw is not None else z), (gl if gl is not None else z)

@@ -9,7 +9,9 @@ accumulation changes them:
   * mmpo, mmpo-length-norm: the loss VALUE changes (R̂ uses the micro-batch min/max)
     but the gradient does not (it is −∇log π(y_w) whatever R̂ is);
   * mmpo-no-aux: value and gradient change (the σ(s_w − s_l) weights see a different R̂);
-  * aot, aot-unpaired: value and gradient change (the sorted pairing is per micro-batch).
+  * aot, aot-unpaired: value and gradient change (the sorted pairing is per micro-batch);
+  * rpo (and sft, cpo, cpo-*, orpo with nll_reduction="batch-tokens"): value and gradient change (the NLL is
+    divided by the micro-batch's chosen token count).
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from prefzoo.testing import batches_for, cast_batch, grads, loss_params, shard_b
 
 # unpaired losses: tests/properties/test_unpaired.py
 PAIRWISE = [n for n in prefzoo.list_losses() if prefzoo.loss_spec(n).accepts(prefzoo.Shape.PAIR)]
-DECOUPLED = [n for n in PAIRWISE if not prefzoo.loss_spec(n).batch_coupled]
-COUPLED = [n for n in PAIRWISE if prefzoo.loss_spec(n).batch_coupled]
+DECOUPLED = [n for n in PAIRWISE if prefzoo.loss_spec(n).batch_coupled is not True]  # for some params
+COUPLED = [n for n in PAIRWISE if prefzoo.get_loss(n).batch_coupled]  # with default params
 
 
 @pytest.mark.parametrize("name", DECOUPLED)
 def test_mean_equals_mean_of_micro_batch_means(name):
     spec = prefzoo.loss_spec(name)
 
-    @given(batch=batches_for(spec, dtypes=("float64",), min_size=2), params=loss_params(spec))
+    decoupled = loss_params(spec).filter(lambda p: not spec.is_batch_coupled(p))  # e.g. nll_reduction="example"
+
+    @given(batch=batches_for(spec, dtypes=("float64",), min_size=2), params=decoupled)
     def run(batch, params):
         loss = prefzoo.Loss(spec, params)
         n = batch.batch_size - batch.batch_size % 2
@@ -71,7 +75,7 @@ def test_accumulation_changes_mmpo_value_but_not_gradient(name):
     torch.testing.assert_close(ga, gf, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["mmpo-no-aux", "aot", "aot-unpaired", "mml"])
+@pytest.mark.parametrize("name", ["mmpo-no-aux", "aot", "aot-unpaired", "mml", "rpo"])
 def test_accumulation_changes_value_and_gradient(name):
     lf, gf, la, ga = _full_and_accumulated(name)
     assert float((lf - la).abs().max()) > 1e-6 and float((gf - ga).abs().max()) > 1e-6
@@ -79,4 +83,4 @@ def test_accumulation_changes_value_and_gradient(name):
 
 def test_every_coupled_loss_is_documented_here():
     assert set(COUPLED) <= {"mmpo", "mmpo-no-aux", "mmpo-length-norm", "mmpo-entropy", "aot", "aot-unpaired", "mml",
-                            "mmpo-list"}
+                            "mmpo-list", "rpo"}
