@@ -80,8 +80,21 @@ def _fprime(rho: Tensor, p: Any) -> Tensor:
 
 
 def _delta(x: dict[str, Any], p: Any) -> Tensor:
+    """f'(ρ_w) − f'(ρ_l); where both exponentials are past the cap, their difference taken algebraically
+    (e^80·h²·(u_a − u_b)/((h + u_a)(h + u_b))), since subtracting two values near 1.1·e^80 loses ~1e-8 of it."""
     rw, rl = _rho(x)
-    return _fprime(rw, p) - _fprime(rl, p)
+    plain = _fprime(rw, p) - _fprime(rl, p)
+    kind = getattr(p, "f_divergence", "reverse_kl")
+    if kind == "forward_kl":  # e^{−ρ_l} − e^{−ρ_w}
+        xa, xb, scale = -rl, -rw, 1.0
+    elif kind == "alpha_divergence" and abs(p.alpha_divergence_coef - 1.0) >= 1e-6:  # (e^{aρ_w} − e^{aρ_l})/a
+        a = p.alpha_divergence_coef - 1.0
+        xa, xb, scale = a * rw, a * rl, 1.0 / a
+    else:
+        return plain
+    ua, ub = xa - 80.0, xb - 80.0
+    far = math.exp(80.0) * 0.01 * (ua - ub) / ((0.1 + ua.clamp(min=0)) * (0.1 + ub.clamp(min=0))) * scale
+    return torch.where((xa > 80.0) & (xb > 80.0), far, plain)
 
 
 def _mmpo_scores(x: dict[str, Any], p: Any, normalize: bool = True, average: bool = False) -> tuple[Tensor, Tensor]:
