@@ -303,11 +303,13 @@ def _coerce(key: str, value: Any, typ: Any, name: str) -> Any:
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML run file (keys are TrainConfig field names; '-' may be written for '_')."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file")
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"--config {path}: reading YAML needs pyyaml; pip install 'prefzoo[train]'") from None
     data = yaml.safe_load(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of keys to values, got {type(data).__name__}")

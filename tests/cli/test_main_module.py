@@ -13,10 +13,9 @@ import pytest
 def test_cli_error_is_one_line_whichever_module_runs(module: str, tmp_path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", module, "train", "--config", str(tmp_path / "missing.yaml")],
+        [sys.executable, "-m", module, "inspect", "dpo", "--points", "1"],
         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last == f"prefzoo train: error: --config {tmp_path / 'missing.yaml'}: no such file"
+    assert proc.stderr.strip().splitlines()[-1] == "prefzoo inspect: error: --points must be >= 2 and --min < --max"

@@ -66,6 +66,7 @@ def test_incompatible_combinations_are_one_line_errors_before_loading(capsys, ar
 
 
 def test_yaml_modifiers_and_flags_add_up(tmp_path, capsys):
+    pytest.importorskip("yaml")  # the train extra (the unit env has none)
     run = tmp_path / "run.yaml"
     run.write_text("loss: dpo\nmodifiers:\n  - {modifier: ld-dpo, alpha: 0.5}\n")
     assert main(["train", "--config", str(run), "--modifier", "ld-dpo:alpha=0.3"]) == 2
