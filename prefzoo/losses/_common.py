@@ -166,9 +166,9 @@ def exp_capped(x: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) 
 
 def exp_capped_diff(a: Tensor, b: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
     """exp_capped(a) − exp_capped(b) without cancelling (1 + h)·e^cap when both are past the cap:
-    there it is e^cap·h²·(1/(h + u_b) − 1/(h + u_a))."""
+    there it is e^cap·h²·(a − b)/((h + u_a)(h + u_b))."""
     ua, ub = (a - cap).clamp(min=0), (b - cap).clamp(min=0)
-    both = math.exp(cap) * headroom**2 * (1 / (headroom + ub) - 1 / (headroom + ua))
+    both = math.exp(cap) * headroom**2 * ((a - b) / (headroom + ua) / (headroom + ub))  # no 1/x − 1/y cancelling
     return torch.where((a > cap) & (b > cap), both, exp_capped(a, cap, headroom) - exp_capped(b, cap, headroom))
 
 

@@ -138,10 +138,11 @@ def f_delta(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
 
 
 def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDPOParams) -> Tensor:
-    """f'_w/|y_w| − f'_l/|y_l| as Δ/|y_w| + f'_l·(1/|y_w| − 1/|y_l|): exact Δ when the lengths are equal."""
-    _, f_l = f_scores(rho_w, rho_l, p)
+    """f'_w/|y_w| − f'_l/|y_l|; with equal lengths Δ/|y_w| (Δ without the cancellation of two capped exponentials),
+    else the two terms as they are (rewriting them around Δ would cancel in bfloat16 when the lengths differ)."""
+    f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = lw.to(f_l.dtype), ll.to(f_l.dtype)
-    return f_delta(rho_w, rho_l, p) / lw + f_l * (1 / lw - 1 / ll)
+    return torch.where(lw == ll, f_delta(rho_w, rho_l, p) / lw, f_w / lw - f_l / ll)
 
 
 def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:
