@@ -196,7 +196,11 @@ def _perturbed_params(loss: Loss, s: float) -> Any:
 
 
 def _sensitivity(loss: Loss, b64: PreferenceBatch, u: float, draws: int = 8) -> tuple[Tensor, Tensor]:
-    """(float64 losses, max change under relative ±u perturbations of every float input and parameter)."""
+    """(float64 losses, max change under relative ±u perturbations of every float input and parameter).
+
+    The first two patterns move the chosen and the rejected inputs in opposite directions (+/− then −/+), so the
+    margin's sensitivity is always measured (random signs alone leave it unmeasured whenever they happen to agree);
+    the rest are random sign patterns."""
     base = loss(b64).losses.detach()
     gen = torch.Generator().manual_seed(b64.batch_size)
     worst = torch.zeros_like(base)
@@ -205,7 +209,10 @@ def _sensitivity(loss: Loss, b64: PreferenceBatch, u: float, draws: int = 8) -> 
         for name in FLOAT_FIELDS:
             t = getattr(b64, name)
             if t is not None:
-                sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1
+                if k < 2:
+                    sign = torch.full_like(t, 1.0 if ("chosen" in name) != (k == 1) else -1.0)
+                else:
+                    sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1
                 ch[name] = t.detach() * (1 + u * sign)
         pert = Loss(loss.spec, _perturbed_params(loss, u if k % 2 else -u))
         worst = torch.maximum(worst, (pert(b64.replace(**ch)).losses.detach() - base).abs())
