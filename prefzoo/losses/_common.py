@@ -159,17 +159,19 @@ def exp_capped(x: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) 
     that multiplies it by β/(1 − 2ε) (robust) stays as finite as with a flat clamp, which would have zero gradient.
     The slope stays representable in float32 up to u ≈ 1e18, far past any summed log-prob."""
     below = torch.exp(x.clamp(max=cap))
-    u = (x - cap).clamp(min=0)
+    u = (x.double() - cap).clamp(min=0)  # float64 inside: backward multiplies by e^cap before the small factors
     above = math.exp(cap) * (1 + headroom - headroom**2 / (headroom + u))  # = h·u/(h + u), its slope not cancelling
-    return torch.where(x > cap, above, below)
+    return torch.where(x > cap, above.to(x.dtype), below)
 
 
 def exp_capped_diff(a: Tensor, b: Tensor, cap: float = EXP_CAP, headroom: float = EXP_HEADROOM) -> Tensor:
     """exp_capped(a) − exp_capped(b) without cancelling (1 + h)·e^cap when both are past the cap:
     there it is e^cap·h²·(a − b)/((h + u_a)(h + u_b))."""
-    ua, ub = (a - cap).clamp(min=0), (b - cap).clamp(min=0)
-    both = math.exp(cap) * headroom**2 * ((a - b) / (headroom + ua) / (headroom + ub))  # no 1/x − 1/y cancelling
-    return torch.where((a > cap) & (b > cap), both, exp_capped(a, cap, headroom) - exp_capped(b, cap, headroom))
+    ad, bd = a.double(), b.double()  # float64 inside, as in exp_capped: e^cap·(upstream gradient) overflows float32
+    ua, ub = (ad - cap).clamp(min=0), (bd - cap).clamp(min=0)
+    both = math.exp(cap) * headroom**2 * ((ad - bd) / (headroom + ua) / (headroom + ub))  # no 1/x − 1/y cancelling
+    apart = exp_capped(a, cap, headroom) - exp_capped(b, cap, headroom)
+    return torch.where((a > cap) & (b > cap), both.to(a.dtype), apart)
 
 
 def square_capped(u: Tensor, cap: float) -> Tensor:
