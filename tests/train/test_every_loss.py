@@ -45,9 +45,14 @@ def branches_on_loss_names(paths, names) -> list[str]:
     return found
 
 
+# cli/features.py keys the README's comparison table (other frameworks' option for each loss) by loss name: it is
+# documentation data read by `prefzoo losses --features`, never a branch of training, evaluation or a command
+NAME_KEYED_DOCS = {"features.py"}
+
+
 def test_trainer_cli_and_eval_never_branch_on_a_loss_name():
     pkg = Path(train_pkg.__file__).parent.parent
-    paths = sorted(p for d in ("train", "cli", "eval") for p in (pkg / d).glob("*.py"))
+    paths = sorted(p for d in ("train", "cli", "eval") for p in (pkg / d).glob("*.py") if p.name not in NAME_KEYED_DOCS)
     assert len(paths) > 20, paths  # the three packages were found
     assert branches_on_loss_names(paths, list_losses()) == []
 
