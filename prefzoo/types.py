@@ -14,9 +14,10 @@ a negative length or a shape mismatch deep inside torch.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -245,9 +246,7 @@ class PreferenceBatch:
 
     def replace(self, **changes: Tensor | None) -> PreferenceBatch:
         """A copy with some fields replaced (validated again)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return PreferenceBatch(**values)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], ref: Tensor) -> None:
@@ -323,6 +322,22 @@ def _check_values(
         idx = tuple(torch.nonzero(~finite)[0].tolist())
         raise err(f"{kind}.{name}{list(idx)} is {t.detach()[idx].item()}: values must be finite{filler}")
 
+def _check_token_fields(
+    batch: Any, kind: str, err: type[PreferenceBatchError], lead: tuple[int, ...], lead_text: str, what: str
+) -> None:
+    """The optional token-level fields of a group or unpaired batch: shape ``lead + (T,)`` (one T for all), values."""
+    shape: tuple[int, ...] | None = None
+    for name in ("policy_token_logps", "token_entropies", "token_mask"):
+        t = getattr(batch, name)
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t.ndim != len(lead) + 1 or tuple(t.shape[: len(lead)]) != lead:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise err(f"{kind}.{name} must have shape {what} with {lead_text}, got {got}")
+        shape = shape or tuple(t.shape)
+        _check_values(kind, err, name, _check_field(kind, err, name, t, shape, batch.policy_logps, what), None, "")
+
+
 
 @dataclass(frozen=True, kw_only=True)
 class GroupBatch:
@@ -377,16 +392,7 @@ class GroupBatch:
             if t is not None:
                 _check_values(kind, err, name, _check_field(kind, err, name, t, (g, k), ref, "(G, K)"), self.mask,
                               "; put a finite filler (0) in padding slots and mark them in mask")
-        shape: tuple[int, ...] | None = None
-        for name in ("policy_token_logps", "token_entropies", "token_mask"):
-            t = getattr(self, name)
-            if t is None:
-                continue
-            if not isinstance(t, Tensor) or t.ndim != 3 or tuple(t.shape[:2]) != (g, k):
-                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-                raise err(f"GroupBatch.{name} must have shape (G, K, T) with (G, K) = {(g, k)}, got {got}")
-            shape = shape or tuple(t.shape)
-            _check_values(kind, err, name, _check_field(kind, err, name, t, shape, ref, "(G, K, T)"), None, "")
+        _check_token_fields(self, kind, err, (g, k), f"(G, K) = {(g, k)}", "(G, K, T)")
         if self.example_ids is not None and len(self.example_ids) != g:
             raise err(f"GroupBatch.example_ids has {len(self.example_ids)} ids for G = {g} groups")
 
@@ -422,9 +428,7 @@ class GroupBatch:
 
     def replace(self, **changes: Any) -> GroupBatch:
         """A copy with some fields replaced (validated again)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return GroupBatch(**values)
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -472,16 +476,7 @@ class UnpairedBatch:
             t = getattr(self, name)
             if t is not None:
                 _check_values(kind, err, name, _check_field(kind, err, name, t, (n,), ref, "(N,)"), None, "")
-        shape: tuple[int, ...] | None = None
-        for name in ("policy_token_logps", "token_entropies", "token_mask"):
-            t = getattr(self, name)
-            if t is None:
-                continue
-            if not isinstance(t, Tensor) or t.ndim != 2 or t.shape[0] != n:
-                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-                raise err(f"UnpairedBatch.{name} must have shape (N, T) with N = {n}, got {got}")
-            shape = shape or tuple(t.shape)
-            _check_values(kind, err, name, _check_field(kind, err, name, t, shape, ref, "(N, T)"), None, "")
+        _check_token_fields(self, kind, err, (n,), f"N = {n}", "(N, T)")
         if self.example_ids is not None and len(self.example_ids) != n:
             raise err(f"UnpairedBatch.example_ids has {len(self.example_ids)} ids for N = {n}")
 
@@ -496,9 +491,7 @@ class UnpairedBatch:
 
     def replace(self, **changes: Any) -> UnpairedBatch:
         """A copy with some fields replaced (validated again)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return UnpairedBatch(**values)
+        return dataclasses.replace(self, **changes)
 
 
 def _pad_tokens(a: Tensor, b: Tensor) -> Tensor:
