@@ -118,7 +118,7 @@ class FsdpEngine:
             optim_state_dict=_restore(optim_sd, saved["optim"]),
         )
 
-    def full_state_dict(self, policy: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, policy: nn.Module) -> dict[str, Any]:
         """The whole policy's parameters on rank 0 (an empty dict elsewhere); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
