@@ -90,12 +90,15 @@ def save_checkpoint(
     before_marker: Callable[[Path], None] | None = None,
     node_local: bool = False,
     write: Callable[[Path], None] | None = None,
+    save_shards: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written).
 
     ``node_local``: every node has its own ``output_dir`` (each node's local rank 0 writes a complete folder).
     ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
     ``write(tmp_folder)`` (called on every process) replaces ``accelerator.save_state`` (``--save-only-model``).
+    ``save_shards(tmp_folder)`` runs on every process after accelerate's state: what accelerate does not save (FSDP2
+    model and optimizer shards, :mod:`prefzoo.train.fsdp`), each rank its own files in its node's folder.
     """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
@@ -106,7 +109,7 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    full = _enospc(lambda: write(tmp) if write is not None else accelerator.save_state(str(tmp)))
+    full = _enospc(lambda: _save_state(accelerator, tmp, write, save_shards))
     if _any_process(accelerator, full is not None):
         raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
     full = None
@@ -130,6 +133,17 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _save_state(
+    accelerator: Any, tmp: Path, write: Callable[[Path], None] | None, save_shards: Callable[[Path], None] | None
+) -> None:
+    if write is not None:
+        write(tmp)
+    else:
+        accelerator.save_state(str(tmp))
+    if save_shards is not None:
+        save_shards(tmp)
 
 
 def _seal(tmp: Path, step: int, info: dict[str, Any], before_marker: Callable[[Path], None] | None) -> None:

@@ -107,7 +107,7 @@ def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:
         raise ConfigError(
             "accelerate launch --use_fsdp (ACCELERATE_USE_FSDP=true): without a GPU accelerate ignores FSDP and would "
             "run plain DDP, every process holding the whole model; drop --use_fsdp to train with DDP, or shard on CPU "
-            "with --deepspeed zero3"
+            "with prefzoo's own FSDP2 engine (--fsdp) or --deepspeed zero3"
         )
 
 

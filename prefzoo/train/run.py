@@ -355,7 +355,7 @@ class Run:
         result.global_step = self.state.global_step
         result.skipped_steps = self.guard.skipped
         if not result.stopped_early or self.stopped_by_callback:
-            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result)
+            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
                 mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
             if self.cfg.push_to_hub and p.accelerator.is_main_process:
@@ -408,11 +408,12 @@ class Run:
             info["model_only"] = True
 
             def write(tmp: Path) -> None:
-                save_model_folder(acc, p.policy, p.tokenizer, tmp, p.model_defaults)
+                save_model_folder(acc, p.policy, p.tokenizer, tmp, p.model_defaults, fsdp=p.fsdp)
 
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
                                 before_marker=self._save_files,
-                                node_local=storage is not None and not storage.shared, write=write)  # fmt: skip
+                                node_local=storage is not None and not storage.shared, write=write,
+                                save_shards=self._save_shards if p.fsdp and write is None else None)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved
@@ -422,6 +423,12 @@ class Run:
         if self.parts.online is not None:
             self.parts.online.save(folder)
         self.callbacks.call("on_save_files", self.state, folder)
+
+    def _save_shards(self, tmp: Path) -> None:
+        """--fsdp: every rank writes its own model and optimizer shards into the checkpoint (accelerate saves none)."""
+        p = self.parts
+        assert p.fsdp is not None
+        p.fsdp.save(p.policy, p.optimizer, tmp)
 
     def abort_nonfinite(self) -> None:
         saved = self.saved or self.checkpoint(force=True)

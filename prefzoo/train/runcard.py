@@ -28,13 +28,21 @@ def versions() -> dict[str, str]:
 
 
 def save_model_folder(
-    accelerator: Any, policy: Any, tokenizer: Any, folder: Path, defaults: Any = None, merge: bool = False
+    accelerator: Any,
+    policy: Any,
+    tokenizer: Any,
+    folder: Path,
+    defaults: Any = None,
+    merge: bool = False,
+    fsdp: Any = None,
 ) -> str:
     """``save_pretrained`` of the trained model (or adapter, or merged model) and tokenizer into ``folder``.
 
-    Call on every process (ZeRO-3 shards are gathered); the main process writes.  Returns what was saved.
+    Call on every process (ZeRO-3 or, with ``fsdp`` (:mod:`prefzoo.train.fsdp`), FSDP2 shards are gathered); the
+    main process writes.  Returns what was saved.
     """
-    state_dict = accelerator.get_state_dict(policy)  # gathers ZeRO-3 shards; keys prefixed with 'lm.'
+    # gathers the shards onto the main process; keys prefixed with 'lm.'
+    state_dict = fsdp.full_state_dict(policy) if fsdp is not None else accelerator.get_state_dict(policy)
     lm = accelerator.unwrap_model(policy).lm
     is_peft = hasattr(lm, "peft_config")
     if accelerator.is_main_process:
@@ -51,7 +59,7 @@ def save_model_folder(
     return "merged model" if is_peft and merge else ("LoRA adapter" if is_peft else "full model")
 
 
-def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any) -> Path:
+def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, fsdp: Any = None) -> Path:
     """``output_dir/final``: save_pretrained model (or adapter / merged model), tokenizer, run_card.json, README.md.
 
     A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
@@ -68,7 +76,7 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
     saved: list[str] = []
 
     def write() -> None:
-        saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora))
+        saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora, fsdp=fsdp))
         if accelerator.is_main_process:
             _write_cards(tmp, saved[0], accelerator, cfg, result, defaults)
 

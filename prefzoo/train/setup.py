@@ -25,6 +25,7 @@ from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import load_splits, prepare_datasets
 from prefzoo.train.distributed import build_accelerator, make_gather
+from prefzoo.train.fsdp import FsdpEngine, check_fsdp
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import (
     apply_lora,
@@ -39,7 +40,13 @@ from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
 from prefzoo.train.online import OnlineError, OnlineRounds, online_prompts, parse_judge
-from prefzoo.train.reference import _zero3_enabled, build_reference, model_identity, precompute_reference
+from prefzoo.train.reference import (
+    FrozenReference,
+    _zero3_enabled,
+    build_reference,
+    model_identity,
+    precompute_reference,
+)
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
 from prefzoo.train.trackers import resolve_trackers
@@ -78,6 +85,7 @@ class Parts:
     skip_record: list[int] | None = None  # [start step, N] of the --skip-batches N this run applies (or applied)
     timings: dict[str, float] = field(default_factory=dict)
     storage: Storage | None = None  # shared or node-local output dir (None: one process)
+    fsdp: FsdpEngine | None = None  # --fsdp: shards, saves and gathers the policy (None: accelerate's DDP/DeepSpeed)
 
 
 def trackers(cfg: TrainConfig) -> list[str] | None:
@@ -91,6 +99,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     loss = build_loss(cfg)  # unknown names / bad params / modifiers that do not fit fail before any model loads
     _check_config(cfg)
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
+    check_fsdp(cfg, accelerator.num_processes, accelerator.device.type == "cpu")
     storage = detect_storage(accelerator, cfg.output_dir)
     accelerator.project_configuration.save_on_each_node = not storage.shared  # each node's disk gets model + optimizer
     if not storage.shared and cfg.deepspeed:  # DeepSpeed's own switch: model states on every node, not rank 0 only
@@ -148,10 +157,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
     policy.train()
     reference, ref_kind = build_reference(loss, cfg, policy, has_adapter, accelerator)
-    trainable = [p for p in policy.parameters() if p.requires_grad]
+    collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
+    fsdp = _shard(cfg, accelerator, policy, reference, train_tok, collate)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # after sharding: FSDP2 replaced them
     betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
-    collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
     if prompts is None:
         train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
         examples = len(train_tok)
@@ -162,13 +172,12 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         examples = len(prompts)
     steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, examples, accelerator.num_processes)
     schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio, cfg.lr_scheduler_type, cfg.warmup_steps)
-    if train_dl is None:
-        policy, optimizer, schedule = accelerator.prepare(policy, optimizer, schedule)
-    else:
-        policy, optimizer, train_dl, schedule = accelerator.prepare(policy, optimizer, train_dl, schedule)
+    policy, optimizer, train_dl, schedule = _prepare(accelerator, fsdp, policy, optimizer, train_dl, schedule)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
-    if not _zero3_enabled() and train_tok is not None:  # the fast path against the model's own forward, first
+    if (
+        not _zero3_enabled() and train_tok is not None and fsdp is None
+    ):  # the fast path against the model's own forward, first
         check_batch = first_pairs(train_tok, collate, accelerator.device)
         run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     timings: dict[str, float] = {}
@@ -186,7 +195,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     parts = Parts(
         cfg, loss, accelerator, tokenizer, policy, trainable, optimizer, schedule, train_dl, eval_dl, reference,
         make_gather(accelerator), _run_info(cfg, identity, accelerator.num_processes), data_stats, defaults,
-        steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage,
+        steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage, fsdp=fsdp,
     )  # fmt: skip
     parts.collate = collate
     if prompts is not None:
@@ -301,10 +310,47 @@ def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
         )
 
 
+def _shard(
+    cfg: TrainConfig, accelerator: Any, policy: PolicyLogps, reference: Any, train_tok: Any, collate: Any
+) -> FsdpEngine | None:
+    """The FSDP2 engine phase (``--fsdp``): self-check on the whole model, then shard the policy and a frozen copy."""
+    if not cfg.fsdp:
+        return None
+    run_self_check(policy, reference, first_pairs(train_tok, collate, accelerator.device), cfg.logps_fallback,
+                   accelerator.print)  # fmt: skip
+    engine = FsdpEngine(cfg, accelerator)
+    layers = engine.shard(policy)
+    if isinstance(reference, FrozenReference):
+        engine.shard(reference.module)  # frozen: sharded like the policy, gathered layer by layer under no_grad
+    accelerator.print(
+        f"prefzoo train: FSDP2 ({cfg.fsdp_sharding} sharding{', CPU offload' if cfg.fsdp_cpu_offload else ''}): "
+        f"{layers} decoder layers and the root sharded over {accelerator.num_processes} processes"
+    )
+    return engine
+
+
+def _prepare(
+    accelerator: Any, fsdp: FsdpEngine | None, policy: Any, optimizer: Any, train_dl: Any, schedule: Any
+) -> tuple[Any, Any, Any, Any]:
+    """accelerate wraps what it owns: everything, or under --fsdp all but the sharded policy (no DDP around it)."""
+    objs = [x for x in (train_dl, schedule) if x is not None]  # online runs build their batches per round
+    if fsdp is None:
+        objs = [policy, optimizer, *objs]
+    else:
+        optimizer = fsdp.wrap_optimizer(optimizer)
+    out = accelerator.prepare(*objs)
+    out = list(out) if len(objs) > 1 else [out]
+    if fsdp is None:
+        policy, optimizer, out = out[0], out[1], out[2:]
+    return policy, optimizer, out[0] if train_dl is not None else None, out[-1]
+
+
 def _check_config(cfg: TrainConfig) -> None:
     """Settings that cannot work together."""
     if cfg.model is None:
         raise ConfigError("model is not set: give --model (or neither --model nor --dataset for the default task)")
+    if cfg.merge_lora and cfg.fsdp:
+        raise ConfigError("--merge-lora is not supported with --fsdp here; save the adapter and merge afterwards")
     if cfg.merge_lora and cfg.deepspeed == "zero3":
         raise ConfigError("--merge-lora is not supported with ZeRO-3 here; save the adapter and merge afterwards")
 
@@ -461,6 +507,8 @@ def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
                 "resume with the same settings (or start a new --output-dir)"
             )
     _load_state(parts.accelerator, path)
+    if parts.fsdp is not None:  # this rank's model and optimizer shards (accelerate saved neither)
+        parts.fsdp.load(parts.policy, parts.optimizer, path)
     parts.start_step = int(saved["step"])
     parts.resume_path = path
     parts.start_skipped = int(saved.get("skipped_steps", 0))
