@@ -103,15 +103,18 @@ def describe(spec: LossSpec) -> str:
     ]
     if spec.shapes != {Shape.PAIR}:
         lines.insert(5, f"  takes:   {takes(spec)}")
-    if spec.description:
-        lines += ["", f"  {spec.description}"]
-    if spec.notes:
-        lines += [f"  Note: {spec.notes}"]
-    infos = param_infos(spec.params_cls)
-    lines += ["", "  parameters (--loss-param KEY=VALUE):" if infos else "  parameters: none"]
-    for i in infos:
-        lines.append(f"    {i.name} = {i.default!r}   [{i.range_text()}]  {i.doc}")
-    return "\n".join(lines)
+    return "\n".join(lines + describe_tail(spec.description, spec.notes, spec.params_cls, "--loss-param KEY=VALUE"))
+
+
+def describe_tail(description: str, notes: str, params_cls: type, usage: str) -> list[str]:
+    """The lines every ``describe`` ends with (losses and modifiers alike): description, note, parameters."""
+    lines = ["", f"  {description}"] if description else []
+    if notes:
+        lines += [f"  Note: {notes}"]
+    infos = param_infos(params_cls)
+    lines += ["", f"  parameters ({usage}):" if infos else "  parameters: none"]
+    lines += [f"    {i.name} = {i.default!r}   [{i.range_text()}]  {i.doc}" for i in infos]
+    return lines
 
 
 def catalogue_markdown(builtin_only: bool = True) -> str:

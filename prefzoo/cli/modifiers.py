@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from prefzoo.cli.losses import format_table
+from prefzoo.cli.losses import describe_tail, format_table
 from prefzoo.registry import MODIFIERS, get_registry, modifier_spec, registry_of
 from prefzoo.spec import ModifierSpec, param_infos
 
@@ -60,14 +60,7 @@ def describe(s: ModifierSpec) -> str:
     ]
     if s.callback:
         lines.append(f"  installs:   trainer callback {s.callback}")
-    if s.description:
-        lines += ["", f"  {s.description}"]
-    if s.notes:
-        lines += [f"  Note: {s.notes}"]
-    infos = param_infos(s.params_cls)
-    lines += ["", f"  parameters (--modifier {s.name}:KEY=VALUE,...):" if infos else "  parameters: none"]
-    lines += [f"    {i.name} = {i.default!r}   [{i.range_text()}]  {i.doc}" for i in infos]
-    return "\n".join(lines)
+    return "\n".join(lines + describe_tail(s.description, s.notes, s.params_cls, f"--modifier {s.name}:KEY=VALUE,..."))
 
 
 def catalogue_markdown() -> str:
