@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("losses", "modifiers", "inspect", "check", "train", "eval", "export")
+SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "train", "eval", "export")
 
 
 class CLIError(Exception):
