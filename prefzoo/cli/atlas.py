@@ -1,0 +1,357 @@
+"""`prefzoo atlas OUT_DIR`: the loss atlas, one Markdown page per registered loss plus an overview, with plots.
+
+Each page is generated from the registry (formula, parameters, paper, capabilities, the conformance properties that
+cover the loss) and from the loss itself: its gradient fingerprint (:func:`prefzoo.cli.inspect.fingerprint`, by
+autograd) at the default parameters and at two other values of its main parameter, as a table of numbers, the
+sign changes and saturations :func:`prefzoo.cli.inspect.landmarks` finds, and a PNG + SVG plot.  docs/atlas/ is
+this command's output for the built-in losses (``--builtin-only``); a test regenerates the pages' text and fails
+when it drifts from the registry.  Installed plugins' losses are included unless ``--builtin-only``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefzoo.cli.inspect import Fingerprint, dense_grid, draw, fingerprint, landmarks, pyplot, summary
+from prefzoo.cli.losses import coupling, source_of, takes
+from prefzoo.cli.main import CLIError
+from prefzoo.registry import get_registry
+from prefzoo.spec import Loss, LossParamError, LossSpec, ParamInfo, param_infos
+from prefzoo.types import Need, Shape
+
+MARGIN_MIN, MARGIN_MAX, POINTS = -50.0, 50.0, 51  # the margin grid: wide enough for β = 0.1 to saturate σ(βΔ)
+LOGP = -30.0  # log π of both responses (and of the reference) at margin 0: log π(y_w) = −5 at the widest margin
+LENGTH, REJECTED_LENGTH = 10, 15  # |y_w|, |y_l|: the rejected response longer, as `prefzoo inspect` does by default
+TABLE_MARGINS = (-50.0, -20.0, -4.0, 0.0, 4.0, 20.0, 50.0)  # the margins whose weights each page prints
+DPI = 80  # modest: the PNGs are committed
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "atlas",
+        help="write the loss atlas (one Markdown page per loss with its gradient fingerprint, plus an overview)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder for the pages; images go to OUT_DIR/img")
+    p.add_argument("--builtin-only", action="store_true",
+                   help="only the losses shipped with prefzoo (how docs/atlas is generated)")
+    p.add_argument("--no-images", action="store_true", help="write the pages only (no matplotlib needed)")
+    return p
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The fingerprint of one loss at one setting of its main parameter."""
+
+    label: str  # e.g. "beta = 0.1 (default)"
+    fp: Fingerprint
+
+
+def main_param(spec: LossSpec) -> ParamInfo | None:
+    """The parameter the atlas sweeps: ``beta`` if the loss has one, else its first numeric parameter."""
+    infos = [i for i in param_infos(spec.params_cls) if i.type in (float, int) and i.choices is None]
+    return next((i for i in infos if i.name == "beta"), infos[0] if infos else None)
+
+
+def sweep_values(spec: LossSpec, info: ParamInfo) -> list[float]:
+    """The default and two other valid values of ``info``: ÷4 and ×4 where the range allows, else ÷2 / ×2, ..."""
+    d = info.default
+    if d == 0:
+        candidates = [0.5, 2.0, -0.5, 1.0]
+    else:
+        candidates = [d / 4, d * 4, d / 2, d * 2, d / 10, d * 10, -d]
+    out: list[float] = []
+    for v in candidates:
+        v = float(v) if info.type is float else int(v)
+        if v == d or v in out or info.check(v) is not None:
+            continue
+        try:
+            spec.params(**{info.name: v})
+        except LossParamError:
+            continue
+        out.append(v)
+        if len(out) == 2:
+            break
+    return [d, *sorted(out)]
+
+
+def curves_of(spec: LossSpec) -> list[Curve]:
+    """The fingerprints a page shows: default parameters first, then the two other values of the main parameter."""
+    if not spec.accepts(Shape.PAIR):
+        return []
+    grid = dense_grid(MARGIN_MIN, MARGIN_MAX, POINTS)
+    info = main_param(spec)
+    settings: list[tuple[str, dict[str, float]]] = [("defaults", {})]
+    if info is not None:
+        vals = sweep_values(spec, info)
+        settings = [(f"{info.name} = {vals[0]:g} (default)", {})]
+        settings += [(f"{info.name} = {v:g}", {info.name: v}) for v in vals[1:]]
+    return [Curve(label, fingerprint(Loss(spec, spec.params(**kw)), grid, LOGP, LOGP, LENGTH, REJECTED_LENGTH))
+            for label, kw in settings]
+
+
+def covering_properties(spec: LossSpec) -> list[str]:
+    """The conformance kit's properties checked on this loss (``prefzoo check NAME`` runs them)."""
+    try:
+        from prefzoo.testing.conformance import ALL_PROPERTIES
+    except ImportError as e:  # hypothesis missing
+        raise CLIError(f"prefzoo atlas lists the conformance properties: pip install 'prefzoo[testing]' ({e})") from e
+    out = []
+    for prop in ALL_PROPERTIES:
+        if prop.applies_to(spec):
+            out.append(f"`{prop.name}`" + (" (for the parameters where declared)" if prop.params_filter and callable(
+                spec.monotone if "monotone" in prop.name else spec.batch_coupled) else ""))
+    if spec.builtin:
+        from prefzoo.testing.reference import REFERENCES
+
+        if spec.name in REFERENCES:
+            out.append("`reference` (an independent float64 transcription of the paper's formula)")
+    return out
+
+
+def group_of(spec: LossSpec) -> str:
+    """The overview panel a loss is drawn in, read from its declared capabilities (first match wins)."""
+    if not spec.accepts(Shape.PAIR):
+        return "unpaired"
+    if Shape.LIST in spec.shapes:
+        return "lists"
+    if spec.family == "mmpo":
+        return "MMPO"
+    if Need.REFERENCE not in spec.needs:
+        return "reference-free"
+    if Need.LENGTHS in spec.needs:
+        return "length-aware"
+    return "DPO-like"
+
+
+GROUPS = {
+    "DPO-like": "needs a reference and no lengths: the loss is a function of the log-ratio margin Δ alone.",
+    "length-aware": "needs a reference and the lengths |y|: log-ratios averaged per token (IPO, sigmoid-norm), a "
+    "length penalty (R-DPO), or an NLL term normalised by length (combinations with SFT).",
+    "reference-free": "no reference model: the scores are the policy's own (average or summed) log-probs.",
+    "MMPO": "the paper's loss and its ablations. The listed loss equals −s_w exactly, so `mmpo` (and `mmpo-no-norm`) "
+    "draw a **flat line**: w_w = 1 and w_l = 0 at every margin, plain NLL on the chosen response; `mmpo-length-norm` "
+    "is the same line at 1/|y_w|. Only `mmpo-no-aux` has the sigmoid weights of Theorem 3.1.",
+    "lists": "losses over K ranked completions, drawn with K = 2 (a pair is a list of two, best first).",
+    "unpaired": "no plot: an unpaired loss sees each completion alone with a desirable/undesirable label, so there is "
+    "no chosen–rejected margin to sweep (KTO's and BCO's reference point also comes from the rest of the batch).",
+}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:+.4g}" if abs(x) >= 5e-13 else "0"
+
+
+def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
+    """The atlas page of one loss, in Markdown."""
+    needs = sorted(n.value for n in spec.needs)
+    token = [n for n in needs if n.startswith(("token", "ref_token"))]
+    out = [
+        f"# {spec.name}",
+        "",
+        "<!-- Generated by `prefzoo atlas docs/atlas --builtin-only`; a test fails if it drifts. -->",
+        "",
+        spec.description,
+        "",
+        f"**Loss:** `L = {spec.formula}`",
+        "",
+        f"**Scores** (reward accuracy): {spec.scores}",
+        "",
+    ]
+    if spec.notes:
+        out += [f"**Note:** {spec.notes}", ""]
+    out += [
+        f"**Paper:** {spec.paper}. Registered by `{spec.plugin}` ({source_of(spec)}); family `{spec.family}`; "
+        f"[catalogue entry](../losses.md#{spec.name})." if spec.builtin else
+        f"**Paper:** {spec.paper}. Registered by `{spec.plugin}` ({source_of(spec)}); family `{spec.family}`.",
+        "",
+        "## Capabilities",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| needs a reference | {'yes' if Need.REFERENCE in spec.needs else 'no'} |",
+        f"| needs lengths | {'yes' if Need.LENGTHS in spec.needs else 'no'} |",
+        f"| token-level inputs | {', '.join(token) or 'no'} |",
+        f"| batch-coupled | {coupling(spec)} |",
+        f"| takes | {takes(spec)} |",
+        f"| declared monotone | {'by params' if callable(spec.monotone) else 'yes' if spec.monotone else 'no'} |",
+        f"| shift-invariant | {'yes' if spec.shift_invariant else 'no'} |",
+        f"| stateful | {'yes' if spec.stateful else 'no'} |",
+        "",
+        "## Parameters",
+        "",
+    ]
+    infos = param_infos(spec.params_cls)
+    if infos:
+        out += ["| parameter | default | valid | meaning |", "|---|---|---|---|"]
+        out += [f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]
+    else:
+        out.append("No parameters.")
+    out += ["", "## Properties that cover it", "",
+            "The conformance kit (`prefzoo check " + spec.name + "`, [properties](../properties.md)) checks:", ""]
+    out += [f"- {p}" for p in covering_properties(spec)]
+    out += ["", "## Gradient fingerprint", ""]
+    if not curves:
+        out += [GROUPS["unpaired"].replace("no plot: an", "No fingerprint: an", 1)]
+        return "\n".join(out) + "\n"
+    out += [
+        f"w_w = −∂L/∂log π(y_w) (solid) and w_l = −∂L/∂log π(y_l) (dashed) by autograd against the margin "
+        f"m = log π(y_w) − log π(y_l), one pair at a time, log π = {LOGP:g} ± m/2, reference log-probs {LOGP:g} "
+        f"(so Δ = m), |y_w| = {LENGTH}, |y_l| = {REJECTED_LENGTH}. Positive raises that response's likelihood. "
+        f"`prefzoo inspect {spec.name} --min {MARGIN_MIN:g} --max {MARGIN_MAX:g} --points {POINTS} --logp {LOGP:g} "
+        f"--ref-logp {LOGP:g}` prints the same fingerprint.",
+        "",
+        f"![{spec.name} gradient fingerprint](img/{spec.name}.svg) ([PNG](img/{spec.name}.png))",
+        "",
+    ]
+    if Shape.LIST in spec.shapes and Shape.PAIR not in spec.shapes:
+        out += ["A list loss: the pair is a group of K = 2, best first (`prefzoo inspect NAME --k K` shows ranks).",
+                ""]
+    for c in curves:
+        out += [f"### {c.label}", "", summary(c.fp), ""]
+        marks = landmarks(c.fp)
+        out += [f"On [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: " + ("; ".join(marks) if marks else
+                "no sign change or saturation") + ".", ""]
+        at = {m: i for i, m in enumerate(c.fp.margins)}
+        idx = [at[m] for m in TABLE_MARGINS]
+        out += ["| m | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
+                "|---|" + "---|" * len(idx),
+                "| w_w | " + " | ".join(_fmt(c.fp.w_w[i]) for i in idx) + " |",
+                "| w_l | " + " | ".join(_fmt(c.fp.w_l[i]) for i in idx) + " |", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> str:
+    """The atlas's front page: every loss by group, the overlaid default fingerprints, and what each does."""
+    out = [
+        "# Loss atlas",
+        "",
+        "<!-- Generated by `prefzoo atlas docs/atlas --builtin-only`; a test fails if it drifts. -->",
+        "",
+        "Every registered loss as a picture of its gradient: w_w = −∂L/∂log π(y_w) (solid) and "
+        "w_l = −∂L/∂log π(y_l) (dashed) against the margin m = log π(y_w) − log π(y_l), by autograd at the default "
+        f"parameters, reference log-probs equal (Δ = m), |y_w| = {LENGTH}, |y_l| = {REJECTED_LENGTH}. A weight "
+        "that **vanishes** at large m means the loss stops pushing once a pair is separated (it saturates); a w_l "
+        "that stays negative keeps pushing the rejected response down however far it already is; w_w constant and "
+        "w_l = 0 is NLL in disguise. Each loss's page has its parameters, capabilities, covering properties and "
+        "its fingerprint at three values of its main parameter. Regenerate with "
+        "`prefzoo atlas docs/atlas --builtin-only`; `prefzoo inspect A B C --plot out.png` overlays any losses.",
+        "",
+    ]
+    by_group: dict[str, list[LossSpec]] = {g: [] for g in GROUPS}
+    for s in specs:
+        by_group[group_of(s)].append(s)
+    for group, members in by_group.items():
+        if not members:
+            continue
+        out += [f"## {group}", "", GROUPS[group], ""]
+        if group != "unpaired":
+            out += [f"![{group}](img/overview-{_slug(group)}.svg) ([PNG](img/overview-{_slug(group)}.png))", ""]
+        out += ["| loss | w_w at m = −50, +50 | w_l at m = −50, +50 | what the gradient does |", "|---|---|---|---|"]
+        for s in members:
+            fp = defaults.get(s.name)
+            if fp is None:
+                out.append(f"| [`{s.name}`]({s.name}.md) | – | – | no margin (unpaired) |")
+                continue
+            out.append(f"| [`{s.name}`]({s.name}.md) | {_fmt(fp.w_w[0])}, {_fmt(fp.w_w[-1])} | "
+                       f"{_fmt(fp.w_l[0])}, {_fmt(fp.w_l[-1])} | {_behaviour(fp)} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _behaviour(fp: Fingerprint, rel: float = 0.01) -> str:
+    """A few words for the overview table: what each weight does once the pair is far apart (the largest margin)."""
+    scale = max(abs(x) for x in (*fp.w_w, *fp.w_l)) or 1.0
+    flat_w = max(fp.w_w) - min(fp.w_w) <= rel * scale
+    if flat_w and max(abs(x) for x in fp.w_l) <= rel * scale:
+        return f"NLL on y_w only: a flat line, w_w = {_fmt(fp.w_w[0])}, w_l = 0"
+    fades_w = abs(fp.w_w[-1]) <= rel * max(abs(x) for x in fp.w_w)
+    fades_l = abs(fp.w_l[-1]) <= rel * (max(abs(x) for x in fp.w_l) or 1.0)
+    if fades_w and fades_l:
+        words = ["saturates: both weights → 0 at large m"]
+    elif fades_l:
+        words = ["w_l → 0 at large m, but w_w stays: keeps raising y_w (NLL-like)"]
+    elif fp.w_l[-1] < 0:
+        words = ["keeps pushing y_l down at large m"]
+    else:
+        words = ["keeps raising y_l at large m"]
+    if any("changes sign" in m for m in landmarks(fp, rel)):
+        words.append("a weight changes sign")
+    if min(fp.w_w) < -rel * scale:
+        words.append("lowers y_w somewhere")
+    if max(fp.w_l) > rel * scale and min(fp.w_l) >= -rel * scale:
+        words.append("raises y_l too")
+    return "; ".join(words)
+
+
+def _slug(group: str) -> str:
+    return group.lower().replace(" ", "-")
+
+
+def write_images(out: Path, specs: list[LossSpec], curves: dict[str, list[Curve]]) -> None:
+    """Each loss's fingerprint at its three parameter values, and one overlay per overview group (PNG + SVG)."""
+    plt = pyplot()
+    plt.rcParams["svg.hashsalt"] = "prefzoo-atlas"  # stable ids: regenerating unchanged plots changes no bytes
+    img = out / "img"
+    img.mkdir(parents=True, exist_ok=True)
+
+    def save(fig: object, stem: str) -> None:
+        fig.tight_layout()  # type: ignore[attr-defined]
+        fig.savefig(img / f"{stem}.png", dpi=DPI, metadata={"Software": None})  # type: ignore[attr-defined]
+        fig.savefig(img / f"{stem}.svg", metadata={"Date": None})  # type: ignore[attr-defined]
+        plt.close(fig)
+
+    for s in specs:
+        if not curves[s.name]:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        draw(ax, [(c.label, c.fp) for c in curves[s.name]])
+        ax.set_title(f"{s.name}: gradient fingerprint")
+        save(fig, s.name)
+    for group in GROUPS:
+        members = [s for s in specs if group_of(s) == group and curves[s.name]]
+        if not members:
+            continue
+        fig, (aw, al) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+        cmap = plt.get_cmap("tab20")
+        for i, s in enumerate(members):
+            fp = curves[s.name][0].fp
+            aw.plot(fp.margins, fp.w_w, color=cmap(i % 20), label=s.name)
+            al.plot(fp.margins, fp.w_l, color=cmap(i % 20), linestyle="--")
+        for ax, what in ((aw, "w_w = −∂L/∂log π(y_w)"), (al, "w_l = −∂L/∂log π(y_l)")):
+            ax.axhline(0, color="grey", linewidth=0.5)
+            ax.set_xlabel("log π(y_w) − log π(y_l)")
+            ax.set_title(what)
+        aw.legend(fontsize="x-small", ncol=2)
+        fig.suptitle(f"{group}: gradient fingerprints at default parameters")
+        save(fig, f"overview-{_slug(group)}")
+
+
+def atlas_pages(builtin_only: bool = False) -> tuple[dict[str, str], list[LossSpec], dict[str, list[Curve]]]:
+    """{file name: Markdown} for every page, with the specs and curves they were made from."""
+    reg = get_registry()
+    specs = [reg.specs[n] for n in reg.names() if not builtin_only or reg.specs[n].builtin]
+    curves = {s.name: curves_of(s) for s in specs}
+    pages = {f"{s.name}.md": loss_page(s, curves[s.name]) for s in specs}
+    pages["index.md"] = overview_page(specs, {n: c[0].fp for n, c in curves.items() if c})
+    return pages, specs, curves
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out_dir)
+    pages, specs, curves = atlas_pages(args.builtin_only)
+    if not args.no_images:
+        pyplot()  # fail before writing anything when matplotlib is missing
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.md"):
+        if stale.name not in pages:
+            stale.unlink()
+    for name, text in pages.items():
+        (out / name).write_text(text, encoding="utf-8")
+    if not args.no_images:
+        write_images(out, specs, curves)
+    print(f"wrote {len(pages)} pages to {out}" + ("" if args.no_images else f" and their plots to {out / 'img'}"))
+    return 0
