@@ -1,0 +1,61 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): the site's home page is README.md, rewritten for the site when it is built.
+
+README.md links into the repository (``docs/losses.md``, ``plugins/prefzoo-caldpo``); on the site those pages
+live one level up, so :func:`home_page` rewrites the links and nothing is copied by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# README link target prefix -> the site page it becomes (a folder of the repo that is not on the site: a guide)
+LINK_PREFIXES = {"docs/": "", "plugins/": "plugin-guide.md"}
+
+
+def home_page(readme: str) -> str:
+    """README.md as the site's index.md: ``](docs/X)`` becomes ``](X)``, ``](plugins/...)`` the plugin guide."""
+
+    def fix(m: re.Match[str]) -> str:
+        target = m.group(1)
+        for prefix, page in LINK_PREFIXES.items():
+            if target.startswith(prefix):
+                return f"]({page or target[len(prefix):]})"
+        return m.group(0)
+
+    return re.sub(r"\]\(([^)#][^)]*)\)", fix, readme)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    files.append(File.generated(config, "index.md", content=home_page(readme)))
+    return files
+
+
+def outside_links(markdown: str, page_dir: Path, docs_dir: Path) -> str:
+    """Links from a docs page to a repository file outside docs/ (``../examples/x.py``) work on GitHub but not on
+    the site: there the link text stays and the target is named as a repository path. A target that does not exist
+    is left alone, so ``mkdocs build --strict`` still reports it."""
+
+    def fix(m: re.Match[str]) -> str:
+        text, target = m.group(1), m.group(2)
+        if "://" in target or target.startswith(("#", "/", "mailto:")):
+            return m.group(0)
+        path = (page_dir / target.split("#")[0]).resolve()
+        if path.is_relative_to(docs_dir.resolve()) or not path.exists() or not path.is_relative_to(ROOT):
+            return m.group(0)
+        rel = path.relative_to(ROOT).as_posix()
+        return text if text.strip("`") == rel else f"{text} (repository file `{rel}`)"
+
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", fix, markdown)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if page.file.generated_by or page.file.src_uri == "index.md":
+        return markdown
+    src = Path(page.file.abs_src_path)
+    return outside_links(markdown, src.parent, Path(config["docs_dir"]))
