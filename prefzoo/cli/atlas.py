@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefzoo.cli.inspect import Fingerprint, dense_grid, draw, fingerprint, landmarks, pyplot, summary
+from prefzoo.cli.inspect import Fingerprint, dense_grid, draw, fingerprint, landmarks, number, pyplot, summary
 from prefzoo.cli.losses import coupling, source_of, takes
 from prefzoo.cli.main import CLIError
 from prefzoo.registry import get_registry
@@ -141,10 +141,6 @@ GROUPS = {
 }
 
 
-def _fmt(x: float) -> str:
-    return f"{x:+.4g}" if abs(x) >= 5e-13 else "0"
-
-
 def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
     """The atlas page of one loss, in Markdown."""
     needs = sorted(n.value for n in spec.needs)
@@ -219,8 +215,8 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         idx = [at[m] for m in TABLE_MARGINS]
         out += ["| m | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
                 "|---|" + "---|" * len(idx),
-                "| w_w | " + " | ".join(_fmt(c.fp.w_w[i]) for i in idx) + " |",
-                "| w_l | " + " | ".join(_fmt(c.fp.w_l[i]) for i in idx) + " |", ""]
+                "| w_w | " + " | ".join(number(c.fp.w_w[i]) for i in idx) + " |",
+                "| w_l | " + " | ".join(number(c.fp.w_l[i]) for i in idx) + " |", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -256,8 +252,8 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> st
             if fp is None:
                 out.append(f"| [`{s.name}`]({s.name}.md) | – | – | no margin (unpaired) |")
                 continue
-            out.append(f"| [`{s.name}`]({s.name}.md) | {_fmt(fp.w_w[0])}, {_fmt(fp.w_w[-1])} | "
-                       f"{_fmt(fp.w_l[0])}, {_fmt(fp.w_l[-1])} | {_behaviour(fp)} |")
+            out.append(f"| [`{s.name}`]({s.name}.md) | {number(fp.w_w[0])}, {number(fp.w_w[-1])} | "
+                       f"{number(fp.w_l[0])}, {number(fp.w_l[-1])} | {_behaviour(fp)} |")
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -267,7 +263,7 @@ def _behaviour(fp: Fingerprint, rel: float = 0.01) -> str:
     scale = max(abs(x) for x in (*fp.w_w, *fp.w_l)) or 1.0
     flat_w = max(fp.w_w) - min(fp.w_w) <= rel * scale
     if flat_w and max(abs(x) for x in fp.w_l) <= rel * scale:
-        return f"NLL on y_w only: a flat line, w_w = {_fmt(fp.w_w[0])}, w_l = 0"
+        return f"NLL on y_w only: a flat line, w_w = {number(fp.w_w[0])}, w_l = 0"
     fades_w = abs(fp.w_w[-1]) <= rel * max(abs(x) for x in fp.w_w)
     fades_l = abs(fp.w_l[-1]) <= rel * (max(abs(x) for x in fp.w_l) or 1.0)
     if fades_w and fades_l:

@@ -218,6 +218,11 @@ def _plateau(margins: list[float], w: list[float], tol: float, from_high: bool) 
     return margins[last] if abs(margins[last] - margins[idx[0]]) >= 0.1 * span else None
 
 
+def number(x: float) -> str:
+    """A weight for text: 4 significant digits with its sign, and 0 for rounding noise (|x| < 5e-13)."""
+    return f"{x:+.4g}" if abs(x) >= 5e-13 else "0"
+
+
 def landmarks(fp: Fingerprint, rel: float = 0.01) -> list[str]:
     """Where w_w and w_l change sign or saturate on the fingerprint's grid, one sentence each.
 
@@ -232,7 +237,7 @@ def landmarks(fp: Fingerprint, rel: float = 0.01) -> list[str]:
     out = []
     for label, w in (("w_w", fp.w_w), ("w_l", fp.w_l)):
         if max(w) - min(w) <= tol:
-            out.append(f"{label} is constant on the grid ({w[0]:+.4g})")
+            out.append(f"{label} is constant on the grid ({number(w[0])})")
             continue
         out += [f"{label} changes sign at m ≈ {x:+.3g}" for x in sign_changes(fp.margins, w, tol)]
         for from_high, cmp in ((False, "≤"), (True, "≥")):
@@ -243,7 +248,7 @@ def landmarks(fp: Fingerprint, rel: float = 0.01) -> list[str]:
             if abs(end) <= tol:
                 out.append(f"{label} vanishes (|{label}| < {rel:g}·max) for m {cmp} {m:+.3g}")
             else:
-                out.append(f"{label} saturates at {end:+.4g} for m {cmp} {m:+.3g}")
+                out.append(f"{label} saturates at {number(end)} for m {cmp} {m:+.3g}")
     return out
 
 

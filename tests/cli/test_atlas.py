@@ -1,0 +1,111 @@
+"""The loss atlas (docs/atlas, `prefzoo atlas`), `prefzoo inspect A B C --plot` and the site's home page."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+import prefzoo
+from prefzoo.cli.atlas import atlas_pages, sweep_values
+from prefzoo.cli.inspect import Fingerprint, fingerprint, landmarks, sign_changes
+from prefzoo.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ATLAS = ROOT / "docs" / "atlas"
+
+
+def test_atlas_pages_are_generated_from_the_registry():
+    """docs/atlas/*.md equal `prefzoo atlas docs/atlas --builtin-only` (the data, not the images' pixels)."""
+    pages, specs, curves = atlas_pages(builtin_only=True)
+    committed = {p.name: p.read_text(encoding="utf-8") for p in ATLAS.glob("*.md")}
+    assert sorted(committed) == sorted(pages), "docs/atlas is stale: run `prefzoo atlas docs/atlas --builtin-only`"
+    stale = [name for name, text in pages.items() if committed[name] != text]
+    assert not stale, f"docs/atlas is stale ({', '.join(stale)}): run `prefzoo atlas docs/atlas --builtin-only`"
+    assert {s.name for s in specs} == {s for s in prefzoo.list_losses() if prefzoo.loss_spec(s).builtin}
+    for s in specs:  # every loss with a margin has both images, and its page shows them
+        if curves[s.name]:
+            assert (ATLAS / "img" / f"{s.name}.png").is_file() and (ATLAS / "img" / f"{s.name}.svg").is_file()
+            assert f"(img/{s.name}.svg)" in pages[f"{s.name}.md"]
+    for img in re.findall(r"\(img/([^)]+)\)", pages["index.md"]):
+        assert (ATLAS / "img" / img).is_file(), img
+
+
+def test_overview_shows_the_mmpo_identity_as_a_flat_line():
+    pages, _, _ = atlas_pages(builtin_only=True)
+    row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`mmpo`]"))
+    assert "NLL on y_w only: a flat line, w_w = +1, w_l = 0" in row
+    row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`dpo`]"))
+    assert "saturates" in row and "flat line" not in row
+
+
+def test_sweep_values_stay_in_range():
+    spec = prefzoo.loss_spec("robust")  # label_smoothing in [0, 0.5): beta is the main parameter
+    assert sweep_values(spec, next(i for i in prefzoo.param_infos(spec.params_cls) if i.name == "beta")) == [
+        0.1, 0.025, 0.4]
+    spec = prefzoo.loss_spec("exo-pair")
+    info = next(i for i in prefzoo.param_infos(spec.params_cls) if i.name == "label_smoothing")
+    vals = sweep_values(spec, info)  # 0 < ε < 1 excludes ×4 of nothing here, but ×4 = 0.004 is fine
+    assert len(vals) == 3 and all(info.check(v) is None for v in vals)
+
+
+def test_sign_changes_interpolate_between_grid_points():
+    assert sign_changes([0.0, 1.0, 2.0, 3.0], [1.0, 0.5, -0.5, -1.0], tol=0.01) == [1.5]
+    assert sign_changes([0.0, 1.0, 2.0], [1.0, 0.0, 0.0], tol=0.01) == []  # reaching 0 is not a sign change
+
+
+def test_landmarks_find_where_hinge_stops_and_dpo_saturates():
+    grid = [float(m) for m in range(-40, 41)]
+    hinge = landmarks(fingerprint(prefzoo.get_loss("hinge", beta=0.1), grid))  # w = ±β for βΔ < 1, else 0
+    assert "w_w vanishes (|w_w| < 0.01·max) for m ≥ +10" in hinge
+    assert "w_w saturates at +0.1 for m ≤ +9" in hinge
+    dpo = landmarks(fingerprint(prefzoo.get_loss("dpo", beta=1.0), grid))  # σ(−Δ) < 1% of 1 from Δ ≈ 4.6 on
+    assert "w_w vanishes (|w_w| < 0.01·max) for m ≥ +5" in dpo and "w_l saturates at -1 for m ≤ -5" in dpo
+    flat = landmarks(Fingerprint([0.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]))
+    assert flat == ["w_w is constant on the grid (+1)", "w_l is constant on the grid (0)"]
+
+
+def test_inspect_overlays_several_losses_and_prints_landmarks(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    svg = tmp_path / "fp.svg"
+    assert main(["inspect", "dpo", "hinge", "mmpo", "--min", "-20", "--max", "20", "--points", "3",
+                 "--plot", str(svg)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("w_w = −∂L/∂log π(y_w),  w_l") == 3
+    assert "hinge: max(0, 1 − βΔ)" in out and "w_w vanishes (|w_w| < 0.01·max) for m ≥ +10" in out  # Δ = 1/β
+    assert "w_l is constant on the grid (0)" in out  # mmpo
+    text = svg.read_text(encoding="utf-8")
+    assert all(f"{n}: w_w" in text for n in ("dpo", "hinge", "mmpo"))
+
+
+def test_inspect_refuses_unpaired_losses_in_one_line(capsys):
+    assert main(["inspect", "kto"]) == 2
+    assert "'kto' takes unpaired completions, not pairs: it has no margin to sweep" in capsys.readouterr().err
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_home_page_is_the_readme_with_site_links():
+    """The site's index.md is README.md with its links into docs/ made relative; every link lands on a page."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    home = _hooks().home_page(readme)
+    assert re.sub(r"\]\([^)]*\)", "]()", home) == re.sub(r"\]\([^)]*\)", "]()", readme)  # only targets change
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", home)
+    assert targets and "docs/losses.md" not in targets
+    missing = [t for t in targets if not (ROOT / "docs" / t).exists()]
+    assert not missing, f"README links that are not site pages: {missing}"
+
+
+def test_links_outside_docs_are_named_not_linked(tmp_path):
+    hooks = _hooks()
+    md = "see [the example](../examples/trl_dpo_mmpo.py) and [gone](../examples/nope.py) and [p](losses.md)"
+    out = hooks.outside_links(md, ROOT / "docs", ROOT / "docs")
+    assert out == ("see the example (repository file `examples/trl_dpo_mmpo.py`) and [gone](../examples/nope.py) "
+                   "and [p](losses.md)")
