@@ -26,6 +26,7 @@ LOGP = -30.0  # log π of both responses (and of the reference) at margin 0: log
 LENGTH, REJECTED_LENGTH = 10, 15  # |y_w|, |y_l|: the rejected response longer, as `prefzoo inspect` does by default
 TABLE_MARGINS = (-50.0, -20.0, -4.0, 0.0, 4.0, 20.0, 50.0)  # the margins whose weights each page prints
 DPI = 80  # modest: the PNGs are committed
+PAPER_FAMILY = "mmpo"  # LossSpec.family of the paper's loss and its ablations: the overview gives them their own panel
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -118,7 +119,7 @@ def group_of(spec: LossSpec) -> str:
         return "unpaired"
     if Shape.LIST in spec.shapes:
         return "lists"
-    if spec.family == "mmpo":
+    if spec.family == PAPER_FAMILY:
         return "MMPO"
     if Need.REFERENCE not in spec.needs:
         return "reference-free"
