@@ -19,7 +19,7 @@ ATLAS = ROOT / "docs" / "atlas"
 
 def test_atlas_pages_are_generated_from_the_registry():
     """docs/atlas/*.md equal `prefzoo atlas docs/atlas --builtin-only` (the data, not the images' pixels)."""
-    pages, specs, curves = atlas_pages(builtin_only=True)
+    pages, specs, curves, _ = atlas_pages(builtin_only=True)
     committed = {p.name: p.read_text(encoding="utf-8") for p in ATLAS.glob("*.md")}
     assert sorted(committed) == sorted(pages), "docs/atlas is stale: run `prefzoo atlas docs/atlas --builtin-only`"
     stale = [name for name, text in pages.items() if committed[name] != text]
@@ -34,11 +34,23 @@ def test_atlas_pages_are_generated_from_the_registry():
 
 
 def test_overview_shows_the_mmpo_identity_as_a_flat_line():
-    pages, _, _ = atlas_pages(builtin_only=True)
+    pages, _, _, _ = atlas_pages(builtin_only=True)
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`mmpo`]"))
     assert "NLL on y_w only: a flat line, w_w = +1, w_l = 0" in row
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`dpo`]"))
     assert "saturates" in row and "flat line" not in row
+
+
+def test_modifiers_are_drawn_on_a_loss_they_apply_to():
+    from prefzoo.cli.atlas import modifier_curves
+
+    items = {it.spec.name: it for it in modifier_curves(builtin_only=True)}
+    assert set(items) == {m for m in prefzoo.list_modifiers() if prefzoo.modifier_spec(m).builtin}
+    tr = items["tr-dpo"]  # moves the reference between steps: on one pair at one step, the base loss exactly
+    assert tr.modified.w_w == tr.plain.w_w and tr.modified.w_l == tr.plain.w_l
+    ld = items["ld-dpo"]  # α = 0.5 on the 5 tokens of y_l beyond |y_w| = 10: y_l's weight shrinks, by 1/6 at m = 0
+    i = ld.plain.margins.index(0.0)
+    assert ld.modified.w_l[i] == pytest.approx(ld.plain.w_l[i] * (10 + 0.5 * 5) / 15)
 
 
 def test_sweep_values_stay_in_range():
