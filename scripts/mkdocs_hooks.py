@@ -59,3 +59,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return markdown
     src = Path(page.file.abs_src_path)
     return outside_links(markdown, src.parent, Path(config["docs_dir"]))
+
+
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Docstrings cite names Sphinx-style (``:class:`Shape```); mkdocstrings renders the name as code: drop the role."""
+    return SPHINX_ROLE.sub("", html)

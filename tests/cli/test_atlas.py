@@ -121,3 +121,9 @@ def test_links_outside_docs_are_named_not_linked(tmp_path):
     out = hooks.outside_links(md, ROOT / "docs", ROOT / "docs")
     assert out == ("see the example (repository file `examples/trl_dpo_mmpo.py`) and [gone](../examples/nope.py) "
                    "and [p](losses.md)")
+
+
+def test_sphinx_roles_are_dropped_from_rendered_docstrings():
+    html = "pairs, :class:<code>PreferenceBatch</code> and :func:<code>get_loss</code>; a ratio 1:2"
+    assert _hooks().on_page_content(html, None, None, None) == "pairs, <code>PreferenceBatch</code> and " \
+        "<code>get_loss</code>; a ratio 1:2"
