@@ -248,6 +248,8 @@ class LossSpec:
     batch_coupled: bool | Callable[[Any], bool] = False  # depends on other examples (ctx.gather), maybe per params
     monotone: bool | Callable[[Any], bool] = True  # ∂L/∂log π(y_w) <= 0 and ∂L/∂log π(y_l) >= 0 (maybe per params)
     shift_invariant: bool = False  # adding c to log π and log π_ref of one response leaves L unchanged
+    # permuting the examples permutes the losses (maybe per params); False for a random draw over batch positions
+    permutation_equivariant: bool | Callable[[Any], bool] = True
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
     initial_state: Callable[[Any], LossState] | None = None  # stateful losses: params -> the state before step one
     # L depends on a pair only through β·Δ (+ terms free of log π), Δ = s_w − s_l with s = log π − log π_ref (log π
@@ -286,6 +288,11 @@ class LossSpec:
     def is_batch_coupled(self, params: Any) -> bool:
         """Whether an example's loss depends on other examples of the batch for these params."""
         return bool(self.batch_coupled(params)) if callable(self.batch_coupled) else bool(self.batch_coupled)
+
+    def is_permutation_equivariant(self, params: Any) -> bool:
+        """Whether permuting the examples permutes the per-example losses for these params."""
+        pe = self.permutation_equivariant
+        return bool(pe(params)) if callable(pe) else bool(pe)
 
     @property
     def needs_reference(self) -> bool:
@@ -533,6 +540,10 @@ class ModifierSpec:
     preserves_shift_invariance: bool = True
     updates_reference: bool = False  # the reference model changes during training (no cache, no adapter-disabled)
     callback: str = ""  # 'module:Class' of the trainer callback it installs, constructed with its params as kwargs
+    # stateful modifiers (β-DPO's running margin statistics): params -> the state before step one; fn then reads
+    # ctx.state (its own keys) and returns its next state in LossOutput.state, as a stateful loss does
+    initial_state: Callable[[Any], LossState] | None = None
+    permutation_equivariant: bool | Callable[[Any], bool] = True  # per modifier params; False for a random draw
     trl: str = ""  # TRL 1.16's name for the same setting, if any
     description: str = ""
     notes: str = ""

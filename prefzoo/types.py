@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -598,6 +599,18 @@ class LossContext:
     @property
     def distributed(self) -> bool:
         return self.gather is not _identity
+
+    def offset(self, n: int, device: torch.device | str = "cpu") -> int:
+        """Where this process's ``n`` examples start in ``gather(t)``: 0 on one process.
+
+        A loss does not know its rank: every process gathers (its size, a random 56-bit token) and finds its own row.
+        """
+        if not self.distributed:
+            return 0
+        token = int.from_bytes(os.urandom(7), "little")
+        rows = self.gather(torch.tensor([[n, token]], dtype=torch.int64, device=device)).cpu()  # (P, 2)
+        mine = int(torch.nonzero(rows[:, 1] == token)[0])
+        return int(rows[:mine, 0].sum())
 
 
 def error_summary(e: BaseException, limit: int = 300) -> str:

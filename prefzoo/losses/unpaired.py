@@ -7,10 +7,11 @@ With the log-ratio of completion i, ρ_i = log π_θ(y_i|x_i) − log π_ref(y_i
   mismatched (KL) completions y' of the whole gathered batch.
 * ``apo-zero-unpaired`` (TRL 1.16 KTOTrainer, loss_type="apo_zero_unpaired"): z₀ = 0 and no KL completions:
   desirable λ_D·(1 − σ(βρ)), undesirable λ_U·σ(βρ).
-* ``bco`` (TRL's BCOTrainer, without its density-ratio weighting): desirable −log σ(βρ − δ), undesirable
-  −log σ(−(βρ − δ)), where δ is the running mean of every implicit reward β·ρ seen in training so far.  δ is the
-  loss's *state* (:attr:`prefzoo.LossSpec.initial_state`): it advances once per training call, from the rewards of
-  the whole gathered batch, so every process holds the same δ; ``Loss.state_dict()`` carries it into checkpoints.
+* ``bco`` (TRL's BCOTrainer; its density-ratio weighting is :mod:`prefzoo.losses.density_ratio`): desirable
+  −log σ(βρ − δ), undesirable −log σ(−(βρ − δ)), where δ is the running mean of every implicit reward β·ρ seen in
+  training so far.  δ is the loss's *state* (:attr:`prefzoo.LossSpec.initial_state`): it advances once per training
+  call, from the rewards of the whole gathered batch, so every process holds the same δ; ``Loss.state_dict()``
+  carries it into checkpoints.
 
 z₀ and δ are constants (no gradient flows through them), as in TRL.
 """
@@ -180,7 +181,10 @@ def prefzoo_register_losses() -> list[LossSpec]:
             "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
             "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
             notes="TRL's underlying-distribution matching (a density-ratio classifier on prompt embeddings that "
-            "reweights undesirable examples) is not implemented. δ is kept in float64 (TRL: float32).",
+            "reweights undesirable examples) is prefzoo.losses.density_ratio: DensityRatioClassifier.fit on "
+            "desirable/undesirable prompt embeddings (default embedding: prefzoo.train.prompt_embedding, mean-pooled "
+            "hidden states), then losses × udm_weights(prob, labels); the trainer does not apply it yet. δ is kept "
+            "in float64 (TRL: float32).",
             **common,
         ),
     ]

@@ -116,15 +116,29 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
             if why is not None:
                 raise ModifierError(why)
 
+    stateful = base.initial_state is not None or any(m.initial_state is not None for m in mods)
+
     def fn(batch: PreferenceBatch, params: Any, ctx: LossContext) -> LossOutput:
         lp, mps = split(params)
+        state = dict(ctx.state or {})
+        new: dict[str, Any] = {}  # the next state, collected from each stateful piece under its own keys
 
         def call(i: int, b: PreferenceBatch, p: Any) -> LossOutput:
             if i == len(mods):
-                return base.fn(b, p, ctx)
-            return mods[i].fn(lambda b2, p2: call(i + 1, b2, p2), b, mps[i], base, p, ctx)
+                own = {k: v for k, v in state.items() if not _is_modifier_key(k, mods)}
+                out = base.fn(b, p, dataclasses.replace(ctx, state=own if base.initial_state else None))
+                new.update(out.state or {})
+                return out
+            m = mods[i]
+            sub = {k[len(_state_prefix(m)):]: v for k, v in state.items() if k.startswith(_state_prefix(m))}
+            out = m.fn(lambda b2, p2: call(i + 1, b2, p2), b, mps[i], base, p,
+                       dataclasses.replace(ctx, state=sub if m.initial_state else None))  # fmt: skip
+            if m.initial_state is not None:
+                new.update({_state_prefix(m) + k: v for k, v in (out.state or {}).items()})
+            return out
 
-        return call(0, batch, lp)
+        out = call(0, batch, lp)
+        return dataclasses.replace(out, state=new if stateful else None)
 
     needs = set(base.needs)
     for m in mods:
@@ -133,6 +147,13 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
 
     def monotone(params: Any) -> bool:
         return preserve_mono and base.is_monotone(split(params)[0])
+
+    def equivariant(params: Any) -> bool:
+        lp, mps = split(params)
+        return base.is_permutation_equivariant(lp) and all(
+            bool(m.permutation_equivariant(mp)) if callable(m.permutation_equivariant) else m.permutation_equivariant
+            for m, mp in zip(mods, mps, strict=True)
+        )
 
     return LossSpec(
         name=f"{base.name}[{','.join(names)}]",
@@ -144,22 +165,38 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
         scores=base.scores + " (as the modified loss sees its inputs)",
         needs=frozenset(needs),
         shapes=frozenset({Shape.PAIR}),
-        initial_state=_split_state(base, split),
+        initial_state=_split_state(base, mods, split) if stateful else None,
         batch_coupled=base.batch_coupled or any(m.batch_coupled for m in mods),
         monotone=monotone if base.monotone is not False else False,
         shift_invariant=base.shift_invariant and all(m.preserves_shift_invariance for m in mods),
+        permutation_equivariant=equivariant,
         description=f"{base.name} modified by {', '.join(names)}.",
         plugin=base.plugin,
         builtin=base.builtin and all(m.builtin for m in mods),
     )
 
 
-def _split_state(base: LossSpec, split: Callable[[Any], tuple[Any, Any]]) -> Callable[[Any], Any] | None:
-    """A stateful loss keeps its state under modifiers: its initial state from the loss's own params."""
-    init = base.initial_state
-    if init is None:
-        return None
-    return lambda params: init(split(params)[0])
+def _state_prefix(mod: ModifierSpec) -> str:
+    return mod.name + "."
+
+
+def _is_modifier_key(key: str, mods: Sequence[ModifierSpec]) -> bool:
+    return any(m.initial_state is not None and key.startswith(_state_prefix(m)) for m in mods)
+
+
+def _split_state(base: LossSpec, mods: Sequence[ModifierSpec],
+                 split: Callable[[Any], tuple[Any, list[Any]]]) -> Callable[[Any], Any]:  # fmt: skip
+    """The state of a modified loss: the loss's own keys, and each stateful modifier's as ``<modifier>.<key>``."""
+
+    def init(params: Any) -> dict[str, Any]:
+        lp, mps = split(params)
+        state = dict(base.initial_state(lp)) if base.initial_state is not None else {}
+        for m, mp in zip(mods, mps, strict=True):
+            if m.initial_state is not None:
+                state.update({_state_prefix(m) + k: v for k, v in m.initial_state(mp).items()})
+        return state
+
+    return init
 
 
 class ModifiedLoss(Loss):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +12,7 @@ from torch import Tensor
 from prefzoo.hookspecs import hookimpl
 from prefzoo.modifiers._common import REWARD_DIFFERENCE, pair_margin_inputs
 from prefzoo.spec import InnerLoss, LossParams, LossSpec, ModifierSpec, param
-from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch, PreferenceBatchError
+from prefzoo.types import LossContext, LossOutput, LossState, Need, PreferenceBatch, PreferenceBatchError
 
 _MIN_BETA_SCALE = 1e-3  # β-DPO's β_batch never falls below 1e-3·β₀ (a batch far below M₀ would make it ≤ 0)
 
@@ -50,38 +50,86 @@ def odpo(inner: InnerLoss, batch: PreferenceBatch, p: ODPOParams, spec: LossSpec
 @dataclass(frozen=True, kw_only=True)
 class BetaDPOParams(LossParams):
     alpha: float = param(0.6, "α: how strongly β follows the batch's mean reward margin (paper: 0.6 on HH)", ge=0.0)
-    m0: float = param(0.0, "M₀: the reward-margin threshold at which β_batch = β₀")
+    momentum: float = param(0.9, "m: momentum of the running margin statistics M₀ ← m·M₀ + (1 − m)·mean M_i (the "
+                            "authors' code: 0.9)", ge=0.0, lt=1.0)  # fmt: skip
     filter_fraction: float = param(
-        1.0, "ρ: fraction of the gathered batch kept, the pairs whose margin is closest to M₀ (1 = no filtering)",
-        gt=0.0, le=1.0,
+        0.8, "ρ: fraction of the gathered batch kept, sampled with weights exp(−(M_i − M₀)²/2σ²) (the authors' "
+        "default: 0.8; 1 = no filtering)", gt=0.0, le=1.0,
     )  # fmt: skip
+    seed: int = param(0, "seed of the filtering draws (with the step count: resume and sharding are exact)", ge=0)
 
 
-def beta_dpo_stats(margins: Tensor, p: BetaDPOParams) -> tuple[Tensor, Tensor]:
-    """(keep threshold on |M_i − M₀|, mean margin of the kept pairs) over a gathered (N,) tensor of margins."""
-    dist = (margins - p.m0).abs()  # (N,)
-    k = max(1, math.ceil(p.filter_fraction * margins.shape[0]))
-    thresh = torch.kthvalue(dist, k).values  # every pair at least as close as the k-th is kept (ties all kept)
-    kept = dist <= thresh
-    return thresh, margins[kept].mean()
+def beta_dpo_initial_state(p: BetaDPOParams) -> LossState:
+    """M₀ = σ = 0 before the first batch (the authors' code starts its moving averages at zero), after 0 updates."""
+    z = torch.zeros((), dtype=torch.float64)
+    return {"margin_mean": z, "margin_std": z.clone(), "steps": z.clone()}
+
+
+def beta_dpo_update(state: Mapping[str, Tensor], margins: Tensor, momentum: float) -> LossState:
+    """M₀ ← m·M₀ + (1 − m)·mean(M),  σ ← m·σ + (1 − m)·std(M) over the gathered (N,) margins (unbiased std; 0 if N = 1).
+
+    float64; the new statistics include the current batch, as the authors' ``update_and_sync_tensor_mean`` runs
+    before the loss.
+    """
+    m = margins.detach().to(torch.float64).cpu()  # (N,)
+    std = m.std() if m.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    return {"margin_mean": momentum * state["margin_mean"] + (1 - momentum) * m.mean(),
+            "margin_std": momentum * state["margin_std"] + (1 - momentum) * std,
+            "steps": state["steps"] + 1}  # fmt: skip
+
+
+def beta_dpo_sample(margins: Tensor, mean: Tensor, std: Tensor, k: int, seed: int, step: int) -> Tensor:
+    """(N,) bool: k of the gathered margins drawn without replacement with weights exp(−(M_i − M₀)²/(2σ²)).
+
+    The authors' ``torch.multinomial(weights, k, replacement=False)``, written as the Gumbel top-k of the log-weights
+    (the same distribution; no underflow when every weight is tiny); σ = 0 draws uniformly.  The draws come from a
+    generator seeded by (seed, step), so every process draws the same pairs and a resumed run the same as before.
+    """
+    m = margins.detach().to(torch.float64).cpu()  # (N,)
+    logw = -0.5 * ((m - mean) / std) ** 2 if float(std) > 0 else torch.zeros_like(m)  # (N,)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    u = torch.rand(m.shape, generator=g, dtype=torch.float64).clamp(min=1e-300)
+    keys = logw - torch.log(-torch.log(u))  # (N,) log w_i + Gumbel noise
+    keep = torch.zeros_like(m, dtype=torch.bool)
+    keep[torch.topk(keys, k).indices] = True
+    return keep
 
 
 def beta_dpo(inner: InnerLoss, batch: PreferenceBatch, p: BetaDPOParams, spec: LossSpec, lp: LossParams,
              ctx: LossContext) -> LossOutput:  # fmt: skip
-    """β-DPO (Wu et al. 2024, arXiv:2407.08639: dynamic β and β-guided data filtering).
+    """β-DPO (Wu et al. 2024, arXiv:2407.08639, Alg. 1: dynamic β and β-guided data filtering), as the authors' code.
 
-    M_i = β₀·Δ_i (the pair's implicit reward margin);  β_batch = β₀·(1 + α·(mean_{kept} M_i − M₀)),
-    kept = the ⌈ρ·N⌉ pairs of the gathered batch whose M_i is closest to M₀; the other pairs contribute 0.
+    M_i = Δ_i (the log-ratio margin of the pair, the code's ``A_gap``), gathered over all processes;
+    M₀ ← m·M₀ + (1 − m)·mean M_i,  σ ← m·σ + (1 − m)·std M_i   (running, loss state);
+    kept: ⌊ρ·N⌋ pairs drawn with weights exp(−(M_i − M₀)²/(2σ²));  β_batch = β₀·(1 + α·(mean_{kept} M_i − M₀));
+    L_i = ℓ_i(β_batch)·[i kept]·N/⌊ρN⌋, so the trainer's mean over the batch is the mean over the kept pairs.
+    Evaluation (ctx.update_state False) reads M₀ without moving it and keeps every pair.
     """
+    if ctx.state is None:
+        raise PreferenceBatchError(
+            "modifier 'beta-dpo' keeps running margin statistics: call it through prefzoo.Loss (get_loss)"
+        )
     beta0 = float(getattr(lp, "beta"))  # noqa: B009 (reward-difference losses declare the parameter beta)
     s_w, s_l = pair_margin_inputs(batch)
-    m = (beta0 * (s_w - s_l)).detach()  # (B,) M_i
-    thresh, mean_kept = beta_dpo_stats(ctx.gather(m), p)
-    beta = beta0 * max(1 + p.alpha * (float(mean_kept) - p.m0), _MIN_BETA_SCALE)
+    local = (s_w - s_l).detach()  # (B,) M_i of this process
+    margins = ctx.gather(local)  # (N,)
+    n = margins.shape[0]
+    if ctx.update_state:
+        state = beta_dpo_update(ctx.state, margins, p.momentum)
+        k = max(1, int(p.filter_fraction * n))
+        kept = (beta_dpo_sample(margins, state["margin_mean"], state["margin_std"], k, p.seed,
+                                int(state["steps"])) if k < n else torch.ones(n, dtype=torch.bool))  # fmt: skip
+    else:
+        state, k, kept = dict(ctx.state), n, torch.ones(n, dtype=torch.bool)
+    m0 = float(state["margin_mean"])
+    mean_kept = float(margins.detach().to(torch.float64).cpu()[kept].mean())
+    beta = beta0 * max(1 + p.alpha * (mean_kept - m0), _MIN_BETA_SCALE)
     out = inner(batch, dataclasses.replace(lp, beta=beta))  # type: ignore[call-arg]
-    keep = ((m - p.m0).abs() <= thresh).to(out.losses.dtype)  # (B,)
-    metrics = {**out.metrics, "beta-dpo/beta": torch.tensor(beta), "beta-dpo/kept": keep.mean()}
-    return dataclasses.replace(out, losses=out.losses * keep, metrics=metrics)
+    start = ctx.offset(local.shape[0], local.device)
+    keep = kept[start : start + local.shape[0]].to(device=out.losses.device, dtype=out.losses.dtype)  # (B,)
+    metrics = {**out.metrics, "beta-dpo/beta": torch.tensor(beta, dtype=torch.float64), "beta-dpo/kept": keep.mean(),
+               "beta-dpo/margin_mean": state["margin_mean"].clone(), "beta-dpo/margin_std": state["margin_std"].clone()}
+    return dataclasses.replace(out, losses=out.losses * keep * (n / k), metrics=metrics, state=state)
 
 
 @hookimpl
@@ -104,13 +152,21 @@ def prefzoo_register_modifiers() -> list[ModifierSpec]:
             fn=beta_dpo,
             params_cls=BetaDPOParams,
             paper="Wu et al. 2024, arXiv:2407.08639 (β-DPO)",
-            transforms="β ← β₀·(1 + α·(mean M_i − M₀)) per batch, M_i = β₀·Δ_i; pairs far from M₀ filtered",
+            transforms="β ← β₀·(1 + α·(mean_kept M_i − M₀)) per batch, M_i = Δ_i, M₀ its running mean; "
+            "⌊ρN⌋ pairs sampled by exp(−(M_i − M₀)²/2σ²)",
             applies=REWARD_DIFFERENCE,
             batch_coupled=True,
-            description="Dynamic β: each batch's β grows with its mean implicit reward margin (gathered over all "
-            "processes), and β-guided filtering keeps the pairs whose margin is closest to M₀.",
-            notes="Stateless: M₀ is a fixed parameter, not the paper's moving average, and filtering keeps the "
-            "⌈ρ·N⌉ closest pairs deterministically instead of sampling them, so resume and sharding are exact. "
-            f"β_batch is at least {_MIN_BETA_SCALE:g}·β₀.",
+            initial_state=beta_dpo_initial_state,
+            permutation_equivariant=lambda p: p.filter_fraction == 1.0,  # the draw is over batch positions
+            description="Dynamic β: each batch's β grows with its mean margin above M₀, the running mean (momentum "
+            "m) of the margins of every training batch, gathered over all processes; β-guided filtering trains on "
+            "⌊ρN⌋ pairs of the gathered batch drawn with Gaussian weights around M₀ (width σ, the running std).",
+            notes="As the authors' code: the margin M_i is the log-ratio margin Δ_i (no β₀), M₀ and σ start at 0 "
+            "and include the current batch, the loss is the mean over the kept pairs. M₀, σ and the step count are "
+            "loss state (state_dict, checkpoints); they move on training calls only, and evaluation keeps every "
+            "pair. The draws are seeded by (seed, step), so every process draws the same pairs and a resumed run "
+            "draws what the uninterrupted one would. Differences: the unbiased std of a one-pair batch is taken as "
+            f"0, σ = 0 draws uniformly (the code divides by zero), and β_batch is at least {_MIN_BETA_SCALE:g}·β₀ "
+            "(the code: at least 1e-3).",
         ),
     ]

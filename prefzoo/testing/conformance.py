@@ -178,6 +178,19 @@ def _check_reference(
     check_matches_reference(loss, b, fn, mean_only)
 
 
+class FreshStateLoss(Loss):
+    """A stateful loss called from its initial state every time: a property is about one call, and its checks call
+    the loss several times on related batches (a sharded run after the full one, threads at once)."""
+
+    def __call__(self, batch: Any, gather: Callable[..., Any] | None = None,
+                 update_state: bool | None = None) -> Any:  # fmt: skip
+        return Loss(self.spec, self.params)(batch, gather=gather, update_state=update_state)
+
+
+def _bind(spec: LossSpec, params: Any) -> Loss:
+    return FreshStateLoss(spec, params) if spec.stateful else Loss(spec, params)
+
+
 def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple[str, ...], max_batch: int,
                   derandomize: bool) -> PropertyResult:
     res = PropertyResult(prop.name, prop.guarantee, "n/a")
@@ -208,7 +221,7 @@ def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple
     @given(batch=batches_for(spec, prop.shape, dtypes=batch_dts, max_size=max_batch), params=params_st)
     def run(batch: Any, params: Any) -> None:
         count[0] += 1
-        loss = fixed_loss if fixed_loss is not None else Loss(spec, params)
+        loss = fixed_loss if fixed_loss is not None else _bind(spec, params)
         try:
             check(loss, batch)
         except BaseException as e:
@@ -216,7 +229,7 @@ def _run_property(prop: Property, spec: LossSpec, fixed: Any, n: int, dts: tuple
             last["error"] = e
             raise
 
-    fixed_loss = Loss(spec, fixed) if fixed is not None else None
+    fixed_loss = _bind(spec, fixed) if fixed is not None else None
     t0 = time.perf_counter()
     try:
         run()

@@ -15,7 +15,7 @@ import torch
 from prefzoo.spec import Loss
 from prefzoo.types import FLOAT_FIELDS, GroupBatch, Need, PreferenceBatch, UnpairedBatch
 
-__all__ = ["batch_fields", "batch_type", "float_fields", "preference_batch"]
+__all__ = ["batch_fields", "batch_type", "float_fields", "preference_batch", "row_ids"]
 
 
 def batch_type(batch: dict[str, Any]) -> type[Any]:
@@ -110,8 +110,18 @@ def _rows(loss: Any, policy: Any, batch: dict[str, Any], prefix: str = "") -> An
     )
 
 
+def row_ids(batch: dict[str, Any]) -> list[str]:
+    """The key of every collated row: an unpaired example's id, or ``<id>#<k>`` for completion k of a list."""
+    if "group_mask" in batch:
+        g, k = torch.nonzero(batch["group_mask"], as_tuple=True)  # (N,) row-major = the collated row order
+        return [f"{batch['ids'][i]}#{j}" for i, j in zip(g.tolist(), k.tolist(), strict=True)]
+    return [str(i) for i in batch["ids"]]
+
+
 def _ref_rows(reference: Any, batch: dict[str, Any], autocast: Any, prefix: str = "") -> Any:
     rows = {k: batch[f"{prefix}{k}"] for k in ("input_ids", "attention_mask", "completion_mask")}
+    if not prefix:  # the keys a precomputed reference looks its rows up by (KL rows have none: never cached)
+        rows["row_ids"] = row_ids(batch)
     with autocast():
         return reference.rows(rows).float()  # (N,) constants
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo.train.batch import row_ids
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.types import Need
 
@@ -137,10 +138,20 @@ class AdapterDisabledReference(Reference):
 
 
 class PrecomputedReference(Reference):
-    """Looks reference log-probs up by example id in a table computed once."""
+    """Looks reference log-probs up in a table computed once: by example id for pairs (chosen, rejected), by
+    :func:`row_ids` for the rows of lists and unpaired examples."""
 
-    def __init__(self, table: dict[str, tuple[float, float]]) -> None:
+    def __init__(self, table: dict[str, tuple[float, ...]]) -> None:
         self.table = table
+
+    def rows(self, batch: dict[str, Any]) -> Tensor:
+        keys = batch.get("row_ids")
+        if keys is None:
+            raise KeyError("precomputed reference log-probs are looked up by row id; these rows have none")
+        missing = [i for i in keys if i not in self.table]
+        if missing:
+            raise KeyError(f"precomputed reference log-probs miss rows {missing[:5]}; delete the cache")
+        return torch.tensor([self.table[i][0] for i in keys], dtype=torch.float32, device=batch["input_ids"].device)
 
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         missing = [i for i in batch["ids"] if i not in self.table]
@@ -180,7 +191,7 @@ def _digest(logps: Tensor) -> str:
     return hashlib.sha256(logps.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-def _read_cache(path: Path, key: str, ids: list[str]) -> dict[str, tuple[float, float]] | None:
+def _read_cache(path: Path, key: str, ids: list[str], width: int = 2) -> dict[str, tuple[float, ...]] | None:
     from safetensors import safe_open
 
     if not path.exists():
@@ -188,45 +199,52 @@ def _read_cache(path: Path, key: str, ids: list[str]) -> dict[str, tuple[float, 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            logps = f.get_tensor("logps")  # (n, 2)
+            logps = f.get_tensor("logps")  # (n, width)
         cached_ids = json.loads(meta.get("ids", "[]"))
     except Exception as e:  # a corrupt file is recomputed, never trusted
         log.warning("reference cache %s unreadable (%s): recomputing", path, e)
         return None
-    if meta.get("key") != key or sorted(cached_ids) != sorted(ids) or tuple(logps.shape) != (len(cached_ids), 2):
+    if meta.get("key") != key or sorted(cached_ids) != sorted(ids) or tuple(logps.shape) != (len(cached_ids), width):
         log.warning("reference cache %s does not match this dataset/model/tokenization: recomputing", path)
         return None
     if meta.get("sha256") != _digest(logps) or not bool(torch.isfinite(logps).all()):
         log.warning("reference cache %s failed its checksum or holds non-finite values: recomputing", path)
         return None
-    return {i: (float(a), float(b)) for i, (a, b) in zip(cached_ids, logps.tolist(), strict=True)}
+    return {i: tuple(float(v) for v in row) for i, row in zip(cached_ids, logps.tolist(), strict=True)}
 
 
 def load_or_compute_reference_table(
-    reference: Reference, dataloader: Any, accelerator: Any, key: str, ids: list[str], cache_dir: str | Path
-) -> tuple[dict[str, tuple[float, float]], bool]:
-    """(id -> (ref chosen, ref rejected)) for every example, from the cache when valid; second item: cache hit."""
+    reference: Reference, dataloader: Any, accelerator: Any, key: str, ids: list[str], cache_dir: str | Path,
+    rows: bool = False,
+) -> tuple[dict[str, tuple[float, ...]], bool]:
+    """(id -> (ref chosen, ref rejected)) for every example, from the cache when valid; second item: cache hit.
+
+    ``rows``: (row id -> (ref log-prob,)) for every row of lists or unpaired examples (``ids``: every :func:`row_ids`).
+    """
     from safetensors.torch import save_file
 
+    width = 1 if rows else 2
     path = _cache_file(Path(cache_dir).expanduser(), key)
-    table = _read_cache(path, key, ids)
+    table = _read_cache(path, key, ids, width)
     if _hit_everywhere(accelerator, table is not None):
         assert table is not None
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
     for batch in dataloader:
-        ref_w, ref_l = reference(batch)  # (B,), (B,)
-        idx = torch.tensor([position[i] for i in batch["ids"]], device=ref_w.device)  # (B,) to gather across ranks
-        vals = accelerator.gather_for_metrics(torch.stack([idx.float(), ref_w, ref_l], dim=1))  # (B_all, 3)
-        for j, a, b in vals.tolist():
-            table[ids[int(j)]] = (a, b)
+        keys = row_ids(batch) if rows else batch["ids"]
+        cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
+        idx = torch.tensor([position[i] for i in keys], device=cols[0].device)  # (B,) to gather across ranks
+        # every rank's rows; a row scored twice (the padded last batch) is written twice with the same value
+        vals = accelerator.gather(torch.stack([idx.double(), *(c.double() for c in cols)], dim=1))  # (B_all, 1 + w)
+        for j, *v in vals.tolist():
+            table[ids[int(j)]] = tuple(v)
     missing = set(ids) - set(table)
     if missing:
         raise RuntimeError(f"reference precomputation missed {len(missing)} examples")
     if accelerator.is_local_main_process:  # once per node: a node-local cache dir is filled on every node
         path.parent.mkdir(parents=True, exist_ok=True)
-        logps = torch.tensor([table[i] for i in ids], dtype=torch.float32)  # (n, 2)
+        logps = torch.tensor([table[i] for i in ids], dtype=torch.float32)  # (n, width)
         with _atomic_path(path) as tmp:
             meta = {"key": key, "ids": json.dumps(ids), "sha256": _digest(logps)}
             save_file({"logps": logps}, str(tmp), metadata=meta)
@@ -276,10 +294,20 @@ def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool,
 def precompute_reference(
     cfg: Any, reference: Reference, accelerator: Any, train_tok: Any, eval_tok: Any, collate: Any, identity: str
 ) -> tuple[Reference, str]:
-    """Reference log-probs of every train and eval pair, computed once (or read from the cache)."""
+    """Reference log-probs of every train and eval pair (list completion, unpaired example), computed once (or read
+    from the cache).  KTO's KL rows (a completion with another prompt of its batch) change with every shuffle: they
+    cannot be cached (refused before any model loads)."""
     import datasets
 
     both = datasets.concatenate_datasets([d for d in (train_tok, eval_tok) if d is not None])
+    if getattr(collate, "kl", False):
+        raise ValueError("--precompute-ref cannot cache KTO's KL rows (they change with each batch)")
+    rows = "completion_ids" in both.column_names  # lists and unpaired examples: one log-prob per row
+    if rows and "label" not in both.column_names:  # lists: a row per completion, keyed <id>#<k>
+        pairs = zip(both["id"], both["completion_ids"], strict=True)
+        ids = [f"{i}#{k}" for i, comps in pairs for k in range(len(comps))]
+    else:
+        ids = [str(i) for i in both["id"]]
     dl = accelerator.prepare(
         torch.utils.data.DataLoader(both, batch_size=cfg.per_device_batch_size * 2, collate_fn=collate)
     )
@@ -296,7 +324,8 @@ def precompute_reference(
 
     cache_dir = cfg.ref_cache_dir or str(cache_root() / "ref")
     with accelerator.autocast():
-        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, list(both["id"]), cache_dir)
+        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, ids, cache_dir, rows=rows)
     if isinstance(reference, FrozenReference):
         del reference.module  # the copy is no longer needed: free its memory
-    return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} pairs)"
+    unit = "rows" if rows else "pairs"
+    return PrecomputedReference(table), f"precomputed ({'cache hit' if hit else 'computed'}, {len(table)} {unit})"

@@ -296,13 +296,15 @@ def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
     if plan.batches == PAIRS:
         return
     what = f"{plan.batches} (data shape {plan.data})"
-    for key, flag in (("share_prompt", "--share-prompt"), ("group_by_length", "--group-by-length"),
-                      ("precompute_ref", "--precompute-ref")):  # fmt: skip
+    for key, flag in (("share_prompt", "--share-prompt"), ("group_by_length", "--group-by-length")):
         if getattr(cfg, key):
-            raise ConfigError(
-                f"{flag} works on pairs only for now; this run trains on {what}: drop {flag}"
-                + (" (the reference runs alongside the policy instead)" if key == "precompute_ref" else "")
-            )
+            raise ConfigError(f"{flag} works on pairs only for now; this run trains on {what}: drop {flag}")
+    if cfg.precompute_ref and plan.kl:
+        raise ConfigError(
+            f"--precompute-ref with loss {cfg.loss!r}: its KL rows pair each completion with another prompt of its "
+            "batch, which changes with every shuffle, so their reference log-probs cannot be computed once; drop "
+            "--precompute-ref (the reference runs alongside the policy instead)"
+        )
     if plan.kl and cfg.per_device_batch_size < 2:
         raise ConfigError(
             f"per_device_batch_size={cfg.per_device_batch_size}: loss {cfg.loss!r} estimates KTO's KL term from "

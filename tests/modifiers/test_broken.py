@@ -23,7 +23,7 @@ def flipped_wpo(inner, batch, p, spec, lp, ctx):
 
 def local_beta_dpo(inner, batch, p, spec, lp, ctx):
     """β-DPO that ignores the gather hook: β from this process's shard only."""
-    return margins.beta_dpo(inner, batch, p, spec, lp, LossContext())
+    return margins.beta_dpo(inner, batch, p, spec, lp, dataclasses.replace(ctx, gather=LossContext().gather))
 
 
 def _plugin():

@@ -79,14 +79,41 @@ def test_mismatch_fails_before_any_model_loads(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "unpaired examples" in err
 
 
-def test_precompute_ref_on_lists_is_refused_before_any_model_loads(tmp_path, capsys):
-    list_losses_ = [n for n in list_losses() if get_loss(n).spec.shapes == frozenset({Shape.LIST})]
-    if not list_losses_:
-        pytest.skip("no list loss registered")
-    lists = write_jsonl(tmp_path / "l.jsonl", make_lists(4))
-    rc, _, err = _run(capsys, "--loss", list_losses_[0], "--precompute-ref", "--model", str(tmp_path / "nope"),
-                      "--dataset", str(lists))  # fmt: skip
-    assert rc == 2 and "--precompute-ref works on pairs only" in err and err.count("\n") == 1
+def test_precompute_ref_with_kl_rows_is_refused_before_any_model_loads(tmp_path, capsys):
+    _needs("kto")
+    unpaired = write_jsonl(tmp_path / "u.jsonl", make_unpaired(4))
+    rc, _, err = _run(capsys, "--loss", "kto", "--precompute-ref", "--model", str(tmp_path / "nope"),
+                      "--dataset", str(unpaired))  # fmt: skip
+    assert rc == 2 and "--precompute-ref with loss 'kto'" in err and "KL rows" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("loss", "make"), [("mmpo-list", make_lists), ("bco", make_unpaired)])
+def test_precompute_ref_on_lists_and_unpaired_equals_the_live_reference(tmp_path, tiny_dir, loss, make):
+    """Reference log-probs of every list completion / unpaired example computed once, cached and looked up by row:
+    the same training as the reference running alongside (weights within float32 rounding), and a cache hit next."""
+    from prefzoo.train.callbacks import Callback
+    from prefzoo.train.reference import PrecomputedReference
+    from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
+
+    _needs(loss)
+    data = write_jsonl(tmp_path / "d.jsonl", make(12))
+    kw = dict(loss=loss, max_steps=3, lr=5e-3)
+    live = run_inprocess(base_config(tiny_dir, data, tmp_path / "live", **kw))
+    cache = tmp_path / "cache"
+    seen = []
+
+    class Probe(Callback):  # records the reference the run trained with
+        def on_train_begin(self, state):
+            seen.append(state.reference)
+
+    cached = run_inprocess(base_config(tiny_dir, data, tmp_path / "pre", precompute_ref=True,
+                                       ref_cache_dir=str(cache), **kw), callbacks=[Probe()])  # fmt: skip
+    assert isinstance(seen[0], PrecomputedReference) and len(list(cache.iterdir())) == 1
+    keys = next(iter(seen[0].table))
+    assert ("#" in keys) == (loss == "mmpo-list")  # lists: one row per completion, <id>#<k>
+    assert max_param_diff(params_of(live.model), params_of(cached.model)) < 1e-5
+    assert max_param_diff(params_of(live.model), params_of(run_inprocess(
+        base_config(tiny_dir, data, tmp_path / "zero", **{**kw, "max_steps": 1})).model)) > 1e-4  # it can fail
 
 
 def _needs(name: str) -> None:

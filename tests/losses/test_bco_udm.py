@@ -1,0 +1,148 @@
+"""BCO's density-ratio weighting (UDM) against a transcription of TRL's BCOTrainer (the last version that had it).
+
+TRL fits ``sklearn.linear_model.LogisticRegression(class_weight="balanced")`` on prompt embeddings
+(``BCOTrainer.__init__``), predicts P(desirable | prompt) (``_get_chosen_prob``) and weights each undesirable
+example's loss by ``(p / (1 - p + 1e-8)).clamp(min_density_ratio, max_density_ratio)`` (``_get_udm_weight``,
+``bco_loss``).  sklearn runs here as the reference only; prefzoo's classifier is torch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import prefzoo
+from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
+
+F64 = torch.float64
+
+
+def _embeddings(seed=0, n_d=30, n_u=12, d=6):
+    """Imbalanced classes (30 vs 12) with overlapping Gaussian clouds: 'balanced' weights and the penalty matter."""
+    g = torch.Generator().manual_seed(seed)
+    shift = torch.linspace(-0.6, 0.9, d, dtype=F64)
+    return (torch.randn(n_d, d, generator=g, dtype=F64) + shift, torch.randn(n_u, d, generator=g, dtype=F64) - shift)
+
+
+def _sklearn_prob(des, und, test, **kw):
+    linear_model = pytest.importorskip("sklearn.linear_model")
+    emb = torch.cat((des, und), dim=0)
+    labels = torch.cat((torch.ones_like(des[:, 0]), torch.zeros_like(und[:, 0])), dim=0)
+    clf = linear_model.LogisticRegression(class_weight="balanced", **kw).fit(emb.numpy(), labels.numpy())
+    return torch.as_tensor(clf.predict_proba(test.numpy())[:, 1], dtype=F64)
+
+
+def test_classifier_equals_sklearn_balanced_logistic_regression():
+    des, und = _embeddings()
+    far = 3 * torch.randn(4, des.shape[1], generator=torch.Generator().manual_seed(9), dtype=F64)
+    test = torch.cat((des[:5], und[:5], far))
+    ours = DensityRatioClassifier.fit(des, und).prob_desirable(test)
+    exact = _sklearn_prob(des, und, test, tol=1e-12, max_iter=10_000)
+    torch.testing.assert_close(ours, exact, atol=1e-7, rtol=0)
+    as_trl = _sklearn_prob(des, und, test)  # TRL's call: sklearn's default tol=1e-4, max_iter=100
+    torch.testing.assert_close(ours, as_trl, atol=3e-3, rtol=0)  # sklearn stops early, where our optimum is exact
+
+
+def test_the_class_weights_and_the_penalty_matter():
+    """Without 'balanced' or without the L2 term the probabilities move: the comparison above can fail."""
+    linear_model = pytest.importorskip("sklearn.linear_model")
+    des, und = _embeddings()
+    test = des[:8]
+    ours = DensityRatioClassifier.fit(des, und).prob_desirable(test)
+    emb = torch.cat((des, und)).numpy()
+    labels = torch.cat((torch.ones(len(des)), torch.zeros(len(und)))).numpy()
+    plain = linear_model.LogisticRegression(tol=1e-12, max_iter=10_000).fit(emb, labels)
+    assert float((ours - torch.as_tensor(plain.predict_proba(test.numpy())[:, 1])).abs().max()) > 1e-2
+    weak = DensityRatioClassifier.fit(des, und, c=100.0).prob_desirable(test)
+    assert float((ours - weak).abs().max()) > 1e-3
+
+
+class RunningMoments:
+    """TRL's RunningMoments.update (one process), for the mean δ."""
+
+    def __init__(self):
+        self.mean, self.count = 0.0, 1e-24
+
+    def update(self, xs):
+        xs_count = xs.numel()
+        xs_mean = xs.mean().item()
+        delta = xs_mean - self.mean
+        tot_count = self.count + xs_count
+        self.mean += delta * xs_count / tot_count
+        self.count = tot_count
+
+
+def trl_bco_loss(running, clf_prob, beta, pc, pr, rc, rr, min_ratio, max_ratio):
+    """BCOTrainer.bco_loss with match_underlying_distribution, transcribed (clf_prob: _get_chosen_prob)."""
+    chosen_rewards = beta * (pc - rc)
+    rejected_rewards = beta * (pr - rr)
+    running.update(torch.cat((chosen_rewards, rejected_rewards), 0).detach())
+    delta = torch.as_tensor(running.mean)
+    chosen_losses = -F.logsigmoid(chosen_rewards - delta)
+    rejected_losses = -F.logsigmoid(-(rejected_rewards - delta))
+    prob_desirable = clf_prob
+    weight = (prob_desirable / (1 - prob_desirable + 1e-8)).clamp(min=min_ratio, max=max_ratio)
+    return torch.cat((torch.ones_like(chosen_losses) * chosen_losses, weight * rejected_losses), dim=0)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.5, 10.0), (0.9, 1.2)])
+def test_weighted_bco_equals_trl_match_underlying_distribution(lo, hi):
+    des, und = _embeddings(seed=1)
+    clf = DensityRatioClassifier.fit(des, und)
+    g = torch.Generator().manual_seed(3)
+    n = 10
+    labels = torch.tensor([True, False, False, True, False, True, False, False, True, False])
+    prompts = torch.where(labels[:, None], des[:n], und[:n])  # each example's prompt embedding
+    policy = (-20 * torch.rand(n, generator=g, dtype=F64)).requires_grad_()
+    ref = -20 * torch.rand(n, generator=g, dtype=F64)
+    batch = prefzoo.UnpairedBatch(policy_logps=policy, ref_logps=ref, labels=labels)
+    prob = clf.prob_desirable(prompts)
+    ours = prefzoo.get_loss("bco", beta=0.3)(batch).losses * udm_weights(prob, labels, lo, hi)
+    order = torch.cat((torch.nonzero(labels)[:, 0], torch.nonzero(~labels)[:, 0]))  # TRL: desirable first
+    p64 = policy.detach().clone().requires_grad_()
+    theirs = trl_bco_loss(RunningMoments(), prob[~labels], 0.3, p64[labels], p64[~labels], ref[labels], ref[~labels],
+                          lo, hi)  # fmt: skip
+    torch.testing.assert_close(ours[order], theirs, atol=1e-9, rtol=1e-9)  # TRL's count starts at 1e-24
+    g_ours = torch.autograd.grad(ours.sum(), policy)[0]
+    g_theirs = torch.autograd.grad(theirs.sum(), p64)[0]
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-9, rtol=1e-9)
+    w = udm_weights(prob, labels, lo, hi)
+    assert bool((w[labels] == 1).all()) and bool(((w[~labels] >= lo) & (w[~labels] <= hi)).all())
+    assert len(set(w[~labels].tolist())) > 1  # the undesirable weights differ by prompt
+
+
+def test_hand_derived_weights():
+    # p = 0.8: ratio 4 (within [0.5, 10]); p = 0.2: 0.25 → 0.5; p = 0.99: 99 → 10; desirable: 1 whatever p
+    p = torch.tensor([0.8, 0.2, 0.99, 0.2], dtype=F64)
+    labels = torch.tensor([False, False, False, True])
+    assert udm_weights(p, labels).tolist() == pytest.approx([4.0, 0.5, 10.0, 1.0], rel=1e-7)
+
+
+def test_classifier_round_trips_and_refuses_one_class():
+    des, und = _embeddings()
+    clf = DensityRatioClassifier.fit(des, und)
+    again = DensityRatioClassifier.from_state_dict(clf.state_dict())
+    assert torch.equal(again.prob_desirable(des), clf.prob_desirable(des))
+    with pytest.raises(ValueError, match="desirable and undesirable prompts, got 30 and 0"):
+        DensityRatioClassifier.fit(des, und[:0])
+
+
+def test_default_embedding_mean_pools_the_prompt_tokens_of_a_tiny_model():
+    transformers = pytest.importorskip("transformers")
+    from prefzoo.train.prompt_embedding import mean_pooled_hidden_states
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    lm = transformers.LlamaForCausalLM(cfg).eval()
+    embed = mean_pooled_hidden_states(lm)
+    rows = [[5, 7, 9, 11], [3, 4]]
+    ids = torch.tensor([rows[0], rows[1] + [0, 0]])  # right-padded
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    got = embed(ids, mask)  # (2, 16)
+    for i, r in enumerate(rows):  # each row alone, unpadded: the mean of its last hidden states
+        h = lm(input_ids=torch.tensor([r]), output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(got[i], h.mean(0), atol=1e-5, rtol=1e-5)
+    des, und = embed(ids[:1], mask[:1]), embed(ids[1:], mask[1:])
+    assert DensityRatioClassifier.fit(des, und).prob_desirable(got).shape == (2,)  # plugs into the classifier
