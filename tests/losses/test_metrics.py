@@ -42,7 +42,7 @@ def test_cpo_family_logs_the_mean_nll_of_the_chosen_response(name):
     assert_metrics(metrics(name, b, nll_reduction="batch-tokens"), {"cpo/nll": 2.25})
 
 
-def test_orpo_logs_the_log_odds_ratio_and_the_nll():
+def test_orpo_logs_the_log_odds_ratio_and_the_nll_and_scores_beta_times_the_average():
     """a_w = 2·ln ½ / 2 = ln ½, a_l = ln ¼ / 1: log odds(y_w) = ln ½ − ln ½ = 0, log odds(y_l) = ln ¼ − ln ¾ = −ln 3,
     so the log odds ratio is ln 3; the NLL −a_w = ln 2.  Second pair: y_w and y_l swapped, −ln 3 and ln 4."""
     b = pairs([2 * math.log(0.5), math.log(0.25)], [math.log(0.25), 2 * math.log(0.5)], lw=[2, 1], ll=[1, 2])
@@ -52,8 +52,11 @@ def test_orpo_logs_the_log_odds_ratio_and_the_nll():
     one = pairs([2 * math.log(0.5)], [math.log(0.25)], lw=[2], ll=[1])
     assert_metrics(metrics("orpo", one, beta=0.1), {"orpo/log_odds_ratio": LN3, "orpo/nll": LN2})
     # the loss itself: −a_w − β·log σ(ln 3) = ln 2 + 0.1·ln(4/3)
-    loss = prefzoo.get_loss("orpo", beta=0.1)(one).losses.item()
-    assert loss == pytest.approx(LN2 + 0.1 * math.log(4 / 3), rel=1e-14)
+    out = prefzoo.get_loss("orpo", beta=0.1)(one)
+    assert out.losses.item() == pytest.approx(LN2 + 0.1 * math.log(4 / 3), rel=1e-14)
+    # scores: β·a (the average log-probs), 0.1·ln ½ and 0.1·ln ¼
+    assert out.chosen_rewards.item() == pytest.approx(-0.1 * LN2, rel=1e-14)
+    assert out.rejected_rewards.item() == pytest.approx(-0.2 * LN2, rel=1e-14)
 
 
 def test_dpop_logs_the_mean_penalty():
