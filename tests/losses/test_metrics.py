@@ -51,6 +51,9 @@ def test_orpo_logs_the_log_odds_ratio_and_the_nll_and_scores_beta_times_the_aver
                    {"orpo/log_odds_ratio": 0.0, "orpo/nll": (LN2 + 2 * LN2) / 2})
     one = pairs([2 * math.log(0.5)], [math.log(0.25)], lw=[2], ll=[1])
     assert_metrics(metrics("orpo", one, beta=0.1), {"orpo/log_odds_ratio": LN3, "orpo/nll": LN2})
+    # one pair: TRL's token mean over the batch is the pair's own (the gather of one process is the identity)
+    assert_metrics(metrics("orpo", one, beta=0.1, nll_reduction="batch-tokens"),
+                   {"orpo/log_odds_ratio": LN3, "orpo/nll": LN2})
     # the loss itself: −a_w − β·log σ(ln 3) = ln 2 + 0.1·ln(4/3)
     out = prefzoo.get_loss("orpo", beta=0.1)(one)
     assert out.losses.item() == pytest.approx(LN2 + 0.1 * math.log(4 / 3), rel=1e-14)
