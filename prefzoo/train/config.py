@@ -90,6 +90,7 @@ class TrainConfig:
     share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once
     logps_fallback: bool = False  # log-prob self-check fails: use the model's own forward (slower) instead of stopping
     group_by_length: bool = False  # batches of pairs of similar length (less padding), in a seeded random order
+    packing: bool = False  # decoder over a micro-batch's sequences packed without padding (block-diagonal mask)
     # on-policy training (--online): the data is prompts; each round the policy samples and a judge scores
     online: bool = False  # sample completions from the policy each round and train on them as judged
     samples_per_prompt: int = 4  # completions sampled per prompt and round (n of the MML estimator)

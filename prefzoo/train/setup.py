@@ -154,7 +154,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         )
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
+    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=cfg.packing)
     policy.train()
     reference, ref_kind = build_reference(loss, cfg, policy, has_adapter, accelerator)
     collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
