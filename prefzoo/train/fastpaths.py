@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "AUTO",
@@ -148,10 +149,10 @@ def choose_fast_paths(
     return FastPaths(share, pack, group, (share_why, pack_why, group_why))
 
 
-def pair_triples(tokenized: object) -> list[tuple[int, int, int]]:
+def pair_triples(tokenized: Any) -> list[tuple[int, int, int]]:
     """(|x|, |y_w|, |y_l|) of every pair of a tokenized dataset (columns prompt_ids, chosen_ids, rejected_ids)."""
     cols = ["prompt_ids", "chosen_ids", "rejected_ids"]
-    data = tokenized.select_columns(cols)  # type: ignore[attr-defined]
+    data = tokenized.select_columns(cols)
     lengths = data.map(
         lambda b: {f"n_{c}": [len(v) for v in b[c]] for c in cols}, batched=True, remove_columns=cols, desc="lengths"
     )
@@ -159,13 +160,12 @@ def pair_triples(tokenized: object) -> list[tuple[int, int, int]]:
 
 
 def fast_paths_for_run(
-    cfg: object, batch_coupled: bool, pairs: object | None, unavailable: str | None, refusal: str | None = None
+    cfg: Any, batch_coupled: bool, pairs: Any | None, unavailable: str | None, refusal: str | None = None
 ) -> FastPaths:
-    """:func:`choose_fast_paths` for a run: ``pairs`` its tokenized training pairs (None: not pairs)."""
-    get = cfg.__getattribute__
+    """:func:`choose_fast_paths` for a run's TrainConfig: ``pairs`` its tokenized training pairs (None: not pairs)."""
     stats = None
-    if pairs is not None and unavailable is None and AUTO in (get(k) for k in SWITCHES):
-        stats = length_stats(pair_triples(pairs), int(get("per_device_batch_size")), int(get("seed")))
+    if pairs is not None and unavailable is None and AUTO in (getattr(cfg, k) for k in SWITCHES):
+        stats = length_stats(pair_triples(pairs), cfg.per_device_batch_size, cfg.seed)
     return choose_fast_paths(
-        stats, get("share_prompt"), get("packing"), get("group_by_length"), batch_coupled, unavailable, refusal
+        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable, refusal
     )
