@@ -37,6 +37,7 @@ def _flag(name: str) -> str:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from prefzoo.train.aliases import TRL_OPTIONS
     from prefzoo.train.config import TrainConfig, field_docs
+    from prefzoo.train.fastpaths import SWITCHES
 
     p = subparsers.add_parser(
         "train",
@@ -104,6 +105,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 help=docs[name].replace("%", "%%") + "; repeat for several, applied in order, e.g. --modifier "
                 "ld-dpo:alpha=0.5 --modifier wpo (`prefzoo modifiers` lists them) (default: none)",
             )
+        elif name in SWITCHES:  # --share-prompt [auto|on|off], --share-prompt alone = on, --no-share-prompt = off
+            p.add_argument(*flags, dest=name, nargs="?", const="on", choices=("auto", "on", "off"),
+                           metavar="auto|on|off", help=help_text)  # fmt: skip
+            p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const="off", help=f"{flag} off")
         elif typ is bool:
             p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:

@@ -199,38 +199,38 @@ def takes_position_ids(backbone: Any) -> bool:
         return False
 
 
-def shared_prompt_refusal(backbone: Any, config: Any) -> str | None:
-    """Why prompt sharing cannot reproduce this model's attention (one line), or None when it can."""
+def shared_prompt_refusal(backbone: Any, config: Any, feature: str = "share_prompt") -> str | None:
+    """Why prompt sharing (or packing: ``feature``) cannot reproduce this model's attention (one line), or None."""
     cfg = text_config(config)
     kind = getattr(config, "model_type", "?")
     flags = {m.is_causal for m in backbone.modules() if isinstance(getattr(m, "is_causal", None), bool)}
     if True not in flags or False in flags:
         return (
-            f"share_prompt: {kind}'s attention modules do not all declare is_causal=True (an encoder-style or "
-            "bidirectional model), so the shared mask would change what they see: turn share_prompt off"
+            f"{feature}: {kind}'s attention modules do not all declare is_causal=True (an encoder-style or "
+            f"bidirectional model), so the shared mask would change what they see: turn {feature} off"
         )
     if not takes_position_ids(backbone):
         return (
-            f"share_prompt: {kind}'s decoder takes no position_ids, so the rejected completion cannot restart at the "
-            "prompt end: turn share_prompt off"
+            f"{feature}: {kind}'s decoder takes no position_ids, so the rejected completion cannot restart at the "
+            f"prompt end: turn {feature} off"
         )
     types = attention_layer_types(config)
     others = sorted(set(types) - set(ATTENTION_TYPES) - set(_STATELESS_TYPES))
     if others:
         return (
-            f"share_prompt: {kind} has {others} layers, which carry state across the whole row (the rejected "
-            "completion would see the chosen one): turn share_prompt off"
+            f"{feature}: {kind} has {others} layers, which carry state across the whole row (the rejected "
+            f"completion would see the chosen one): turn {feature} off"
         )
     if "sliding_attention" in types and sliding_window(config) is None:
-        return f"share_prompt: {kind} has sliding-attention layers but no sliding_window in its config"
+        return f"{feature}: {kind} has sliding-attention layers but no sliding_window in its config"
     attention = set(types) & set(ATTENTION_TYPES)
     if len(attention) > 1 and not takes_mask_per_layer_type(backbone):
         return (
-            f"share_prompt: {kind} mixes {sorted(attention)} layers but its decoder takes one mask for all of them: "
-            "turn share_prompt off"
+            f"{feature}: {kind} mixes {sorted(attention)} layers but its decoder takes one mask for all of them: "
+            f"turn {feature} off"
         )
     if getattr(cfg, "attention_chunk_size", None):
-        return f"share_prompt: {kind} uses chunked attention, which the shared mask does not express: turn it off"
+        return f"{feature}: {kind} uses chunked attention, which the shared mask does not express: turn it off"
     if getattr(cfg, "alibi", False) or (kind in ("bloom", "mpt", "falcon") and getattr(cfg, "alibi", True)):
-        return f"share_prompt: {kind} derives positions from the key index (ALiBi), not position ids: turn it off"
+        return f"{feature}: {kind} derives positions from the key index (ALiBi), not position ids: turn it off"
     return None

@@ -87,9 +87,10 @@ class TrainConfig:
     ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default: prefzoo's cache_root()/ref)
     logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
     fused_head: bool = True  # LM head recomputed per chunk in backward: no (positions × vocab) tensor kept for it
-    share_prompt: bool = False  # one forward per pair over [prompt, chosen, rejected]: the prompt is processed once
+    share_prompt: str = "auto"  # auto|on|off: one forward per pair over [prompt, chosen, rejected] (prompt once)
     logps_fallback: bool = False  # log-prob self-check fails: use the model's own forward (slower) instead of stopping
-    group_by_length: bool = False  # batches of pairs of similar length (less padding), in a seeded random order
+    group_by_length: str = "auto"  # auto|on|off: batches of pairs of similar length (less padding), seeded order
+    packing: str = "auto"  # auto|on|off: decoder over the sequences packed without padding (block-diagonal mask)
     # on-policy training (--online): the data is prompts; each round the policy samples and a judge scores
     online: bool = False  # sample completions from the policy each round and train on them as judged
     samples_per_prompt: int = 4  # completions sampled per prompt and round (n of the MML estimator)
@@ -148,6 +149,13 @@ class TrainConfig:
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"epochs={self.epochs} must be > 0 (a fraction such as 0.5 trains on part of the data)")
         self._validate_loading()
+        from prefzoo.train.fastpaths import SWITCHES, switch_value
+
+        for name in SWITCHES:  # auto (chosen per run from the data's lengths) | on | off; booleans mean on/off
+            try:
+                setattr(self, name, switch_value(name, getattr(self, name)))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if self.lr_scheduler_type not in LR_SCHEDULERS:
             raise ConfigError(f"lr_scheduler_type={self.lr_scheduler_type!r}: choose {', '.join(LR_SCHEDULERS)}")
         for name in ("eval_steps", "skip_batches", "warmup_steps"):

@@ -23,7 +23,14 @@ from torch import Tensor, nn
 
 from prefzoo.train.arch import ATTENTION_TYPES, attention_layer_types, shared_prompt_refusal, sliding_window
 
-__all__ = ["SharedPromptError", "shared_prompt_mask", "shared_prompt_select", "unshare_rows"]
+__all__ = [
+    "SharedPromptError",
+    "shared_position_ids",
+    "shared_prompt_mask",
+    "shared_prompt_select",
+    "shared_select",
+    "unshare_rows",
+]
 
 PAD, PROMPT, CHOSEN, REJECTED = 0, 1, 2, 3  # segment ids written by PreferenceCollator(share_prompt=True)
 
@@ -70,7 +77,7 @@ def unshare_rows(input_ids: Tensor, segments: Tensor, pad_token_id: int = 0) -> 
     return out_ids, attn, mask
 
 
-def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype) -> Tensor:
+def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype, feature: str = "share_prompt") -> Tensor:
     impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
     if impl == "sdpa":
         return allowed  # SDPA takes a boolean mask (True = attend)
@@ -79,14 +86,16 @@ def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype) -> Ten
             ~allowed, torch.finfo(dtype).min
         )  # (B, 1, T, T) additive
     raise SharedPromptError(
-        f"share_prompt needs an attention implementation that accepts a 4-D mask (sdpa or eager); this model uses "
-        f"{impl!r}: load it with attn_implementation='sdpa' or turn share_prompt off"
+        f"{feature} needs an attention implementation that accepts a 4-D mask (sdpa or eager); this model uses "
+        f"{impl!r}: load it with attn_implementation='sdpa' or turn {feature} off"
     )
 
 
-def layer_masks(backbone: nn.Module, config: Any, allowed: Tensor, position_ids: Tensor) -> Tensor | dict[str, Tensor]:
+def layer_masks(
+    backbone: nn.Module, config: Any, allowed: Tensor, position_ids: Tensor, feature: str = "share_prompt"
+) -> Tensor | dict[str, Tensor]:
     """The boolean mask(s) the decoder takes: one (B, 1, T, T) tensor, or {layer type: tensor} for mixed layers."""
-    refusal = shared_prompt_refusal(backbone, config)
+    refusal = shared_prompt_refusal(backbone, config, feature)
     if refusal is not None:
         raise SharedPromptError(refusal)
     types = set(attention_layer_types(config)) & set(ATTENTION_TYPES)
@@ -106,14 +115,7 @@ def shared_prompt_select(
     ``row`` is the output row (b for y_w of pair b, B + b for its y_l) and ``col`` the token index within that
     completion, the same conventions as the plain (2B, T) layout.
     """
-    b, t = segments.shape
-    p_len = (segments == PROMPT).sum(1)  # (B,)
-    w_len = (segments == CHOSEN).sum(1)  # (B,)
-    l_len = (segments == REJECTED).sum(1)  # (B,)
-    if bool((p_len < 1).any()):
-        raise SharedPromptError("share_prompt: every pair needs at least one prompt token to predict from")
-    pos = torch.arange(t, device=segments.device).expand(b, t)  # (B, T)
-    position_ids = torch.where(segments == REJECTED, pos - w_len[:, None], pos).masked_fill(segments == PAD, 0)
+    position_ids = shared_position_ids(segments)  # (B, T)
     embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(input_ids.device.type):
         embed_dtype = torch.get_autocast_dtype(input_ids.device.type)
@@ -123,7 +125,25 @@ def shared_prompt_select(
     else:
         mask = _attention_mask_for(config, bool_masks, embed_dtype)
     out = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw)
-    hidden = out.last_hidden_state  # (B, T, H)
+    return out, shared_select(out.last_hidden_state, input_ids, segments)
+
+
+def shared_position_ids(segments: Tensor) -> Tensor:
+    """(B, T) position ids of the shared layout: y_l restarts at the prompt end (its plain [x, y_l] row's)."""
+    b, t = segments.shape
+    if bool(((segments == PROMPT).sum(1) < 1).any()):
+        raise SharedPromptError("share_prompt: every pair needs at least one prompt token to predict from")
+    w_len = (segments == CHOSEN).sum(1)  # (B,)
+    pos = torch.arange(t, device=segments.device).expand(b, t)  # (B, T)
+    return torch.where(segments == REJECTED, pos - w_len[:, None], pos).masked_fill(segments == PAD, 0)
+
+
+def shared_select(hidden: Tensor, input_ids: Tensor, segments: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(h_sel (M, H), targets (M,), row (M,), col (M,), lengths (2B,)) of shared-layout hidden states (B, T, H)."""
+    b = segments.shape[0]
+    p_len = (segments == PROMPT).sum(1)  # (B,)
+    w_len = (segments == CHOSEN).sum(1)  # (B,)
+    l_len = (segments == REJECTED).sum(1)  # (B,)
     wb, wt = (segments == CHOSEN).nonzero(as_tuple=True)  # (M_w,), row-major: pair by pair, in order
     lb, lt = (segments == REJECTED).nonzero(as_tuple=True)  # (M_l,)
     first_l = lt == p_len[lb] + w_len[lb]  # the first y_l token is predicted from the last prompt position
@@ -132,4 +152,4 @@ def shared_prompt_select(
     targets = torch.cat([input_ids[wb, wt], input_ids[lb, lt]])  # (M,)
     row = torch.cat([wb, lb + b])  # (M,)
     col = torch.cat([wt - p_len[wb], lt - p_len[lb] - w_len[lb]])  # (M,)
-    return out, (h_sel, targets, row, col, torch.cat([w_len, l_len]))
+    return h_sel, targets, row, col, torch.cat([w_len, l_len])

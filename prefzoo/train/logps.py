@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, text_config
 from prefzoo.train.fastpath_head import fusable_head, head_logps
-from prefzoo.train.fastpath_prompt import shared_prompt_select, unshare_rows
+from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
+from prefzoo.train.packing import pack_rows, packed_forward
 
 __all__ = [
     "CompletionLogps",
@@ -182,6 +183,7 @@ def sequence_logps(
     path: str = "fast",
     router_aux: bool = False,
     logits_mean: bool = False,
+    packing: bool = False,
 ) -> CompletionLogps:
     """Summed completion log-probs Σ_t log π(y_t | x, y_<t) of rows [x, y] of any Hugging Face causal LM.
 
@@ -198,6 +200,8 @@ def sequence_logps(
     reproduce).  ``router_aux`` adds ``aux_loss`` (scalar): ``router_aux_loss_coef`` × the mixture-of-experts
     load-balancing loss, when the model's config enables ``output_router_logits``.  ``logits_mean`` adds
     ``logits_sum`` (N,): the vocabulary-mean logit summed over each row's completion tokens (a metric; no gradient).
+    ``packing`` runs the fast path's decoder on the rows packed without padding (:mod:`prefzoo.train.packing`);
+    the model path ignores it.
     """
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
@@ -218,7 +222,16 @@ def sequence_logps(
         backbone = causal.get_decoder()
         head = logits_head(causal)
         kw: dict[str, Any] = {"output_router_logits": True} if router else {}
-        if not is_shared_layout(completion_mask):  # plain layout: (N, T) rows
+        shared = is_shared_layout(completion_mask)
+        if packing:  # padding-free rows; hidden states come back in the collated layout
+            packed = pack_rows(input_ids, attention_mask, completion_mask, shared)
+            out, hidden = packed_forward(backbone, causal.config, packed, **kw)
+            if shared:
+                h_sel, targets, row, col, lengths = shared_select(hidden, input_ids, completion_mask)
+            else:
+                h_sel, targets, row, col, lengths = _plain_select(hidden, input_ids, completion_mask)
+            row_mask = (packed.doc != 0).long()  # (R, T_pack): the router saw only real tokens
+        elif not shared:  # plain layout: (N, T) rows
             out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
             h_sel, targets, row, col, lengths = _plain_select(out.last_hidden_state, input_ids, completion_mask)
             row_mask = attention_mask
@@ -282,6 +295,7 @@ class PolicyLogps(nn.Module):
         fused_head: bool = True,
         path: str = "fast",
         router_aux: bool = False,
+        packing: bool = False,
     ) -> None:
         super().__init__()
         self.lm = lm
@@ -289,6 +303,7 @@ class PolicyLogps(nn.Module):
         self.fused_head = fused_head  # recompute-in-backward LM head (fastpath_head) when the head allows it
         self.path = path  # 'fast' or 'model' (the model's own forward: the self-check's fallback)
         self.router_aux = router_aux  # add coef × the MoE router loss as ``aux_loss`` (the policy, in training)
+        self.packing = packing  # decoder over padding-free packed rows (prefzoo.train.packing)
 
     def forward(
         self,
@@ -313,6 +328,7 @@ class PolicyLogps(nn.Module):
             path=self.path,
             router_aux=self.router_aux and self.training,
             logits_mean=logits_mean,
+            packing=self.packing,
         )
 
 

@@ -285,8 +285,10 @@ def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool,
         ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ref = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
+        ref.module.module.packing = policy.packing
         return ref, "frozen ZeRO-3 partitioned copy of the starting model"
     ref = FrozenReference(policy.lm, cfg.logp_chunk_size)
+    ref.module.packing = policy.packing  # the same decoder layout as the policy (prefzoo.train.packing)
     ref.module.to(accelerator.device)
     return ref, "frozen copy of the starting model"
 

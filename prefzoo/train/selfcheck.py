@@ -76,10 +76,12 @@ def check_logps(policy: PolicyLogps, batch: dict[str, Any], rows: int = ROWS) ->
         with torch.no_grad(), no_autocast:
             ref = sequence_logps(lm, ids, attn, cm, path="model", router_aux=True)
             try:
+                packing = getattr(policy, "packing", False)
                 fast = sequence_logps(
-                    lm, ids, attn, cm, chunk_size=policy.chunk_size, fused_head=policy.fused_head, router_aux=True
-                )
-            except SharedPromptError as e:  # prompt sharing refused for this architecture: its own one line
+                    lm, ids, attn, cm, chunk_size=policy.chunk_size, fused_head=policy.fused_head, router_aux=True,
+                    packing=packing,
+                )  # fmt: skip
+            except SharedPromptError as e:  # prompt sharing or packing refused for this architecture: its own one line
                 raise LogpsSelfCheckError(str(e)) from None
             except Exception as e:  # whatever stops the fast path on this architecture is reported, not raised
                 return SelfCheck(arch, float("inf"), tol, failure=f"{type(e).__name__}: {str(e).splitlines()[0]}")

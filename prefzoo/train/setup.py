@@ -154,21 +154,23 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         )
     if cfg.lora and not has_adapter:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True)
+    fast = _fast_paths(cfg, loss, plan, train_tok, lm)
+    accelerator.print(f"prefzoo train: {fast.line()}")
+    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=fast.packing)
     policy.train()
     reference, ref_kind = build_reference(loss, cfg, policy, has_adapter, accelerator)
-    collate = _collator(plan, tokenizer.pad_token_id, cfg.share_prompt)
+    collate = _collator(plan, tokenizer.pad_token_id, fast.share_prompt)
     fsdp = _shard(cfg, accelerator, policy, reference, train_tok, collate)
     trainable = [p for p in policy.parameters() if p.requires_grad]  # after sharding: FSDP2 replaced them
     betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
     optimizer = build_optimizer(trainable, cfg.optim, cfg.lr, betas, cfg.weight_decay)
     if prompts is None:
-        train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok)
+        train_dl, eval_dl = _dataloaders(cfg, collate, train_tok, eval_tok, fast.group_by_length)
         examples = len(train_tok)
     else:  # online: each round's micro-batches are built from its samples (prefzoo.train.online)
         eval_collate = _collator(eval_plan, tokenizer.pad_token_id, False) if eval_plan is not None else collate
         train_dl = None
-        eval_dl = None if eval_tok is None else _dataloaders(cfg, eval_collate, eval_tok, eval_tok)[1]
+        eval_dl = None if eval_tok is None else _dataloaders(cfg, eval_collate, eval_tok, eval_tok, False)[1]
         examples = len(prompts)
     steps_per_epoch, total_steps, num_epochs = _step_counts(cfg, examples, accelerator.num_processes)
     schedule = build_schedule(optimizer, total_steps, cfg.warmup_ratio, cfg.lr_scheduler_type, cfg.warmup_steps)
@@ -291,13 +293,35 @@ def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
     return PreferenceCollator(pad_token_id, share_prompt=share_prompt)
 
 
+def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any) -> Any:
+    """Prompt sharing, packing, length grouping for this run: forced by flags or chosen from the pairs' lengths."""
+    from prefzoo.train.fastpaths import fast_paths_for_run
+
+    unavailable = None
+    if plan.batches != PAIRS:
+        unavailable = f"{plan.batches} batches"
+    elif train_tok is None:
+        unavailable = "on-policy data"
+    elif cfg.deepspeed or cfg.fsdp:
+        unavailable = "not measured under --deepspeed/--fsdp: force with on"
+    from prefzoo.train.arch import shared_prompt_refusal
+    from prefzoo.train.logps import unwrap_causal_lm
+
+    causal: Any = unwrap_causal_lm(lm)
+    impl = getattr(causal.config, "_attn_implementation", "sdpa") or "sdpa"
+    refusal = shared_prompt_refusal(causal.get_decoder(), causal.config, "the fast paths")
+    if impl not in ("sdpa", "eager"):
+        refusal = f"{impl} attention takes no 4-D mask"
+    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal)
+
+
 def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
     """Options made for pairs, asked of lists or unpaired batches: one line each, before any model loads."""
     if plan.batches == PAIRS:
         return
     what = f"{plan.batches} (data shape {plan.data})"
     for key, flag in (("share_prompt", "--share-prompt"), ("group_by_length", "--group-by-length")):
-        if getattr(cfg, key):
+        if getattr(cfg, key) in (True, "on"):  # auto turns itself off here
             raise ConfigError(f"{flag} works on pairs only for now; this run trains on {what}: drop {flag}")
     if cfg.precompute_ref and plan.kl:
         raise ConfigError(
@@ -436,9 +460,9 @@ def _print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = 
         )
 
 
-def _dataloaders(cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any) -> tuple[Any, Any]:
-    """Train DataLoader (shuffled, or length-grouped with ``group_by_length``) and eval DataLoader (or None)."""
-    if cfg.group_by_length:
+def _dataloaders(cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any, group: bool) -> tuple[Any, Any]:
+    """Train DataLoader (shuffled, or length-grouped with ``group``) and eval DataLoader (or None)."""
+    if group:
         from prefzoo.train.fastpath_batching import LengthGroupedSampler, pair_lengths
 
         order: dict[str, Any] = {

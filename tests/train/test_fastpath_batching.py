@@ -48,10 +48,17 @@ def test_bad_arguments_are_named():
         LengthGroupedSampler([1, 2], batch_size=0)
 
 
-@pytest.mark.parametrize("option", [{"share_prompt": True}, {"fused_head": False}, {"group_by_length": True}])
+@pytest.mark.parametrize(
+    "option",
+    [{"share_prompt": True}, {"fused_head": False}, {"group_by_length": True}, {"packing": True},
+     {"packing": True, "share_prompt": True, "loss": "mmpo-entropy"}],
+)  # fmt: skip
 def test_trainer_options_train_like_the_default(tmp_path, tiny_dir, pairs_file, option):
     kw = dict(loss="dpo", max_steps=2, per_device_batch_size=64)  # one batch holds every pair: same data per step
+    kw.update(dict.fromkeys(("share_prompt", "packing", "group_by_length"), "off"))  # the plain path, not "auto"
+    option = dict(option)
+    kw["loss"] = option.pop("loss", kw["loss"])
     plain = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "plain", **kw))
-    fast = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "fast", **kw, **option))
+    fast = run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "fast", **{**kw, **option}))
     assert [round(h["loss"], 4) for h in fast.history] == [round(h["loss"], 4) for h in plain.history]
     assert max_param_diff(params_of(fast.model), params_of(plain.model)) < 1e-4

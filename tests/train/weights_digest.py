@@ -26,6 +26,7 @@ def run_config(model_dir: Path, data: Path, out: Path) -> dict[str, Any]:
         "report_to": "none",
         "progress": False,
         "seed": 0,
+        **dict.fromkeys(("share_prompt", "packing", "group_by_length"), "off"),  # the digests predate "auto"
     }
 
 

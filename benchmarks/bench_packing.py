@@ -1,0 +1,115 @@
+"""Packing against the unpacked path, and LoRA's dropout and reference pass, in one process with sides alternating.
+
+    python benchmarks/bench_packing.py            # the table in docs/results/performance.md (issue 17 section)
+    python benchmarks/bench_packing.py --quick    # smoke: smaller model, 1 repeat
+
+Timings are in-process forward + backward through :func:`prefzoo.sequence_logps` (the trainer's own log-prob
+call), medians over repeats with the sides alternating; compare only the ratios printed in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from prefzoo.data.collate import PreferenceCollator
+from prefzoo.train.logps import PolicyLogps, sequence_logps
+from prefzoo.train.model import apply_lora
+from prefzoo.train.reference import AdapterDisabledReference
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _model(hidden: int, layers: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, max_position_embeddings=2048)  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg)
+
+
+def _pairs(n: int, spread: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+
+    def ids(k: int) -> list[int]:
+        return [rng.randint(3, 4000) for _ in range(k)]
+
+    return [{"id": str(i), "prompt_ids": ids(rng.randint(20, 60)), "chosen_ids": ids(rng.randint(20, 20 + spread)),
+             "rejected_ids": ids(rng.randint(20, 20 + spread))} for i in range(n)]  # fmt: skip
+
+
+def _median(samples: list[float]) -> float:
+    return statistics.median(samples[1:] if len(samples) > 2 else samples)
+
+
+def packing_rows(model: LlamaForCausalLM, repeats: int) -> list[str]:
+    rows = []
+    for spread in (20, 300):
+        pairs = _pairs(8, spread)
+        for share in (False, True):
+            b = PreferenceCollator(0, share_prompt=share)(pairs)
+            args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for rep in range(repeats + 1):
+                for packing in (False, True) if rep % 2 == 0 else (True, False):
+                    t0 = time.perf_counter()
+                    sequence_logps(model, *args, packing=packing).logps.sum().backward()
+                    times[packing].append(time.perf_counter() - t0)
+            pad = 1 - float(b["attention_mask"].sum()) / b["attention_mask"].numel()
+            u, p = _median(times[False]), _median(times[True])
+            rows.append(f"| packing, completions 20–{20 + spread}, share_prompt={share} ({pad:.0%} padding) "
+                        f"| unpacked {u:.2f} s | packed {p:.2f} s | {u / p:.2f}× |")  # fmt: skip
+    return rows
+
+
+def lora_rows(hidden: int, layers: int, repeats: int) -> list[str]:
+    b = PreferenceCollator(0)(_pairs(4, 50))
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+    policies = {d: PolicyLogps(apply_lora(_model(hidden, layers), 64, 64, d, LORA_TARGETS)) for d in (0.01, 0.0)}
+    for p in policies.values():
+        p.train()
+    step: dict[float, list[float]] = {0.01: [], 0.0: []}
+    ref_off, ref_on = [], []
+    reference = AdapterDisabledReference(policies[0.0])
+    for rep in range(repeats + 1):
+        for d in (0.01, 0.0) if rep % 2 == 0 else (0.0, 0.01):
+            t0 = time.perf_counter()
+            policies[d](*args).logps.sum().backward()
+            step[d].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        reference(b)
+        ref_off.append(time.perf_counter() - t0)
+        policies[0.0].eval()
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            policies[0.0](*args)
+            ref_on.append(time.perf_counter() - t0)
+        policies[0.0].train()
+    a, z = _median(step[0.01]), _median(step[0.0])
+    on, off = _median(ref_on), _median(ref_off)
+    return [
+        f"| LoRA r 64, policy forward + backward | lora_dropout 0.01: {a:.2f} s | 0.0: {z:.2f} s | {a / z:.2f}× |",
+        f"| LoRA reference pass | adapters enabled: {on:.2f} s | disable_adapter(): {off:.2f} s | {on / off:.2f}× |",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke: hidden 64, 2 layers, 1 repeat")
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    hidden, layers, repeats = (64, 2, 1) if a.quick else (256, 4, a.repeats)
+    lines = ["| what | A | B | A / B |", "| --- | --- | --- | --- |"]
+    lines += packing_rows(_model(hidden, layers), repeats)
+    lines += lora_rows(hidden, layers, repeats)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""Padding-free packing: a micro-batch's sequences laid end to end in fewer rows, so no FLOP goes to padding.
+
+The collated rows (plain (N, T) rows [x, y], or the shared-prompt layout's (B, T) rows [x, y_w, y_l]) are packed
+first-fit-decreasing into rows of the batch's longest sequence (T_pack = max length): every sequence stays whole in
+one packed row, so attention costs at most what the padded batch cost and the MLP, norms and projections see only
+real tokens.  Position ids restart at 0 for each sequence (the shared layout's y_l restarts at its prompt end, as in
+:mod:`prefzoo.train.fastpath_prompt`), and a 4-D mask is causal and block-diagonal: a token sees only earlier tokens
+of its own sequence (and, in a shared row, y_l never sees y_w).  Sliding-window layers get the window in each
+sequence's own positions.  The decoder's hidden states are then put back in the collated layout, so head, logit
+transform, token-level outputs and shared-prompt selection are the unpacked path's own code: the log-probs are equal
+to it within float tolerance.
+
+Transformers' own packed-sequence detection (restarted position ids, no mask) builds the same block-causal mask for
+SDPA/eager, but it cannot express the shared layout's y_l → y_w block; the explicit mask serves both.  An
+architecture whose attention a 4-D mask cannot express is refused with one line (:func:`packing_refusal`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from prefzoo.train.arch import shared_prompt_refusal
+from prefzoo.train.fastpath_prompt import (
+    CHOSEN,
+    PAD,
+    REJECTED,
+    SharedPromptError,
+    _attention_mask_for,
+    layer_masks,
+    shared_position_ids,
+)
+
+__all__ = ["PackedRows", "PackingError", "pack_rows", "packed_forward", "packing_refusal"]
+
+
+class PackingError(SharedPromptError):
+    """The model's attention cannot be given the block-diagonal mask that packing needs."""
+
+
+def packing_refusal(backbone: nn.Module, config: Any) -> str | None:
+    """Why packing cannot reproduce this model's attention (one line), or None when it can."""
+    return shared_prompt_refusal(backbone, config, "packing")
+
+
+class PackedRows:
+    """Where each collated token went: ``src_row``/``src_col`` (K,) → ``dst_row``/``dst_col`` (K,), K real tokens.
+
+    ``input_ids``, ``position_ids``, ``doc`` (sequence index + 1, 0 = padding) and ``kind`` (segment kind of the
+    shared layout, else 1) are (R, T_pack) packed rows, R ≤ N.
+    """
+
+    def __init__(self, input_ids: Tensor, valid: Tensor, position_ids: Tensor, kind: Tensor) -> None:
+        n, t = valid.shape
+        lengths = valid.sum(1)  # (N,) real tokens per collated row
+        t_pack = max(int(lengths.max()), 1) if n else 1
+        bins: list[int] = []  # tokens used per packed row
+        dst = [0] * n
+        offset = [0] * n
+        for r in sorted(range(n), key=lambda i: (-int(lengths[i]), i)):  # first-fit decreasing
+            need = int(lengths[r])
+            k = next((j for j, used in enumerate(bins) if used + need <= t_pack), len(bins))
+            if k == len(bins):
+                bins.append(0)
+            dst[r], offset[r] = k, bins[k]
+            bins[k] += need
+        dev = input_ids.device
+        self.src_row, self.src_col = valid.nonzero(as_tuple=True)  # (K,), row-major
+        rank = (torch.cumsum(valid.long(), dim=1) - 1)[self.src_row, self.src_col]  # (K,) index among real tokens
+        self.dst_row = torch.tensor(dst, dtype=torch.long, device=dev)[self.src_row]  # (K,)
+        self.dst_col = torch.tensor(offset, dtype=torch.long, device=dev)[self.src_row] + rank  # (K,)
+        shape = (len(bins), t_pack)
+        self.shape = (n, t)
+        self.input_ids = input_ids.new_zeros(shape)
+        self.input_ids[self.dst_row, self.dst_col] = input_ids[self.src_row, self.src_col]
+        self.position_ids = position_ids.new_zeros(shape)
+        self.position_ids[self.dst_row, self.dst_col] = position_ids[self.src_row, self.src_col]
+        self.doc = torch.zeros(shape, dtype=torch.long, device=dev)
+        self.doc[self.dst_row, self.dst_col] = self.src_row + 1
+        self.kind = torch.zeros(shape, dtype=torch.long, device=dev)
+        self.kind[self.dst_row, self.dst_col] = kind[self.src_row, self.src_col].long()
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def mask(self) -> Tensor:
+        """(R, 1, T, T) bool, True = may attend: causal within one sequence, no y_l → y_w, no padding keys."""
+        t = self.doc.shape[1]
+        dq, dk = self.doc[:, :, None], self.doc[:, None, :]  # (R, T, 1), (R, 1, T)
+        kq, kk = self.kind[:, :, None], self.kind[:, None, :]
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.doc.device).tril()  # (T, T)
+        allowed = causal & (dq == dk) & (dk != 0) & ~((kq == REJECTED) & (kk == CHOSEN))  # (R, T, T)
+        eye = torch.eye(t, dtype=torch.bool, device=self.doc.device)
+        allowed = allowed | (eye & (dq == 0))  # a padding query keeps its own key: no all-masked softmax row
+        return allowed[:, None]
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """(R, T_pack, ...) packed states → (N, T, ...) in the collated layout, zeros at padding (differentiable)."""
+        out = packed.new_zeros(*self.shape, *packed.shape[2:])
+        return out.index_put((self.src_row, self.src_col), packed[self.dst_row, self.dst_col])
+
+
+def pack_rows(input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, shared: bool) -> PackedRows:
+    """Pack collated rows: plain rows by ``attention_mask``, shared-layout rows by their segment ids."""
+    if shared:
+        valid = completion_mask != PAD  # (B, T)
+        return PackedRows(input_ids, valid, shared_position_ids(completion_mask), completion_mask)
+    valid = attention_mask.bool()  # (N, T)
+    position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)  # (N, T) restart per row
+    return PackedRows(input_ids, valid, position_ids, valid.long())
+
+
+def packed_forward(backbone: nn.Module, config: Any, packed: PackedRows, **forward_kw: Any) -> tuple[Any, Tensor]:
+    """Run the decoder on packed rows; (its output, last hidden state back in the collated layout (N, T, H))."""
+    dev = packed.input_ids.device
+    embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
+    if torch.is_autocast_enabled(dev.type):
+        embed_dtype = torch.get_autocast_dtype(dev.type)
+    try:
+        bool_masks = layer_masks(backbone, config, packed.mask(), packed.position_ids, "packing")
+        if isinstance(bool_masks, dict):
+            mask: Any = {k: _attention_mask_for(config, v, embed_dtype, "packing") for k, v in bool_masks.items()}
+        else:
+            mask = _attention_mask_for(config, bool_masks, embed_dtype, "packing")
+    except SharedPromptError as e:
+        raise PackingError(str(e)) from None
+    out = backbone(
+        input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False, **forward_kw
+    )
+    return out, packed.unpack(out.last_hidden_state)
