@@ -81,7 +81,8 @@ class TrainConfig:
     merge_lora: bool = False  # save the merged model instead of the adapter
     deepspeed: str | None = None  # zero2 | zero3 | path/to/ds_config.json (needs the [deepspeed] extra)
     fsdp: bool = False  # shard the policy (and a frozen reference) with torch FSDP2 per decoder layer; >= 2 processes
-    fsdp_sharding: str = "full"  # full (reshard after forward: least memory) | shard_grad_op (keep params gathered)
+    fsdp_sharding: str = "full"  # full (least memory) | shard_grad_op (kept gathered) | hybrid (HSDP: see fsdp.py)
+    fsdp_shard_size: int | None = None  # hybrid: ranks per shard group; unset = processes per node (LOCAL_WORLD_SIZE)
     fsdp_cpu_offload: bool = False  # FSDP2 keeps parameters, gradients and optimizer state in CPU memory (GPU only)
     precompute_ref: bool = False  # compute reference log-probs once and cache them on disk
     ref_cache_dir: str | None = None  # where precomputed reference log-probs live (default: prefzoo's cache_root()/ref)
@@ -200,8 +201,10 @@ class TrainConfig:
             )
         if self.save_steps < 0:
             raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
-        if self.fsdp_sharding not in ("full", "shard_grad_op"):
-            raise ConfigError(f"fsdp_sharding={self.fsdp_sharding!r}: choose full or shard_grad_op")
+        if self.fsdp_sharding not in ("full", "shard_grad_op", "hybrid"):
+            raise ConfigError(f"fsdp_sharding={self.fsdp_sharding!r}: choose full, shard_grad_op or hybrid")
+        if self.fsdp_shard_size is not None and self.fsdp_shard_size < 1:
+            raise ConfigError(f"fsdp_shard_size={self.fsdp_shard_size} must be >= 1 (or unset: the processes per node)")
 
     def _validate_loading(self) -> None:
         """The model-loading options (dtype, attention kernel, quantisation)."""

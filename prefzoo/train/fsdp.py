@@ -5,6 +5,13 @@ policy is *not* passed to ``accelerator.prepare`` (no DDP wrapper); the optimize
 ``AcceleratedOptimizer`` (gradient accumulation steps it only at step boundaries) without being registered for
 accelerate's checkpoints, whose ``torch.save`` of the optimizer on rank 0 alone would lose the other ranks' shards.
 
+``--fsdp-sharding hybrid`` (HSDP) shards within a group of ``--fsdp-shard-size`` ranks (by default the processes of
+one node, ``LOCAL_WORLD_SIZE``) and replicates across the groups: a 2-D mesh (replicas, shard) handed to
+``fully_shard``, whose parameters become DTensors placed ``(Replicate(), Shard(0))``.  Gradients are reduce-scattered
+inside a node and all-reduced across nodes, so the slow inter-node links carry 1/shard of the model per step while
+each rank holds 1/shard of it.  Ranks are laid out row-major, so a group is ``shard`` consecutive ranks: one node
+under torchrun and accelerate, which number a node's processes consecutively.
+
 Checkpoints: every rank writes its own shards of the model and the optimizer state (plain local tensors, read back
 with ``torch.load(weights_only=True)``) into ``fsdp/rank-R.pt`` of the checkpoint folder, so node-local disks hold
 what their ranks need and no cross-node metadata exists.  Resuming needs the same number of processes (the
@@ -13,6 +20,7 @@ checkpoint's batch geometry is already checked).  The final model is gathered in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +29,21 @@ from torch import nn
 
 from prefzoo.train.config import ConfigError
 
-__all__ = ["FsdpEngine", "check_fsdp"]
+__all__ = ["FsdpEngine", "check_fsdp", "mesh_shape"]
+
+
+def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
+    """The device mesh: ``(N,)`` for full / shard_grad_op, ``(N / shard, shard)`` (replicas, shard) for hybrid."""
+    if cfg.fsdp_sharding != "hybrid":
+        return (num_processes,)
+    shard = cfg.fsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE") or num_processes)
+    source = f"--fsdp-shard-size {shard}" if cfg.fsdp_shard_size else f"{shard} processes per node (LOCAL_WORLD_SIZE)"
+    if num_processes % shard:
+        raise ConfigError(
+            f"--fsdp-sharding hybrid: shard groups of {source} do not divide the {num_processes} processes: "
+            f"set --fsdp-shard-size to a divisor of {num_processes} (usually the processes per node)"
+        )
+    return (num_processes // shard, shard)
 
 
 def check_fsdp(cfg: Any, num_processes: int, no_gpu: bool) -> None:
@@ -30,6 +52,11 @@ def check_fsdp(cfg: Any, num_processes: int, no_gpu: bool) -> None:
         if cfg.fsdp_cpu_offload:
             raise ConfigError("fsdp_cpu_offload=true needs --fsdp: add --fsdp, or drop --fsdp-cpu-offload")
         return
+    if cfg.fsdp_shard_size is not None and cfg.fsdp_sharding != "hybrid":
+        raise ConfigError(
+            f"--fsdp-shard-size {cfg.fsdp_shard_size} with --fsdp-sharding {cfg.fsdp_sharding}: it sizes the shard "
+            "groups of --fsdp-sharding hybrid; add that, or drop --fsdp-shard-size"
+        )
     if cfg.deepspeed:
         raise ConfigError(f"--fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine")
     if getattr(cfg, "online", False):
@@ -44,6 +71,7 @@ def check_fsdp(cfg: Any, num_processes: int, no_gpu: bool) -> None:
             "--fsdp-cpu-offload without a GPU: the model already lives in CPU memory (torch's CPU offload needs an "
             "accelerator device); drop --fsdp-cpu-offload"
         )
+    mesh_shape(cfg, num_processes)  # hybrid: the shard groups divide the processes
 
 
 def _decoder_layers(module: nn.Module) -> list[nn.Module]:
@@ -55,15 +83,21 @@ def _decoder_layers(module: nn.Module) -> list[nn.Module]:
 
 
 class FsdpEngine:
-    """Shards modules on a 1-D mesh over every process; saves, loads and gathers the sharded policy."""
+    """Shards modules on a 1-D mesh over every process (2-D for hybrid); saves, loads and gathers the sharded policy."""
 
     def __init__(self, cfg: Any, accelerator: Any) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.accelerator = accelerator
         device = accelerator.device
-        self.mesh = init_device_mesh(device.type, (accelerator.num_processes,))
-        self.kwargs: dict[str, Any] = {"reshard_after_forward": cfg.fsdp_sharding == "full"}
+        shape = mesh_shape(cfg, accelerator.num_processes)
+        names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+        self.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+        n = accelerator.num_processes  # what the start-up line says the mesh is
+        self.layout = (
+            f"{n} processes" if len(shape) == 1 else f"{shape[1]} ranks, replicated {shape[0]}× ({n} processes)"
+        )
+        self.kwargs: dict[str, Any] = {"reshard_after_forward": cfg.fsdp_sharding != "shard_grad_op"}
         if cfg.fsdp_cpu_offload:
             from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -103,13 +137,20 @@ class FsdpEngine:
         model_sd, optim_sd = get_state_dict(policy, _inner(optimizer))
         path = self._file(folder, self.accelerator.process_index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": _local(model_sd), "optim": _local(optim_sd)}, path)
+        mesh = list(self.mesh.shape)  # the layout of the shards: resuming on another one would misplace them
+        torch.save({"model": _local(model_sd), "optim": _local(optim_sd), "mesh": mesh}, path)
 
     def load(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
         """Put this rank's saved shards back into the sharded policy and its optimizer (exactly, same world size)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         saved = torch.load(self._file(folder, self.accelerator.process_index), weights_only=True)
+        mesh = list(self.mesh.shape)
+        if saved.get("mesh", mesh) != mesh:  # same world size, other hybrid groups (a checkpoint without it: 1-D)
+            raise ConfigError(
+                f"--resume {folder}: its FSDP2 shards were saved on a device mesh of {saved['mesh']} (replicas × "
+                f"shard for hybrid), this run's is {mesh}: resume with the same --fsdp-sharding / --fsdp-shard-size"
+            )
         model_sd, optim_sd = get_state_dict(policy, _inner(optimizer))  # the sharded layout to fill
         set_state_dict(
             policy,

@@ -350,7 +350,7 @@ def _shard(
         engine.shard(reference.module)  # frozen: sharded like the policy, gathered layer by layer under no_grad
     accelerator.print(
         f"prefzoo train: FSDP2 ({cfg.fsdp_sharding} sharding{', CPU offload' if cfg.fsdp_cpu_offload else ''}): "
-        f"{layers} decoder layers and the root sharded over {accelerator.num_processes} processes"
+        f"{layers} decoder layers and the root sharded over {engine.layout}"
     )
     return engine
 

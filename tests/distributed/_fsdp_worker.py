@@ -27,10 +27,11 @@ def main() -> None:
     class Gather(Callback):
         def on_train_end(self, state):  # type: ignore[no-untyped-def]
             named = list(state.accelerator.unwrap_model(state.model).lm.named_parameters())
-            shards = {  # what this rank holds: class, local shape, global shape
-                n: [type(p).__name__, list(p.to_local().shape if isinstance(p, DTensor) else p.shape), list(p.shape)]
+            shards = {  # what this rank holds: class, local shape, global shape, placements on the mesh
+                n: [type(p).__name__, list(p.to_local().shape if isinstance(p, DTensor) else p.shape), list(p.shape),
+                    [str(x) for x in p.placements] if isinstance(p, DTensor) else []]
                 for n, p in named
-            }
+            }  # fmt: skip
             Path(cfg.output_dir, f"shards-{state.accelerator.process_index}.json").write_text(json.dumps(shards))
             full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().float() for n, p in named}
             if state.accelerator.is_main_process:
