@@ -50,7 +50,8 @@ ENGINES: dict[str, dict[str, Any]] = {  # name -> TrainConfig options
     "zero3-small-buckets": {"deepspeed": {
         "zero_optimization": {"stage": 3, "overlap_comm": False, "contiguous_gradients": True,
                               "reduce_bucket_size": 10**7, "stage3_prefetch_bucket_size": 10**7,
-                              "stage3_max_live_parameters": 10**7, "stage3_max_reuse_distance": 10**7},
+                              "stage3_max_live_parameters": 10**7, "stage3_max_reuse_distance": 10**7,
+                              "stage3_gather_16bit_weights_on_model_save": True},  # the final model folder
         "zero_allow_untested_optimizer": True}},
 }  # fmt: skip
 
