@@ -19,6 +19,7 @@ __all__ = [
     "RunSpec",
     "SweepConfig",
     "flat_weights",
+    "nsample_lists",
     "plan_runs",
     "run_one",
     "weights_path",
@@ -29,6 +30,7 @@ METHODS = ("mmpo", "dpo", "simpo")  # the paper's Figures 1-2 and Tables 1-2
 BETAS = (0.01, 0.05, 0.5)  # the paper's β grid, used for all three methods (SimPO's own default is β = 2.0)
 ABLATION_LOSSES = ("mmpo", "mmpo-no-aux", "mmpo-no-norm", "mmpo-length-norm", "mmpo-entropy")  # Figure 3
 ABLATION_BETA = 0.05
+NSAMPLE_KS = (2, 4, 8)  # completions per prompt of the n-sample arms (issue 11: the paper's Eq. 4 with n > 2)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class SweepConfig:
     betas: tuple[float, ...] = BETAS
     ablation: tuple[str, ...] = ABLATION_LOSSES
     ablation_beta: float = ABLATION_BETA
+    # n-sample arms: list losses on K i.i.d. oracle-ranked drafts per prompt, each K at the same number of optimizer
+    # steps and completions seen as the pairs (2·batch_size completions per step, 2·pairs per epoch)
+    list_losses: tuple[str, ...] = ()
+    ks: tuple[int, ...] = NSAMPLE_KS
 
     @classmethod
     def quick(cls) -> SweepConfig:
@@ -59,7 +65,8 @@ class RunSpec:
     loss: str
     beta: float
     seed: int
-    group: str  # 'sweep' (methods × β) or 'ablation' (MMPO's parts at the ablation β)
+    group: str  # 'sweep' (methods × β), 'ablation' (MMPO's parts at the ablation β) or 'nsample' (lists of k)
+    k: int = 0  # completions per prompt of an n-sample run (list data); 0: the task's preference pairs
 
 
 def plan_runs(cfg: SweepConfig) -> list[RunSpec]:
@@ -72,7 +79,39 @@ def plan_runs(cfg: SweepConfig) -> list[RunSpec]:
         for a in cfg.ablation
         if (a, cfg.ablation_beta, s) not in have
     ]
+    runs += [
+        RunSpec(lo, b, s, "nsample", k) for s in cfg.seeds for lo in cfg.list_losses for k in cfg.ks for b in cfg.betas
+    ]
     return runs
+
+
+def nsample_lists(task: Any, k: int, groups: int) -> Any:
+    """``groups`` lists of ``k`` i.i.d. drafts each, on the first prompts of the pairs' training prompts.
+
+    The drafts come from the pairs' draft distribution (``synthetic.draft_answer``: errors −3..+3 around the truth),
+    drawn independently (the z_1..z_K of the paper's Eq. 4; repeats allowed, so K = 8 exists although only 7 answers
+    are within ±3), and a list whose K drafts are all the same answer is drawn again (it carries no ranking and the
+    list tokenizer drops it).  Scores are −|answer − truth|.  Deterministic in (task seed, k).
+    """
+    import random
+
+    import datasets
+
+    from prefzoo.data import synthetic
+
+    problems = synthetic.make_splits(task.seed).pref_train
+    if groups > len(problems):
+        raise ValueError(f"{groups} lists of k={k}: the default task has only {len(problems)} training prompts")
+    rng = random.Random(f"prefzoo-nsample-{task.seed}-{k}")
+    rows = []
+    for i, p in enumerate(problems[:groups]):
+        while True:
+            drafts = [synthetic.draft_answer(p.truth, rng) for _ in range(k)]
+            if len(set(drafts)) > 1:
+                break
+        rows.append({"id": f"nsample-k{k}-{i}", "prompt": p.prompt, "completions": [str(d) for d in drafts],
+                     "scores": [float(-abs(d - p.truth)) for d in drafts]})  # fmt: skip
+    return datasets.Dataset.from_list(rows)
 
 
 def weights_sha(model: Any) -> str:
@@ -113,7 +152,8 @@ def flat_weights(model: Any) -> Any:
 
 
 def weights_path(weights_dir: str, spec: RunSpec, epoch: int) -> str:
-    return os.path.join(weights_dir, f"{spec.loss}_b{spec.beta:g}_s{spec.seed}_e{epoch}.npy")
+    k = f"_k{spec.k}" if spec.k else ""
+    return os.path.join(weights_dir, f"{spec.loss}{k}_b{spec.beta:g}_s{spec.seed}_e{epoch}.npy")
 
 
 def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> list[dict[str, Any]]:
@@ -134,7 +174,12 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
         raise ValueError(f"pairs={cfg.pairs}: the default task has only {len(task.train)} training pairs")
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    base = {"loss": spec.loss, "beta": spec.beta, "seed": spec.seed, "group": spec.group}
+    base = {"loss": spec.loss, "beta": spec.beta, "seed": spec.seed, "group": spec.group, "k": spec.k or 2}
+    data, batch_size = task.train.select(range(cfg.pairs)), cfg.batch_size
+    if spec.k:  # the same completions per step and per epoch as the pairs: 2·batch_size / k lists per step
+        if (2 * cfg.batch_size) % spec.k or (2 * cfg.pairs) % spec.k:
+            raise ValueError(f"k={spec.k} must divide 2·batch_size={2 * cfg.batch_size} and 2·pairs={2 * cfg.pairs}")
+        data, batch_size = nsample_lists(task, spec.k, 2 * cfg.pairs // spec.k), 2 * cfg.batch_size // spec.k
 
     def record(epoch: int, model: Any) -> None:
         t_eval = time.perf_counter()
@@ -182,7 +227,7 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
             loss_params={"beta": spec.beta},
             model=str(task.model_dir),
             epochs=cfg.epochs,
-            per_device_batch_size=cfg.batch_size,
+            per_device_batch_size=batch_size,
             grad_accum=1,
             lr=cfg.lr,
             warmup_ratio=float(task.recommended["warmup_ratio"]),
@@ -197,5 +242,5 @@ def run_one(spec: RunSpec, cfg: SweepConfig, weights_dir: str | None = None) -> 
             cpu=True,
         )
         with contextlib.redirect_stdout(io.StringIO()):  # the trainer's per-run banner lines
-            train(tc, task.train.select(range(cfg.pairs)), None, callbacks=[_EachEpoch(record)])
+            train(tc, data, None, callbacks=[_EachEpoch(record)])
     return rows
