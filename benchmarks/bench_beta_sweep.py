@@ -80,16 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--list-losses", type=_strs, help="n-sample list losses, '' for none (--nsample: mml,mmpo-list)")
     p.add_argument("--ks", type=_ints, help=f"completions per list (--nsample: {','.join(map(str, NSAMPLE_KS))})")
-    p.add_argument(
-        "--reuse-pairs",
-        metavar="CSV",
-        help="--nsample: take the pairs arms (--methods) from this β-sweep CSV of the same sizes instead of running "
-        "them (e.g. docs/results/beta-sweep.csv; check first that a rerun reproduces its weights_sha)",
-    )
     p.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2: one per core)")
     p.add_argument("--out-dir", help="raw results and saved weights (default runs/beta-sweep[-quick])")
     p.add_argument("--results-dir", help="CSV, plots and page (default docs/results; --quick: the out dir)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in OUT/runs.jsonl and start over")
+    p.add_argument("--no-run", action="store_true", help="train nothing: report the finished runs of OUT/runs.jsonl")
     p.add_argument("--no-weights", action="store_true", help="do not save per-epoch weights (no Δθ column)")
     args = p.parse_args(argv)
     if args.workers < 1:
@@ -152,21 +147,30 @@ def _key(spec: RunSpec) -> str:
     return f"{spec.loss}|{spec.beta:g}|{spec.seed}" + (f"|k{spec.k}" if spec.k else "")
 
 
-def run_sweep(cfg: SweepConfig, out_dir: Path, workers: int, fresh: bool, weights: bool) -> list[dict[str, Any]]:
-    """Run every planned run (in ``workers`` spawned processes), appending each to ``out_dir/runs.jsonl``."""
+def _sizes(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs with the same key comparable: every field but the grids (seeds, losses, β, K), which the
+    key names, so `--seeds 0` then `--seeds 1` (or more arms) add up to one sweep."""
+    grids = ("seeds", "methods", "betas", "ablation", "list_losses", "ks")
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items() if k not in grids}
+
+
+def run_sweep(
+    cfg: SweepConfig, out_dir: Path, workers: int, fresh: bool, weights: bool, run: bool = True
+) -> list[dict[str, Any]]:
+    """Run every planned run (in ``workers`` spawned processes), appending each to ``out_dir/runs.jsonl``.
+
+    ``run=False`` trains nothing: the rows of the planned runs already finished (an interrupted sweep's report)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "runs.jsonl"
-    # runs of other seeds or list arms belong to the same sweep (the key names them): --seeds 0, then 1, add up
-    cfg_json = json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("seeds", "list_losses", "ks")},
-                          sort_keys=True)  # fmt: skip
+    cfg_json = json.dumps(dataclasses.asdict(cfg), sort_keys=True)
     done: dict[str, list[dict[str, Any]]] = {}
     if log.exists() and not fresh:
         for line in log.read_text().splitlines():
             rec = json.loads(line)
-            if rec["config"] == cfg_json:
+            if _sizes(json.loads(rec["config"])) == _sizes(dataclasses.asdict(cfg)):
                 done[rec["key"]] = rec["rows"]
     elif log.exists():
         log.unlink()
@@ -181,6 +185,10 @@ def run_sweep(cfg: SweepConfig, out_dir: Path, workers: int, fresh: bool, weight
             os.path.join(weights_dir, "start.npy"), flat_weights(load_default_task(seed=cfg.task_seed).load_model())
         )
     todo = [s for s in plan_runs(cfg) if _key(s) not in done]
+    if not run:
+        print(f"bench_beta_sweep: --no-run: reporting {len(plan_runs(cfg)) - len(todo)} finished runs, {len(todo)} "
+              f"planned runs not run: {', '.join(_key(s) for s in todo) or 'none'}")  # fmt: skip
+        todo = []
     print(f"bench_beta_sweep: {len(plan_runs(cfg))} runs planned, {len(done)} already finished, {len(todo)} to run")
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
@@ -260,8 +268,7 @@ def _nsample_outputs(
         "seeds": f"{', '.join(map(str, cfg.seeds))} (data order only; every run starts from the task-seed "
         f"{cfg.task_seed} policy)",
         "runs": f"{len({(r['loss'], r.get('k', 2), r['beta'], r['seed']) for r in rows})} runs, "
-        f"{args.workers} worker process(es)"
-        + (f"; pairs rows reused from `{args.reuse_pairs}` (same sizes, not re-run)" if args.reuse_pairs else ""),
+        f"{args.workers} worker process(es)",
         "versions": ", ".join(f"{k} {v}" for k, v in versions().items()),
         "machine": machine(),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
@@ -282,21 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results_dir or (out_dir if args.quick else ROOT / "docs/results"))
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.perf_counter()
-    reused: list[dict[str, Any]] = []
-    if args.reuse_pairs and cfg.list_losses:
-        from _sweep_report import read_csv
-
-        reused = [r for r in read_csv(args.reuse_pairs) if r["group"] == "sweep" and r["loss"] in cfg.methods
-                  and r["seed"] in cfg.seeds and r["beta"] in cfg.betas]  # fmt: skip
-        missing = {(m, b, s) for m in cfg.methods for b in cfg.betas for s in cfg.seeds} - {
-            (r["loss"], r["beta"], r["seed"]) for r in reused
-        }
-        if missing:
-            raise SystemExit(f"bench_beta_sweep: --reuse-pairs {args.reuse_pairs} lacks {sorted(missing)}")
-        print(f"bench_beta_sweep: {len(reused)} pairs rows reused from {args.reuse_pairs}")
-    run_cfg = dataclasses.replace(cfg, methods=()) if reused else cfg
-    rows = run_sweep(run_cfg, out_dir, args.workers, args.fresh, not args.no_weights) + reused
+    rows = run_sweep(cfg, out_dir, args.workers, args.fresh and not args.no_run, not args.no_weights, not args.no_run)
     wall = time.perf_counter() - t0
+    if not rows:
+        raise SystemExit(f"bench_beta_sweep: no finished run of this sweep in {out_dir / 'runs.jsonl'} to report")
     results.mkdir(parents=True, exist_ok=True)
     if cfg.list_losses:
         return _nsample_outputs(args, argv, cfg, rows, results, started, wall)

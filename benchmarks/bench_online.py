@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", help="raw results (default runs/online[-quick])")
     p.add_argument("--results-dir", help="page and plot (default docs/results; --quick: the out dir)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in OUT/runs.jsonl")
+    p.add_argument("--no-run", action="store_true", help="train nothing: write the page from the finished runs")
     args = p.parse_args(argv)
     st = Study.quick() if args.quick else Study()
     over = {"seeds": args.seeds, "arms": args.arms, "steps": args.steps, "eval_every": args.eval_every,
@@ -370,14 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results_dir or (out if args.quick else ROOT / "docs/results"))
     results.mkdir(parents=True, exist_ok=True)
     store = out / "runs.jsonl"
-    if args.fresh and store.exists():
+    if args.fresh and store.exists() and not args.no_run:
         store.unlink()
     study_key = json.dumps({k: v for k, v in asdict(st).items() if k not in ("seeds", "arms")}, sort_keys=True)
     old = [json.loads(line) for line in store.read_text().splitlines()] if store.exists() else []
     done = {(r["arm"], r["seed"]) for r in old if r.get("study") == study_key}
     for seed in st.seeds:
         for name in st.arms:
-            if (name, seed) in done:
+            if (name, seed) in done or args.no_run:
                 continue
             t = time.perf_counter()
             rows = run_trl_arm(seed, st) if arms[name] is TRL_ARM else run_arm(arms[name], seed, st)
@@ -385,8 +386,12 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("".join(json.dumps({**r, "study": study_key}) + "\n" for r in rows))
             print(f"bench_online: {name} seed {seed}: win-rate {rows[-1]['win_rate']:.3f}, retention "
                   f"{rows[-1]['retention']:.3f} ({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
-    rows = [r for r in map(json.loads, store.read_text().splitlines()) if r.get("study") == study_key]
+    if store.exists():
+        old = [json.loads(line) for line in store.read_text().splitlines()]
+    rows = [r for r in old if r.get("study") == study_key]
     rows = [r for r in rows if r["arm"] in st.arms and r["seed"] in st.seeds]
+    if not rows:
+        raise SystemExit(f"bench_online: no finished run of this study in {store} to report")
     shown = " ".join(argv if argv is not None else sys.argv[1:])
     cmd = "OMP_NUM_THREADS=1 python benchmarks/bench_online.py" + (f" {shown}" if shown else "")
     write_page(rows, st, results / "online.md", cmd)

@@ -123,3 +123,12 @@ def test_online_arguments_and_page(bench, tmp_path):
         "| offline mmpo | 0.650 ± 0.635 | 1.000 ± 0.000 | 0.500 ± 0.000 | 0.000 ± 0.000 | 1.0 | 0.5 | 2.0 | 3.5 |"
         in text
     )
+
+
+def test_no_run_reports_only_finished_runs_and_refuses_an_empty_store(bench, tmp_path, capsys):
+    _, _, sweep, online = bench
+    with pytest.raises(SystemExit, match="no finished run of this sweep"):
+        sweep.main(["--nsample", "--no-run", "--out-dir", str(tmp_path / "s"), "--results-dir", str(tmp_path / "r")])
+    assert "mml|0.05|0|k4" in capsys.readouterr().out  # the planned runs not run are named
+    with pytest.raises(SystemExit, match="no finished run of this study"):
+        online.main(["--no-run", "--out-dir", str(tmp_path / "o"), "--results-dir", str(tmp_path / "r")])
