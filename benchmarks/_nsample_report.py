@@ -59,8 +59,10 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, float, int], di
     return {key: {m: ci95([float(r[m]) for r in rs]) for m in METRICS} for key, rs in by.items()}
 
 
-def _cell(s: dict[str, float]) -> str:
-    return f"{s['mean']:.3f} ± {s['ci']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"
+def _cell(s: dict[str, float], n_all: int = 0) -> str:
+    """mean ± CI; a cell with fewer seeds than the study (an interrupted run) says how many."""
+    text = f"{s['mean']:.3f} ± {s['ci']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"
+    return text + (f" (n={s['n']})" if s["n"] < n_all else "")
 
 
 def _arms(agg: dict) -> list[str]:
@@ -88,7 +90,8 @@ def render_block(rows: Sequence[dict[str, Any]], meta: dict[str, str], plot_name
     out = ["", "### Run", ""]
     out += [f"- {k}: {v}" for k, v in meta.items()]
     out += ["", f"Mean ± 95% CI half-width over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}; Student t, "
-            "n − 1 degrees of freedom). The starting policy has win-rate 0.500 and retention 1.000.", ""]  # fmt: skip
+            "n − 1 degrees of freedom; a cell with fewer seeds says n=). The starting policy has win-rate 0.500 "
+            "and retention 1.000.", ""]  # fmt: skip
     last = max(e for (_a, _b, e) in agg)
     out += [f"#### At the last epoch ({last})", "",
             "| arm | β | win-rate | LC win-rate | retention | addition exact | malformed |",
@@ -98,7 +101,8 @@ def render_block(rows: Sequence[dict[str, Any]], meta: dict[str, str], plot_name
             if (a, b, last) in agg:
                 v = agg[(a, b, last)]
                 cells = [
-                    _cell(v[m]) for m in ("win_rate", "lc_win_rate", "retention", "addition_accuracy", "malformed")
+                    _cell(v[m], len(seeds))
+                    for m in ("win_rate", "lc_win_rate", "retention", "addition_accuracy", "malformed")
                 ]
                 out.append(f"| {a} | {b:g} | " + " | ".join(cells) + " |")
     out += ["", "#### Peak win-rate (epoch of the highest seed-mean, 1..E) and retention there", "",
@@ -108,7 +112,8 @@ def render_block(rows: Sequence[dict[str, Any]], meta: dict[str, str], plot_name
             pts = {e: v for (x, y, e), v in agg.items() if x == a and y == b and e > 0}
             if pts:
                 e = max(pts, key=lambda e: (pts[e]["win_rate"]["mean"], -e))
-                out.append(f"| {a} | {b:g} | {_cell(pts[e]['win_rate'])} ({e}) | {_cell(pts[e]['retention'])} |")
+                win, ret = _cell(pts[e]["win_rate"], len(seeds)), _cell(pts[e]["retention"], len(seeds))
+                out.append(f"| {a} | {b:g} | {win} ({e}) | {ret} |")
     out += ["", "#### Every epoch (win-rate / retention)", "",
             "| arm | β | " + " | ".join(f"epoch {e}" for e in range(1, last + 1)) + " |",
             "|---|---|" + "---|" * last]  # fmt: skip

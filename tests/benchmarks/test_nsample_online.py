@@ -93,6 +93,11 @@ def test_nsample_page_tables_and_hand_text(bench, tmp_path):
     assert "| mml K=4 | 0.05 | 0.750 ± 0.635 |" in block  # mean 0.75, sd 0.0707, t(1) = 12.706
     assert "| dpo (pairs) | 0.05 | 0.550 ± 0.000 |" in block
     assert block.index("dpo (pairs)") < block.index("mml K=4")
+    partial = rep.render_block(
+        [*rows, _row("mml", 4, 0.05, 2, 0, 0.5, 1.0), _row("mml", 4, 0.05, 2, 2, 0.7, 0.4)], {}, None
+    )
+    assert "| dpo (pairs) | 0.05 | 0.550 ± 0.000 (n=2) |" in partial  # an interrupted seed is visible per cell
+    assert "| mml K=4 | 0.05 | 0.733 ± " in partial and "0.733 ± 0.143 |" in partial
     page = tmp_path / "nsample.md"
     page.write_text("# Title\n\nhand-written reading\n")
     rep.write_page(page, block, "skeleton")
