@@ -168,11 +168,12 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.hub import HubPushError
     from prefzoo.train.model import LoadOptionError, LoRATargetError
 
-    _quiet_libraries()
     check_launcher()
     threads = set_threads(getattr(args, "threads", None))
-    if _is_main():
+    if _is_main():  # before the libraries load: their imports are the first slow step of a fresh install
         print(f"prefzoo train: {threads}", flush=True)
+        print("prefzoo train: loading transformers, datasets and accelerate", flush=True)
+    _quiet_libraries()
     try:
         values, pairs = _collect(args)
         values["loss_params"] = _validate_loss(values, pairs)
@@ -310,6 +311,8 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data
     t0 = time.perf_counter()
     seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
     main = _is_main()
+    if main:
+        print("prefzoo train: loading the embedded default task (tiny model, synthetic data)", flush=True)
     task = load_default_task(seed=seed, progress=main)
     merged = {
         **task.recommended,

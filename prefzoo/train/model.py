@@ -88,7 +88,7 @@ def load_kwargs(
             from transformers import BitsAndBytesConfig
         except ImportError:
             raise LoadOptionError(
-                "--load-in-4bit/--load-in-8bit need bitsandbytes: pip install 'prefzoo[train]'"
+                "--load-in-4bit/--load-in-8bit need bitsandbytes: pip install 'prefzoo[qlora]'"
             ) from None
         compute = torch.float32 if torch_dtype in ("float32", "auto") else getattr(torch, torch_dtype)
         kw["quantization_config"] = (
@@ -189,7 +189,7 @@ def build_optimizer(
         try:
             import bitsandbytes as bnb
         except ImportError:
-            raise ImportError("--optim adamw8bit needs bitsandbytes: pip install 'prefzoo[train]'") from None
+            raise LoadOptionError("--optim adamw8bit needs bitsandbytes: pip install 'prefzoo[qlora]'") from None
         return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, weight_decay=weight_decay)
     import torch
 
