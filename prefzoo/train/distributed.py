@@ -53,10 +53,7 @@ def deepspeed_config(
         if spec == "zero3":
             cfg["zero_optimization"].update({"stage3_gather_16bit_weights_on_model_save": True})
     else:
-        path = Path(spec)
-        if not path.is_file():
-            raise FileNotFoundError(f"--deepspeed {spec}: choose zero2, zero3 or an existing JSON config file")
-        cfg = json.loads(path.read_text())
+        cfg = _user_deepspeed_config(spec)
     cfg["train_micro_batch_size_per_gpu"] = per_device_batch_size
     cfg["gradient_accumulation_steps"] = grad_accum
     cfg.setdefault("gradient_clipping", max_grad_norm)
@@ -64,6 +61,32 @@ def deepspeed_config(
     cfg.setdefault("bf16", {"enabled": mixed_precision == "bf16"})
     cfg.setdefault("fp16", {"enabled": mixed_precision == "fp16"})
     cfg.pop("train_batch_size", None)
+    return cfg
+
+
+def _user_deepspeed_config(spec: str) -> dict[str, Any]:
+    """A user's DeepSpeed JSON, checked before anything loads: ZeRO-3 must gather 16-bit weights on save, since the
+    final model is written with ``save_pretrained`` from gathered weights (without it the run trains, then fails)."""
+    from prefzoo.train.config import ConfigError
+
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--deepspeed {spec}: choose zero2, zero3 or an existing JSON config file")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--deepspeed {spec}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
+    zero = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(zero or {}, dict):
+        raise ConfigError(f"--deepspeed {spec}: expected a JSON object with a 'zero_optimization' object")
+    if zero and zero.get("stage") == 3:
+        key = "stage3_gather_16bit_weights_on_model_save"
+        if zero.get(key) is False:
+            raise ConfigError(
+                f"--deepspeed {spec}: zero_optimization.{key} is false, so the final model could not be saved after "
+                "training; set it to true (or remove it: prefzoo sets it)"
+            )
+        zero[key] = True  # absent: what the zero3 preset sets; the final save needs it
     return cfg
 
 
