@@ -16,7 +16,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import TINY_SHAPE, ModelShape, Workload, build_model_dir, make_pairs
+from trainbench_setup import TINY_SHAPE, ModelShape, Workload, build_model_dir, machine, make_pairs, versions
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-memory:begin -->", "<!-- bench-memory:end -->"
@@ -131,25 +130,10 @@ def expected_mb(engine: str, params: int, world: int) -> float:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "accelerate", "deepspeed", "prefzoo"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "-"
-    return out
+    return versions("torch", "transformers", "accelerate", "deepspeed", "prefzoo")
 
 
-def _machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
-    except OSError:
-        model = platform.processor() or "?"
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} logical cores, {mem:.0f} GiB, {platform.system()} {platform.release()}"
+_machine = machine
 
 
 def _mb(x: float) -> str:

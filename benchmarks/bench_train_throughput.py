@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, build_model_dir, flop_bound, make_pairs
+from trainbench_setup import (
+    TINY_SHAPE,
+    WORKLOADS,
+    ModelShape,
+    build_model_dir,
+    flop_bound,
+    machine,
+    make_pairs,
+    versions,
+)
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -195,24 +203,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "accelerate", "trl", "peft", "prefzoo"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "-"
-    return out
+    return versions("torch", "transformers", "accelerate", "trl", "peft", "prefzoo")
 
 
-def _machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
-    except OSError:
-        model = platform.processor() or "?"
-    return f"{model}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}"
+_machine = machine
 
 
 def _verdict(entry: dict[str, Any]) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import random
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -214,3 +217,27 @@ def step_timer() -> Any:
             return [e - s for s, e in zip(self.starts, self.ends, strict=False)]
 
     return StepTimer()
+
+
+def versions(*packages: str) -> dict[str, str]:
+    """Python's and each package's installed version ("-" when not installed), for a benchmark's record."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in packages:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "-"
+    return out
+
+
+def machine() -> str:
+    """CPU model, logical cores, memory and OS, for a benchmark's record."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    except OSError:
+        model = platform.processor() or "?"
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} logical cores, {mem:.0f} GiB, {platform.system()} {platform.release()}"
