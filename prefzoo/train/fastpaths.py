@@ -153,9 +153,10 @@ def pair_triples(tokenized: Any) -> list[tuple[int, int, int]]:
     """(|x|, |y_w|, |y_l|) of every pair of a tokenized dataset (columns prompt_ids, chosen_ids, rejected_ids)."""
     cols = ["prompt_ids", "chosen_ids", "rejected_ids"]
     data = tokenized.select_columns(cols)
-    lengths = data.map(
-        lambda b: {f"n_{c}": [len(v) for v in b[c]] for c in cols}, batched=True, remove_columns=cols, desc="lengths"
-    )
+    lengths = data.map(  # in memory: a cheap pass, and no cache file of its own to be truncated or go stale
+        lambda b: {f"n_{c}": [len(v) for v in b[c]] for c in cols}, batched=True, remove_columns=cols, desc="lengths",
+        keep_in_memory=True, load_from_cache_file=False,
+    )  # fmt: skip
     return list(zip(*(lengths[f"n_{c}"] for c in cols), strict=True))
 
 

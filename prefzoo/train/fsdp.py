@@ -144,7 +144,8 @@ class FsdpEngine:
         """Put this rank's saved shards back into the sharded policy and its optimizer (exactly, same world size)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        saved = torch.load(self._file(folder, self.accelerator.process_index), weights_only=True)
+        path = self._file(folder, self.accelerator.process_index)
+        saved = torch.load(path, weights_only=True)
         mesh = list(self.mesh.shape)
         if saved.get("mesh", mesh) != mesh:  # same world size, other hybrid groups (a checkpoint without it: 1-D)
             raise ConfigError(

@@ -108,6 +108,9 @@ class _OneProcess:
     def gather_for_metrics(self, t):
         return t
 
+    def gather(self, t):
+        return t
+
     def wait_for_everyone(self):
         pass
 
