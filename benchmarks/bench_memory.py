@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainbench_setup import TINY_SHAPE, ModelShape, Workload, build_model_dir, machine, make_pairs, versions
+from trainbench_setup import (
+    TINY_SHAPE,
+    ModelShape,
+    Workload,
+    build_model_dir,
+    machine,
+    make_pairs,
+    replace_block,
+    versions,
+)
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-memory:begin -->", "<!-- bench-memory:end -->"
@@ -179,15 +188,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 def write_page(path: Path, table: str) -> None:
     """Replace the text between this benchmark's markers in ``path`` (or append a marked block) with ``table``."""
-    block = f"{BEGIN}\n{table}{END}"
     text = path.read_text() if path.is_file() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text += "\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(replace_block(text, BEGIN, END, table))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,6 +30,7 @@ from trainbench_setup import (
     flop_bound,
     machine,
     make_pairs,
+    replace_block,
     versions,
 )
 
@@ -265,15 +266,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 def write_page(path: Path, table: str) -> None:
     """Replace the text between the bench markers of ``path`` (or create the page) with ``table``."""
-    block = f"{BEGIN}\n{table}{END}"
     text = path.read_text() if path.is_file() else f"# Training performance\n\n{BEGIN}\n{END}\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text += "\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(replace_block(text, BEGIN, END, table))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

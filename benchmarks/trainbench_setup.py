@@ -241,3 +241,12 @@ def machine() -> str:
         model = platform.processor() or "?"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{model}, {os.cpu_count()} logical cores, {mem:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def replace_block(text: str, begin: str, end: str, table: str) -> str:
+    """``text`` with ``table`` between the markers ``begin``/``end`` (a marked block appended when they are absent)."""
+    block = f"{begin}\n{table}{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
+    return text + "\n" + block + "\n"
