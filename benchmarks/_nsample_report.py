@@ -169,11 +169,6 @@ def plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
 
 def write_page(path: str | os.PathLike[str], block: str, skeleton: str) -> None:
     """Replace the generated block of the page (hand-written text around it stays); a new page gets ``skeleton``."""
-    p = Path(path)
-    text = p.read_text() if p.exists() else skeleton
-    if BEGIN not in text or END not in text:
-        text = text.rstrip("\n") + "\n\n" + BEGIN + "\n" + END + "\n"
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(head + BEGIN + "\n" + block.strip("\n") + "\n" + END + tail)
+    from _sweep_report import replace_marked
+
+    replace_marked(path, BEGIN, END, BEGIN + "\n" + block.strip("\n") + "\n" + END, skeleton)

@@ -380,11 +380,16 @@ def render_block(
 
 def write_page(path: str | os.PathLike[str], block: str, skeleton: str) -> None:
     """Replace the generated block of the page (hand-written text around it stays); a new page gets ``skeleton``."""
+    replace_marked(path, BEGIN, END, block.rstrip("\n"), skeleton)
+
+
+def replace_marked(path: str | os.PathLike[str], begin: str, end: str, block: str, skeleton: str) -> None:
+    """Put ``block`` (its own markers included) where ``begin``..``end`` stand in the page; a new page gets
+    ``skeleton``, a page without the markers gets them appended."""
     p = Path(path)
     text = p.read_text() if p.exists() else skeleton
-    if BEGIN not in text or END not in text:
-        text = text.rstrip("\n") + "\n\n" + BEGIN + "\n" + END + "\n"
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
+    if begin not in text or end not in text:
+        text = text.rstrip("\n") + "\n\n" + begin + "\n" + end + "\n"
+    head, rest = text.split(begin, 1)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(head + block.rstrip("\n") + tail)
+    p.write_text(head + block + rest.split(end, 1)[1])
