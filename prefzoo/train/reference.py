@@ -61,19 +61,22 @@ class Reference:
 class FrozenReference(Reference):
     """A frozen copy of the starting model, run under no_grad in eval mode."""
 
-    def __init__(self, lm: nn.Module, chunk_size: int) -> None:
-        self.module: Any = PolicyLogps(copy.deepcopy(lm), chunk_size)  # a copy: the policy trains in place
+    def __init__(self, lm: nn.Module, chunk_size: int, packing: bool = False) -> None:
+        # a copy: the policy trains in place; ``packing``: the policy's decoder layout (prefzoo.train.packing)
+        self.module: Any = PolicyLogps(copy.deepcopy(lm), chunk_size, packing=packing)
         self.module.requires_grad_(False)
         self.module.eval()
 
     @classmethod
-    def under_zero3(cls, lm: nn.Module, chunk_size: int, ds_config: dict[str, Any]) -> FrozenReference:
+    def under_zero3(
+        cls, lm: nn.Module, chunk_size: int, ds_config: dict[str, Any], packing: bool = False
+    ) -> FrozenReference:
         """A reference whose weights stay ZeRO-3 partitioned: ``lm`` was loaded under zero.Init (not copied)."""
         import deepspeed
 
         ref = cls.__new__(cls)
         cfg = {k: v for k, v in copy.deepcopy(ds_config).items() if k not in ("optimizer", "scheduler")}
-        module = PolicyLogps(lm, chunk_size)
+        module = PolicyLogps(lm, chunk_size, packing=packing)
         module.requires_grad_(False)
         engine, *_ = deepspeed.initialize(model=module, config=cfg)
         engine.eval()
@@ -284,11 +287,9 @@ def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool,
 
         ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ref = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config)
-        ref.module.module.packing = policy.packing
+        ref = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config, policy.packing)
         return ref, "frozen ZeRO-3 partitioned copy of the starting model"
-    ref = FrozenReference(policy.lm, cfg.logp_chunk_size)
-    ref.module.packing = policy.packing  # the same decoder layout as the policy (prefzoo.train.packing)
+    ref = FrozenReference(policy.lm, cfg.logp_chunk_size, policy.packing)
     ref.module.to(accelerator.device)
     return ref, "frozen copy of the starting model"
 

@@ -62,8 +62,7 @@ def _fields(model, loss, share, packing):
     b = PreferenceCollator(0, share_prompt=share)(EXAMPLES)
     model.zero_grad()
     policy = PolicyLogps(model, chunk_size=4, packing=packing)
-    ref = FrozenReference(model, chunk_size=4)
-    ref.module.packing = packing
+    ref = FrozenReference(model, chunk_size=4, packing=packing)
     fields = batch_fields(loss, policy, ref, b, contextlib.nullcontext)
     value = loss(PreferenceBatch(**fields)).losses.mean()
     value.backward()
