@@ -49,6 +49,7 @@ from prefzoo.train.reference import (
 )
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
+from prefzoo.train.source import EpochBatches
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need, Shape
 
@@ -78,7 +79,7 @@ class Parts:
     total_steps: int
     num_epochs: int
     collate: Any = None  # the collator of the batches' shape
-    online: Any = None  # OnlineRounds of an on-policy run (--online), else None
+    source: Any = None  # where the micro-batches come from: EpochBatches, or OnlineRounds (--online)
     resume_path: Path | None = None  # the checkpoint this run resumed from
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
@@ -200,15 +201,13 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage, fsdp=fsdp,
     )  # fmt: skip
     parts.collate = collate
-    if prompts is not None:
-        parts.online = _online_rounds(cfg, parts, prompts, judge, plan)
+    parts.source = EpochBatches(parts) if prompts is None else _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
     if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
         accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
-        if parts.online is not None:
-            parts.online.load(resume_path)
+        parts.source.load(resume_path)
     if cfg.skip_batches:
         done = resume_info.get("skip_batches")  # the same skip, already applied before this checkpoint
         same = isinstance(done, list) and len(done) == 2 and done[1] == cfg.skip_batches and done[0] < parts.start_step
