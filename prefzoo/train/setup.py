@@ -303,18 +303,12 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
         unavailable = "on-policy data"
     elif cfg.deepspeed or cfg.fsdp:
         unavailable = "not measured under --deepspeed/--fsdp: force with on"
-    from prefzoo.train.arch import shared_prompt_refusal
+    from prefzoo.train.arch import model_capabilities
     from prefzoo.train.logps import unwrap_causal_lm
 
-    causal: Any = unwrap_causal_lm(lm)
-    if unavailable is None and getattr(causal.config, "output_router_logits", False):
-        # the load-balancing loss is a mean over the tokens the decoder sees: sharing the prompt or packing changes
-        # that set (prompt tokens once, no padding), so the objective itself would change, not only its cost
-        unavailable = "the MoE router loss counts the plain batch's tokens: force with on"
-    impl = getattr(causal.config, "_attn_implementation", "sdpa") or "sdpa"
-    refusal = shared_prompt_refusal(causal.get_decoder(), causal.config, "the fast paths")
-    if impl not in ("sdpa", "eager"):
-        refusal = f"{impl} attention takes no 4-D mask"
+    caps = model_capabilities(unwrap_causal_lm(lm))  # declared by the architecture (prefzoo.train.arch)
+    unavailable = unavailable or caps.fast_path_block()
+    refusal = caps.custom_mask_refusal
     return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal)
 
 
