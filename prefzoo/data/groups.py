@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prefzoo.data.cache import checked_map
 from prefzoo.data.chat import render_completion, render_prompt
-from prefzoo.data.tokenize import FLAGS, TokenizeStats, _examples, flag_stats
+from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset
 from prefzoo.data.validate import MAX_TEXT_CHARS, DataFormatError
 
 if TYPE_CHECKING:
@@ -90,22 +89,7 @@ def _tokenize(
     encode = completion_encoder(tokenizer, limits, requested, answers)
     if len(ds) == 0:
         raise DataFormatError(f"the dataset (or the selected split) is empty: it holds no {what}")
-    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
-    stats = flag_stats(enc.__getitem__, len(enc))
-    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
-        stats.examples = _examples(enc)
-    if stats.kept == 0:
-        raise DataFormatError(
-            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
-            f"{stats.identical} with identical completions, {stats.oversized} with a field over {MAX_TEXT_CHARS} "
-            "characters; check the completions and --max-completion-length"
-        )
-    if stats.dropped:
-        enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
-                          desc=f"dropping empty {what}")  # fmt: skip
-        log.warning("dropped %d of %d %s (%d with identical completions, %d oversized, the rest with no completion "
-                    "token left)", stats.dropped, stats.total, what, stats.identical, stats.oversized)  # fmt: skip
-    return enc.remove_columns(list(FLAGS)), stats
+    return encode_dataset(ds, encode, num_proc, what, "with identical completions", "the completions")
 
 
 def tokenize_lists(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FLAGS",
     "TokenizeStats",
+    "encode_dataset",
     "encode_rows",
     "ensure_pad_token",
     "flag_stats",
@@ -181,27 +182,30 @@ def tokenize_pairs(
     encode = pair_encoder(tokenizer, max_prompt_length, max_completion_length, requested, scores)
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
-    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc="tokenizing pairs")
+    same, check = "with chosen identical to rejected", "the chosen/rejected columns"
+    return encode_dataset(ds, encode, num_proc, "pairs", same, check)
+
+
+def encode_dataset(
+    ds: datasets.Dataset, encode: Callable[[dict[str, Any]], dict[str, Any]], num_proc: int | None, what: str,
+    same: str, check: str,
+) -> tuple[datasets.Dataset, TokenizeStats]:  # fmt: skip
+    """``ds.map(encode)`` (cached) with its rows counted; rows with no completion token left, identical completions
+    (``same``: how they are called) or an oversized field are dropped with a warning.  ``what``: 'pairs', 'lists' or
+    'examples'; ``check``: what to look at when every row is dropped (a one-line error)."""
+    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
     stats = flag_stats(enc.__getitem__, len(enc))
     if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
         stats.examples = _examples(enc)
     if stats.kept == 0:
         raise DataFormatError(
-            f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts), "
-            f"{stats.identical} with chosen identical to rejected, {stats.oversized} with a field over "
-            f"{MAX_TEXT_CHARS} characters; check the chosen/rejected columns and --max-completion-length"
+            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
+            f"{stats.identical} {same}, {stats.oversized} with a field over {MAX_TEXT_CHARS} characters; check "
+            f"{check} and --max-completion-length"
         )
     if stats.dropped:
-        enc = checked_map(
-            enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep", desc="dropping empty pairs"
-        )
-        log.warning(
-            "dropped %d of %d pairs (%d with chosen identical to rejected, %d oversized, the rest with no completion "
-            "token left)",
-            stats.dropped,
-            stats.total,
-            stats.identical,
-            stats.oversized,
-        )
-    enc = enc.remove_columns(list(FLAGS))
-    return enc, stats
+        enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
+                          desc=f"dropping empty {what}")  # fmt: skip
+        log.warning("dropped %d of %d %s (%d %s, %d oversized, the rest with no completion token left)",
+                    stats.dropped, stats.total, what, stats.identical, same, stats.oversized)  # fmt: skip
+    return enc.remove_columns(list(FLAGS)), stats
