@@ -14,13 +14,16 @@ iterative DPO).  Round ``r``:
 4. **train**: the samples become list rows ``{id, prompt, completions, scores}`` and reach the loss through the run's
    :class:`~prefzoo.train.shapes.ShapePlan` like offline lists do: list losses on all n, pairwise losses on the pairs
    of ``--pairs-from-lists``, unpaired losses on labels from ``desirable_threshold`` (default: above the prompt's
-   mean score is desirable, below undesirable, equal left out).  Tokenized and collated exactly as offline data.
+   mean score is desirable, below undesirable, equal left out).  Normalized, paired and tokenized by the row
+   functions offline data goes through (:func:`prefzoo.train.data.prepare_rows`: in memory, no ``datasets`` pass or
+   cache file per round), collated by the run's collator.
 
 The reference stays the starting policy (frozen copy, or the adapter-disabled policy with LoRA), computed for each
 generated completion as it is trained on.  The rows of every process are gathered after judging, so the main
 process writes the whole round into each checkpoint (``online.json``); a run resumed mid-round trains on the same
 rows from the same micro-batch as the uninterrupted run (a round that starts at the resumed step is sampled anew,
 from the restored weights).  Callbacks see ``on_generation_begin``/``on_generation_end``/``on_judged``.
+:class:`OnlineRounds` is the run's data source (:mod:`prefzoo.train.source`): the same loop as offline epochs.
 """
 
 from __future__ import annotations
