@@ -30,7 +30,15 @@ from prefzoo.data.validate import DataFormatError, check_messages, check_text, l
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["FORMATS", "DataFormatError", "detect_format", "detected_format", "load_preference_dataset", "normalize"]
+__all__ = [
+    "FORMATS",
+    "DataFormatError",
+    "detect_format",
+    "detected_format",
+    "load_preference_dataset",
+    "normalize",
+    "normalize_rows",
+]
 
 FORMATS = ("plain", "conversational", "ultrafeedback", "orca", "ultrafeedback-raw", "list", "unpaired", "prompts")
 _SHAPE_OF = {"ultrafeedback-raw": "lists", "list": "lists", "unpaired": "unpaired", "prompts": "prompts"}  # else pairs
@@ -217,6 +225,13 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
     if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique
         out = checked_map(out, lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)
     return out
+
+
+def normalize_rows(rows: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """:func:`normalize` in memory for rows of a known format (no ``datasets`` pass): rows made during a run."""
+    if fmt not in FORMATS:
+        raise DataFormatError(f"--format {fmt!r} is not a recognised format; choose one of {', '.join(FORMATS)}")
+    return [_normalize_row(row, idx, fmt) for idx, row in enumerate(rows)]
 
 
 def load_preference_dataset(source: str, split: str = "train", fmt: str | None = None) -> datasets.Dataset:

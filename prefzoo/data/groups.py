@@ -9,26 +9,71 @@ all G·K completions (or all N examples); the batch says where each row belongs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prefzoo.data.cache import checked_map
 from prefzoo.data.chat import render_completion, render_prompt
-from prefzoo.data.tokenize import TokenizeStats, _examples
+from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset
 from prefzoo.data.validate import MAX_TEXT_CHARS, DataFormatError
 
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["GroupCollator", "UnpairedCollator", "pad_rows", "tokenize_lists", "tokenize_unpaired"]
+__all__ = [
+    "GroupCollator",
+    "UnpairedCollator",
+    "completion_encoder",
+    "pad_rows",
+    "tokenize_lists",
+    "tokenize_unpaired",
+]
 
 log = logging.getLogger(__name__)
-_FLAGS = ["keep", "identical", "oversized", "prompt_truncated", "completion_truncated", "context_truncated"]
 
 
 def _chars(value: Any) -> int:
     return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
+
+
+def completion_encoder(
+    tokenizer: Any, limits: tuple[int, int], requested: tuple[int, int] | None, answers: str
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The function that tokenizes one normalized list (``answers="completions"``: completion_ids holds K lists) or
+    unpaired example (``"completion"``: one list): the row's other columns as they are, prompt_ids, completion_ids
+    and the :data:`prefzoo.data.tokenize.FLAGS`."""
+    max_p, max_c = limits
+    req_p, req_c = requested or limits
+    if tokenizer.eos_token_id is None:
+        raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
+    many = answers == "completions"
+
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        texts = row[answers] if many else [row[answers]]
+        base = {k: row[k] for k in row if k not in ("prompt", answers)}
+        if max([_chars(row["prompt"]), *(len(t) for t in texts)]) > MAX_TEXT_CHARS:
+            return {**base, "prompt_ids": [], "completion_ids": [[]] * len(texts) if many else [],
+                    **dict.fromkeys(FLAGS, False), "oversized": True}  # fmt: skip
+        prompt = render_prompt(tokenizer, row["prompt"])
+        comps = [render_completion(tokenizer, row["prompt"], t) for t in texts]
+        longest = max(len(c) for c in comps)
+        cut_c = [c[:max_c] for c in comps]  # completions keep their START
+        identical = many and all(c == cut_c[0] for c in cut_c) and len(cut_c[0]) > 0
+        cut = len(prompt) > max_p or longest > max_c
+        return {
+            **base,
+            "prompt_ids": prompt[-max_p:],  # the prompt keeps its END (the question nearest the answer)
+            "completion_ids": cut_c if many else cut_c[0],
+            "prompt_truncated": len(prompt) > max_p,
+            "completion_truncated": longest > max_c,
+            "context_truncated": cut and len(prompt) <= req_p and longest <= req_c,
+            "keep": len(prompt) > 0 and all(len(c) > 0 for c in comps) and not identical,
+            "identical": identical,
+            "oversized": False,
+        }
+
+    return encode
 
 
 def _tokenize(
@@ -41,70 +86,10 @@ def _tokenize(
     what: str,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
     """Tokenize the completions in column ``answers`` (a list of strings, or one string) after each prompt."""
-    max_p, max_c = limits
-    req_p, req_c = requested or limits
-    if tokenizer.eos_token_id is None:
-        raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
-    many = answers == "completions"
-
-    def encode(row: dict[str, Any]) -> dict[str, Any]:
-        texts = row[answers] if many else [row[answers]]
-        base = {k: row[k] for k in row if k not in ("prompt", answers)}
-        if max([_chars(row["prompt"]), *(len(t) for t in texts)]) > MAX_TEXT_CHARS:
-            return {**base, "prompt_ids": [], "ids_": [[]] * len(texts), **dict.fromkeys(_FLAGS, False),
-                    "oversized": True}  # fmt: skip
-        prompt = render_prompt(tokenizer, row["prompt"])
-        comps = [render_completion(tokenizer, row["prompt"], t) for t in texts]
-        longest = max(len(c) for c in comps)
-        cut_c = [c[:max_c] for c in comps]  # completions keep their START
-        identical = many and all(c == cut_c[0] for c in cut_c) and len(cut_c[0]) > 0
-        cut = len(prompt) > max_p or longest > max_c
-        return {
-            **base,
-            "prompt_ids": prompt[-max_p:],  # the prompt keeps its END (the question nearest the answer)
-            "ids_": cut_c,
-            "prompt_truncated": len(prompt) > max_p,
-            "completion_truncated": longest > max_c,
-            "context_truncated": cut and len(prompt) <= req_p and longest <= req_c,
-            "keep": len(prompt) > 0 and all(len(c) > 0 for c in comps) and not identical,
-            "identical": identical,
-            "oversized": False,
-        }
-
+    encode = completion_encoder(tokenizer, limits, requested, answers)
     if len(ds) == 0:
         raise DataFormatError(f"the dataset (or the selected split) is empty: it holds no {what}")
-    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
-    count = {k: int(sum(enc[k])) for k in _FLAGS}
-    stats = TokenizeStats(
-        total=len(enc),
-        kept=count["keep"],
-        dropped=len(enc) - count["keep"],
-        prompt_truncated=count["prompt_truncated"],
-        completion_truncated=count["completion_truncated"],
-        identical=count["identical"],
-        oversized=count["oversized"],
-        context_truncated=count["context_truncated"],
-    )
-    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
-        stats.examples = _examples(enc)
-    if stats.kept == 0:
-        raise DataFormatError(
-            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
-            f"{stats.identical} with identical completions, {stats.oversized} with a field over {MAX_TEXT_CHARS} "
-            "characters; check the completions and --max-completion-length"
-        )
-    if stats.dropped:
-        enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
-                          desc=f"dropping empty {what}")  # fmt: skip
-        log.warning("dropped %d of %d %s (%d with identical completions, %d oversized, the rest with no completion "
-                    "token left)", stats.dropped, stats.total, what, stats.identical, stats.oversized)  # fmt: skip
-    enc = enc.remove_columns(_FLAGS)
-    if many:
-        enc = enc.rename_column("ids_", "completion_ids")
-    else:
-        enc = checked_map(enc, lambda r: {"completion_ids": r["ids_"][0]}, remove_columns=["ids_"],
-                          desc="completion ids")  # fmt: skip
-    return enc, stats
+    return encode_dataset(ds, encode, num_proc, what, "with identical completions", "the completions")
 
 
 def tokenize_lists(

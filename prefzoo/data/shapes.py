@@ -39,9 +39,11 @@ __all__ = [
     "UNPAIRED",
     "data_shape",
     "list_pairs",
+    "list_rows_to_pairs",
     "lists_to_pairs",
     "normalize_list_row",
     "normalize_unpaired_row",
+    "pairs_of_list",
     "unpair",
 ]
 
@@ -182,6 +184,19 @@ def list_pairs(scores: list[float] | None, k: int, how: str) -> list[tuple[int, 
     return [(i, j) for i, j in cand if scores is None or scores[i] > scores[j]]
 
 
+def pairs_of_list(row: dict[str, Any], how: str) -> list[dict[str, Any]]:
+    """The pairs ``{id, prompt, chosen, rejected}`` of one normalized list under ``--pairs-from-lists how``."""
+    comps = row["completions"]
+    return [{"id": f"{row['id']}:{i}>{j}", "prompt": row["prompt"], "chosen": comps[i], "rejected": comps[j]}
+            for i, j in list_pairs(row["scores"], len(comps), how)]  # fmt: skip
+
+
+def list_rows_to_pairs(rows: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]], int]:
+    """:func:`lists_to_pairs` in memory, for a few rows made during a run (no ``datasets`` pass)."""
+    found = [pairs_of_list(row, how) for row in rows]
+    return [pair for pairs in found for pair in pairs], sum(not pairs for pairs in found)
+
+
 def lists_to_pairs(ds: datasets.Dataset, how: str) -> tuple[datasets.Dataset, int]:
     """(the pairs of every list under ``how``, number of lists that gave none: all their scores tie)."""
     list_pairs(None, 2, how)  # an unknown choice fails here, even on an empty dataset
@@ -191,12 +206,10 @@ def lists_to_pairs(ds: datasets.Dataset, how: str) -> tuple[datasets.Dataset, in
         for rid, prompt, comps, scores in zip(
             batch["id"], batch["prompt"], batch["completions"], batch["scores"], strict=True
         ):
-            found = list_pairs(scores, len(comps), how)
-            for i, j in found:
-                out["id"].append(f"{rid}:{i}>{j}")
-                out["prompt"].append(prompt)
-                out["chosen"].append(comps[i])
-                out["rejected"].append(comps[j])
+            found = pairs_of_list({"id": rid, "prompt": prompt, "completions": comps, "scores": scores}, how)
+            for pair in found:
+                for k, v in pair.items():
+                    out[k].append(v)
                 out["none"].append(False)
             if not found:  # one marker row so the count survives the map; filtered out below
                 out["id"].append(rid)

@@ -1,8 +1,10 @@
-"""Tokenize normalized pairs once (``datasets.map``, cached) with prompt-end / completion-start truncation."""
+"""Tokenize normalized pairs once (``datasets.map``, cached; or :func:`encode_rows` in memory) with prompt-end /
+completion-start truncation."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,17 @@ from prefzoo.data.validate import MAX_TEXT_CHARS
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["TokenizeStats", "ensure_pad_token", "render_prompt", "tokenize_pairs"]
+__all__ = [
+    "FLAGS",
+    "TokenizeStats",
+    "encode_dataset",
+    "encode_rows",
+    "ensure_pad_token",
+    "flag_stats",
+    "pair_encoder",
+    "render_prompt",
+    "tokenize_pairs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +56,12 @@ def ensure_pad_token(tokenizer: Any) -> str | None:
     return f"tokenizer has no pad token: using its eos token {tokenizer.eos_token!r} for padding (masked out)"
 
 
-def _examples(enc: datasets.Dataset, limit: int = 3) -> list[str]:
-    """The first ``limit`` dropped and ``limit`` truncated rows, each as 'id: why'."""
+def _examples(enc: datasets.Dataset | Sequence[dict[str, Any]], limit: int = 3) -> list[str]:
+    """The first ``limit`` dropped and ``limit`` truncated rows (of a dataset or a list of rows), each as 'id: why'."""
     dropped: list[str] = []
     truncated: list[str] = []
     cols = ["id", "keep", "identical", "oversized", "prompt_truncated", "completion_truncated"]
-    for row in enc.select_columns(cols):
+    for row in enc.select_columns(cols) if hasattr(enc, "select_columns") else enc:
         if not row["keep"] and len(dropped) < limit:
             why = "oversized" if row["oversized"] else "chosen identical to rejected" if row["identical"] else None
             dropped.append(f"{row['id']}: dropped, {why or 'no completion token left'}")
@@ -62,20 +74,46 @@ def _examples(enc: datasets.Dataset, limit: int = 3) -> list[str]:
     return dropped + truncated
 
 
-def tokenize_pairs(
-    ds: datasets.Dataset,
-    tokenizer: Any,
-    max_prompt_length: int = 1800,
-    max_completion_length: int = 512,
-    num_proc: int | None = None,
-    *,
-    requested: tuple[int, int] | None = None,
-) -> tuple[datasets.Dataset, TokenizeStats]:
-    """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted.
+FLAGS = ("keep", "identical", "oversized", "prompt_truncated", "completion_truncated", "context_truncated")
 
-    ``requested`` = the (prompt, completion) limits before they were lowered to the model's context: pairs that
-    only the lower limits truncate are counted in ``context_truncated``.
-    """
+
+def flag_stats(column: Callable[[str], Sequence[bool]], total: int) -> TokenizeStats:
+    """Counts of encoded rows' flags (:data:`FLAGS`); ``column(name)`` gives the flag of every row."""
+    count = {k: int(sum(column(k))) for k in FLAGS}
+    return TokenizeStats(
+        total=total,
+        kept=count["keep"],
+        dropped=total - count["keep"],
+        prompt_truncated=count["prompt_truncated"],
+        completion_truncated=count["completion_truncated"],
+        identical=count["identical"],
+        oversized=count["oversized"],
+        context_truncated=count["context_truncated"],
+    )
+
+
+def encode_rows(rows: Sequence[dict[str, Any]], encode: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[
+    list[dict[str, Any]], TokenizeStats
+]:  # fmt: skip
+    """In memory, no ``datasets`` pass and no cache file: the kept rows of ``encode`` (an encoder of this module or
+    :mod:`prefzoo.data.groups`) without their flags, and the counts.  For a few rows made during a run (on-policy
+    samples), where a ``datasets.map`` costs more in fingerprinting than the tokenizing itself."""
+    enc = [encode(row) for row in rows]
+    stats = flag_stats(lambda k: [row[k] for row in enc], len(enc))
+    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
+        stats.examples = _examples(enc)
+    return [{k: v for k, v in row.items() if k not in FLAGS} for row in enc if row["keep"]], stats
+
+
+def pair_encoder(
+    tokenizer: Any,
+    max_prompt_length: int,
+    max_completion_length: int,
+    requested: tuple[int, int] | None = None,
+    passthrough: Sequence[str] = (),
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The function that tokenizes one normalized pair: id, prompt_ids, chosen_ids, rejected_ids, the columns
+    ``passthrough`` as they are, and the :data:`FLAGS`."""
     req_prompt, req_completion = requested or (max_prompt_length, max_completion_length)
     if max_prompt_length < 1 or max_completion_length < 1:
         raise DataFormatError(
@@ -87,10 +125,8 @@ def tokenize_pairs(
     def _chars(value: Any) -> int:
         return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
 
-    scores = {k: k for k in ("score_chosen", "score_rejected") if k in ds.column_names}  # passed through
-
     def encode(row: dict[str, Any]) -> dict[str, Any]:
-        return {**_encode(row), **{k: row[k] for k in scores}}
+        return {**_encode(row), **{k: row[k] for k in passthrough}}
 
     def _encode(row: dict[str, Any]) -> dict[str, Any]:
         if max(_chars(row["prompt"]), _chars(row["chosen"]), _chars(row["rejected"])) > MAX_TEXT_CHARS:
@@ -125,41 +161,51 @@ def tokenize_pairs(
             "oversized": False,
         }
 
+    return encode
+
+
+def tokenize_pairs(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    max_prompt_length: int = 1800,
+    max_completion_length: int = 512,
+    num_proc: int | None = None,
+    *,
+    requested: tuple[int, int] | None = None,
+) -> tuple[datasets.Dataset, TokenizeStats]:
+    """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted.
+
+    ``requested`` = the (prompt, completion) limits before they were lowered to the model's context: pairs that
+    only the lower limits truncate are counted in ``context_truncated``.
+    """
+    scores = [k for k in ("score_chosen", "score_rejected") if k in ds.column_names]  # passed through
+    encode = pair_encoder(tokenizer, max_prompt_length, max_completion_length, requested, scores)
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
-    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc="tokenizing pairs")
-    keep = enc["keep"]
-    stats = TokenizeStats(
-        total=len(enc),
-        kept=int(sum(keep)),
-        dropped=len(enc) - int(sum(keep)),
-        prompt_truncated=int(sum(enc["prompt_truncated"])),
-        completion_truncated=int(sum(enc["completion_truncated"])),
-        identical=int(sum(enc["identical"])),
-        oversized=int(sum(enc["oversized"])),
-        context_truncated=int(sum(enc["context_truncated"])),
-    )
+    same, check = "with chosen identical to rejected", "the chosen/rejected columns"
+    return encode_dataset(ds, encode, num_proc, "pairs", same, check)
+
+
+def encode_dataset(
+    ds: datasets.Dataset, encode: Callable[[dict[str, Any]], dict[str, Any]], num_proc: int | None, what: str,
+    same: str, check: str,
+) -> tuple[datasets.Dataset, TokenizeStats]:  # fmt: skip
+    """``ds.map(encode)`` (cached) with its rows counted; rows with no completion token left, identical completions
+    (``same``: how they are called) or an oversized field are dropped with a warning.  ``what``: 'pairs', 'lists' or
+    'examples'; ``check``: what to look at when every row is dropped (a one-line error)."""
+    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
+    stats = flag_stats(enc.__getitem__, len(enc))
     if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
         stats.examples = _examples(enc)
     if stats.kept == 0:
         raise DataFormatError(
-            f"all {stats.total} pairs were dropped: no completion token left (empty completions or prompts), "
-            f"{stats.identical} with chosen identical to rejected, {stats.oversized} with a field over "
-            f"{MAX_TEXT_CHARS} characters; check the chosen/rejected columns and --max-completion-length"
+            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
+            f"{stats.identical} {same}, {stats.oversized} with a field over {MAX_TEXT_CHARS} characters; check "
+            f"{check} and --max-completion-length"
         )
     if stats.dropped:
-        enc = checked_map(
-            enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep", desc="dropping empty pairs"
-        )
-        log.warning(
-            "dropped %d of %d pairs (%d with chosen identical to rejected, %d oversized, the rest with no completion "
-            "token left)",
-            stats.dropped,
-            stats.total,
-            stats.identical,
-            stats.oversized,
-        )
-    enc = enc.remove_columns(
-        ["keep", "prompt_truncated", "completion_truncated", "identical", "oversized", "context_truncated"]
-    )
-    return enc, stats
+        enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
+                          desc=f"dropping empty {what}")  # fmt: skip
+        log.warning("dropped %d of %d %s (%d %s, %d oversized, the rest with no completion token left)",
+                    stats.dropped, stats.total, what, stats.identical, same, stats.oversized)  # fmt: skip
+    return enc.remove_columns(list(FLAGS)), stats

@@ -26,6 +26,12 @@ what each layer's attention pattern is.  Both are read from the config the way t
   else is caught by the run-start self-check (:mod:`prefzoo.train.selfcheck`).
 - attention pattern per layer: ``config.layer_types`` ("full_attention" / "sliding_attention", window
   ``config.sliding_window``), or every layer sliding when the config has a ``sliding_window`` and no layer types.
+- router loss: a mixture-of-experts model whose (text) config sets ``output_router_logits`` adds its load-balancing
+  loss to the objective (:mod:`prefzoo.train.moe` recomputes it); that loss is a mean over the tokens the decoder
+  sees, so a layout that changes them (a shared prompt, packing) changes the objective, not only its cost.
+
+:func:`model_capabilities` gathers what the rest of a run reads of these (the fast-path choice, the log-prob
+function), so each is read from the config in one place.
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ from torch import Tensor, nn
 __all__ = [
     "ATTENTION_TYPES",
     "LogitTransform",
+    "ModelCapabilities",
     "attention_layer_types",
     "logit_transform",
     "logits_head",
+    "model_capabilities",
+    "router_loss",
     "shared_prompt_refusal",
     "text_config",
 ]
@@ -234,3 +243,33 @@ def shared_prompt_refusal(backbone: Any, config: Any, feature: str = "share_prom
     if getattr(cfg, "alibi", False) or (kind in ("bloom", "mpt", "falcon") and getattr(cfg, "alibi", True)):
         return f"{feature}: {kind} derives positions from the key index (ALiBi), not position ids: turn it off"
     return None
+
+
+def router_loss(config: Any) -> bool:
+    """The architecture adds its mixture-of-experts router load-balancing loss to the objective
+    (``output_router_logits`` on the text config, as the CausalLM's own forward reads it)."""
+    return bool(getattr(text_config(config), "output_router_logits", False))
+
+
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a causal LM declares that decides how prefzoo may lay out its batches (read once, at setup)."""
+
+    router_loss: bool  # the objective holds the MoE router loss over the plain batch's tokens
+    custom_mask_refusal: str | None  # why a shared-prompt or packed 4-D mask cannot reproduce its attention, or None
+
+    def fast_path_block(self) -> str | None:
+        """Why the automatic fast paths stay off for this model whatever the data (None: the data decides)."""
+        if self.router_loss:
+            return "the MoE router loss counts the plain batch's tokens: force with on"
+        return None
+
+
+def model_capabilities(causal: Any, feature: str = "the fast paths") -> ModelCapabilities:
+    """The :class:`ModelCapabilities` of a transformers CausalLM (unwrapped: no peft or DDP wrapper)."""
+    config = causal.config
+    impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
+    refusal = shared_prompt_refusal(causal.get_decoder(), config, feature)
+    if impl not in ("sdpa", "eager"):
+        refusal = f"{impl} attention takes no 4-D mask"
+    return ModelCapabilities(router_loss=router_loss(config), custom_mask_refusal=refusal)

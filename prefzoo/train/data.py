@@ -1,5 +1,5 @@
 """Train/eval splits for a run: load or take the normalized data, hold out an eval split, reach the loss's shape,
-tokenize once."""
+tokenize once; and the same for rows made during a run (on-policy samples), in memory."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import logging
 from typing import Any
 
 from prefzoo.data.cache import checked_map
-from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize
-from prefzoo.data.groups import tokenize_lists, tokenize_unpaired
+from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize, normalize_rows
+from prefzoo.data.groups import completion_encoder, tokenize_lists, tokenize_unpaired
 from prefzoo.data.mixing import load_mixture
-from prefzoo.data.shapes import LISTS, UNPAIRED
-from prefzoo.data.tokenize import TokenizeStats, tokenize_pairs
+from prefzoo.data.shapes import LISTS, UNPAIRED, list_rows_to_pairs
+from prefzoo.data.tokenize import TokenizeStats, encode_rows, pair_encoder, tokenize_pairs
 from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
-__all__ = ["load_splits", "prepare_datasets"]
+__all__ = ["load_splits", "prepare_datasets", "prepare_rows"]
 
 _TOKENIZE = {LISTS: tokenize_lists, UNPAIRED: tokenize_unpaired}  # every other shape: tokenize_pairs
 
@@ -112,3 +112,25 @@ def prepare_datasets(
             st.context_truncated,
         )
     return train_tok, eval_tok, stats
+
+
+def prepare_rows(
+    tokenizer: Any, rows: list[dict[str, Any]], limits: ContextLimits, plan: Any
+) -> tuple[list[dict[str, Any]], TokenizeStats, int]:
+    """:func:`prepare_datasets` in memory for a few rows made during a run (an on-policy round's judged samples):
+    normalized, brought to the loss's shape, named and tokenized by the same row functions, without a ``datasets``
+    pass or cache file.  ``rows`` are lists (``plan.data`` lists) or unpaired examples; returns (tokenized rows,
+    counts, lists dropped because all their completions tie)."""
+    lengths = (limits.max_prompt_length, limits.max_completion_length)
+    rows = normalize_rows(rows, "unpaired" if plan.data == UNPAIRED else "list")
+    tied = 0
+    if plan.pairs_from_lists:
+        rows, tied = list_rows_to_pairs(rows, plan.pairs_from_lists)
+    rows = [{**row, "id": f"train:{row['id']}"} for row in rows]
+    if plan.batches in (LISTS, UNPAIRED):
+        encode = completion_encoder(tokenizer, lengths, limits.requested, "completions" if plan.batches == LISTS
+                                    else "completion")  # fmt: skip
+    else:
+        encode = pair_encoder(tokenizer, *lengths, limits.requested)
+    kept, stats = encode_rows(rows, encode)
+    return kept, stats, tied

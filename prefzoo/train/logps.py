@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, text_config
+from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config
 from prefzoo.train.fastpath_head import fusable_head, head_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
@@ -206,7 +206,7 @@ def sequence_logps(
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
     causal: Any = unwrap_causal_lm(model)
-    router = router_aux and bool(getattr(text_config(causal.config), "output_router_logits", False))
+    router = router_aux and router_loss(causal.config)
     aux: Tensor | None = None
     if path == "model":
         logits, targets, row, col, lengths, aux = _model_forward(

@@ -14,13 +14,16 @@ iterative DPO).  Round ``r``:
 4. **train**: the samples become list rows ``{id, prompt, completions, scores}`` and reach the loss through the run's
    :class:`~prefzoo.train.shapes.ShapePlan` like offline lists do: list losses on all n, pairwise losses on the pairs
    of ``--pairs-from-lists``, unpaired losses on labels from ``desirable_threshold`` (default: above the prompt's
-   mean score is desirable, below undesirable, equal left out).  Tokenized and collated exactly as offline data.
+   mean score is desirable, below undesirable, equal left out).  Normalized, paired and tokenized by the row
+   functions offline data goes through (:func:`prefzoo.train.data.prepare_rows`: in memory, no ``datasets`` pass or
+   cache file per round), collated by the run's collator.
 
 The reference stays the starting policy (frozen copy, or the adapter-disabled policy with LoRA), computed for each
 generated completion as it is trained on.  The rows of every process are gathered after judging, so the main
 process writes the whole round into each checkpoint (``online.json``); a run resumed mid-round trains on the same
 rows from the same micro-batch as the uninterrupted run (a round that starts at the resumed step is sampled anew,
 from the restored weights).  Callbacks see ``on_generation_begin``/``on_generation_end``/``on_judged``.
+:class:`OnlineRounds` is the run's data source (:mod:`prefzoo.train.source`): the same loop as offline epochs.
 """
 
 from __future__ import annotations
@@ -270,10 +273,9 @@ class OnlineRounds:
 
     def batches(self, rows: list[dict[str, Any]], r: int) -> list[dict[str, Any]]:
         """This process's ``micro_per_round`` collated micro-batches of a round's rows (cycled when fewer)."""
-        import datasets
         import torch
 
-        from prefzoo.train.data import prepare_datasets
+        from prefzoo.train.data import prepare_rows
 
         cfg, acc = self.cfg, self.parts.accelerator
         mine = [{k: v for k, v in row.items() if k not in ("rank", "slot")}
@@ -287,12 +289,14 @@ class OnlineRounds:
                 f"round {r}: a process has no example to train on (every prompt skipped by the judge, or every sample "
                 "tied); raise --samples-per-prompt or --temperature, or check the judge"
             )
-        ds = datasets.Dataset.from_list(mine)
         plan = dataclasses.replace(self.plan, data=UNPAIRED if self.plan.batches == UNPAIRED else LISTS)
-        one = dataclasses.replace(cfg, eval_fraction=0.0, dataset_num_proc=None)
-        tok, _, _ = prepare_datasets(one, self.parts.tokenizer, ds, None, self.limits, plan)
-        if len(tok) == 0:
-            raise OnlineError(f"round {r}: no generated example survived tokenization; raise --max-new-tokens")
+        tok, stats, _ = prepare_rows(self.parts.tokenizer, mine, self.limits, plan)  # in memory: no datasets pass
+        if not tok:
+            raise OnlineError(
+                f"round {r}: no generated example survived tokenization ({stats.total} made, {stats.identical} with "
+                "identical completions, the rest with no completion token or no strict preference); raise "
+                "--max-new-tokens, --samples-per-prompt or --temperature"
+            )
         b = cfg.per_device_batch_size
         order = list(range(len(tok)))
         out: list[dict[str, Any]] = []
@@ -304,9 +308,10 @@ class OnlineRounds:
             out.append({key: (v.to(acc.device) if torch.is_tensor(v) else v) for key, v in batch.items()})
         return out
 
-    # -- the run -------------------------------------------------------------------------------------------------
-    def rounds(self, run: Any) -> Iterator[list[dict[str, Any]]]:
-        """The micro-batches of each round from the run's current step on (resumed mid-round: the saved rows)."""
+    # -- the run's data source (prefzoo.train.source) -----------------------------------------------------------
+    def chunks(self, run: Any) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(epoch, the micro-batches of each round) from the run's current step on (resumed mid-round: the saved
+        rows); the epoch counts passes over the prompts."""
         state = run.state
         every = self.cfg.online_every
         while state.global_step < run.parts.total_steps:
@@ -325,7 +330,11 @@ class OnlineRounds:
                 if not _zero3_enabled():
                     p = run.parts
                     run_self_check(p.policy, p.reference, batches[0], self.cfg.logps_fallback, p.accelerator.print)
-            yield batches[done * self.cfg.grad_accum :]
+            yield state.global_step // run.parts.steps_per_epoch + 1, batches[done * self.cfg.grad_accum :]
+
+    def pass_ended(self, state: Any) -> bool:
+        """A round ends a pass over the prompts when the step count reaches a multiple of the steps per pass."""
+        return state.global_step % state.steps_per_epoch == 0 or state.global_step >= state.total_steps
 
     def save(self, folder: Path) -> None:
         """Write the round in flight (its rows on every process) into a checkpoint folder."""

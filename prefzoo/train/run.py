@@ -131,38 +131,18 @@ class Run:
 
     # -- phases -------------------------------------------------------------------------------------------------
     def train(self, train_dataset: Any, eval_dataset: Any) -> TrainResult:
+        """Setup, then the source's chunks (:mod:`prefzoo.train.source`: offline epochs or on-policy rounds) through
+        the same steps; evaluation and ``on_epoch_end`` where a pass over the data ends."""
         self.setup(train_dataset, eval_dataset)
-        p, state = self.parts, self.state
-        if p.online is not None:
-            return self.train_online(p.online)
-        start_epoch = state.global_step // p.steps_per_epoch
-        skip = (state.global_step - start_epoch * p.steps_per_epoch) * self.cfg.grad_accum  # micro-batches seen
+        p, state, source = self.parts, self.state, self.parts.source
         self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
-        for epoch in range(start_epoch, p.num_epochs):
+        for epoch, batches in source.chunks(self):
             if self.done:
                 break
-            state.epoch = epoch + 1
-            p.train_dl.set_epoch(epoch)
-            batches = p.accelerator.skip_first_batches(p.train_dl, skip) if skip else p.train_dl
-            skip = 0
+            state.epoch = epoch
             if self.train_epoch(batches):
                 break
-            if p.eval_dl is not None:
-                self.evaluate()
-            self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
-            if not self.done and self.stop_requested():
-                break
-        return self.finish()
-
-    def train_online(self, online: Any) -> TrainResult:
-        """On-policy rounds (:mod:`prefzoo.train.online`): sample, judge, then the round's steps; evaluation at the end
-        of each pass over the prompts."""
-        p, state = self.parts, self.state
-        for batches in online.rounds(self):
-            state.epoch = state.global_step // p.steps_per_epoch + 1
-            if self.done or self.train_epoch(batches):
-                break
-            if state.global_step % p.steps_per_epoch == 0 or state.global_step >= p.total_steps:
+            if source.pass_ended(state):
                 if p.eval_dl is not None:
                     self.evaluate()
                 self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
@@ -419,9 +399,8 @@ class Run:
         return saved
 
     def _save_files(self, folder: Path) -> None:
-        """Main process, a checkpoint's files written and its marker not yet: the online round, the callbacks' files."""
-        if self.parts.online is not None:
-            self.parts.online.save(folder)
+        """Main process, a checkpoint's files written and its marker not yet: the data source's, the callbacks'."""
+        self.parts.source.save(folder)
         self.callbacks.call("on_save_files", self.state, folder)
 
     def _save_shards(self, tmp: Path) -> None:

@@ -49,6 +49,7 @@ from prefzoo.train.reference import (
 )
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
+from prefzoo.train.source import EpochBatches
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need, Shape
 
@@ -78,7 +79,7 @@ class Parts:
     total_steps: int
     num_epochs: int
     collate: Any = None  # the collator of the batches' shape
-    online: Any = None  # OnlineRounds of an on-policy run (--online), else None
+    source: Any = None  # where the micro-batches come from: EpochBatches, or OnlineRounds (--online)
     resume_path: Path | None = None  # the checkpoint this run resumed from
     start_step: int = 0  # optimizer steps already done (resume)
     start_skipped: int = 0  # skipped steps already counted (resume)
@@ -200,15 +201,13 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage, fsdp=fsdp,
     )  # fmt: skip
     parts.collate = collate
-    if prompts is not None:
-        parts.online = _online_rounds(cfg, parts, prompts, judge, plan)
+    parts.source = EpochBatches(parts) if prompts is None else _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
     if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
         accelerator.register_for_checkpointing(loss)
     if resume_path is not None:
         _resume(parts, resume_path, resume_info)
-        if parts.online is not None:
-            parts.online.load(resume_path)
+        parts.source.load(resume_path)
     if cfg.skip_batches:
         done = resume_info.get("skip_batches")  # the same skip, already applied before this checkpoint
         same = isinstance(done, list) and len(done) == 2 and done[1] == cfg.skip_batches and done[0] < parts.start_step
@@ -304,18 +303,12 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
         unavailable = "on-policy data"
     elif cfg.deepspeed or cfg.fsdp:
         unavailable = "not measured under --deepspeed/--fsdp: force with on"
-    from prefzoo.train.arch import shared_prompt_refusal
+    from prefzoo.train.arch import model_capabilities
     from prefzoo.train.logps import unwrap_causal_lm
 
-    causal: Any = unwrap_causal_lm(lm)
-    if unavailable is None and getattr(causal.config, "output_router_logits", False):
-        # the load-balancing loss is a mean over the tokens the decoder sees: sharing the prompt or packing changes
-        # that set (prompt tokens once, no padding), so the objective itself would change, not only its cost
-        unavailable = "the MoE router loss counts the plain batch's tokens: force with on"
-    impl = getattr(causal.config, "_attn_implementation", "sdpa") or "sdpa"
-    refusal = shared_prompt_refusal(causal.get_decoder(), causal.config, "the fast paths")
-    if impl not in ("sdpa", "eager"):
-        refusal = f"{impl} attention takes no 4-D mask"
+    caps = model_capabilities(unwrap_causal_lm(lm))  # declared by the architecture (prefzoo.train.arch)
+    unavailable = unavailable or caps.fast_path_block()
+    refusal = caps.custom_mask_refusal
     return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import torch
+
+from tests.distributed._spawn import save_on_main, shard_accelerator
 
 F64 = torch.float64
 N = 9  # split as 1 + 8 (2 ranks)
@@ -42,22 +42,8 @@ def single_process() -> dict[str, torch.Tensor]:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """torch.multiprocessing.spawn target: this rank's shard of the uneven split, the production gather."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    from accelerate import Accelerator
-
-    from prefzoo.testing import split_sizes
-    from prefzoo.train.distributed import make_gather
-
-    acc = Accelerator(cpu=True)
-    hook = make_gather(acc)
-    sizes = split_sizes(N, world)
-    start = sum(sizes[:rank])
-    res = shard_results(slice(start, start + sizes[rank]), hook)
-    gathered = {k: hook(v) for k, v in res.items()}  # per-pair results in rank order; every rank's state
-    if acc.is_main_process:
-        torch.save({"type": str(acc.distributed_type), "sizes": sizes, "res": gathered},
-                   os.path.join(out_dir, f"beta_dpo_{world}.pt"))
-    acc.wait_for_everyone()
+    """_spawn.spawn target: this rank's shard of the uneven split, the production gather."""
+    acc, hook, sl, sizes = shard_accelerator(rank, world, port, N)
+    gathered = {k: hook(v) for k, v in shard_results(sl, hook).items()}  # per-pair results in rank order; every state
+    save_on_main(acc, os.path.join(out_dir, f"beta_dpo_{world}.pt"),
+                 {"type": str(acc.distributed_type), "sizes": sizes, "res": gathered})  # fmt: skip

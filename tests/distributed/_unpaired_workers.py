@@ -1,16 +1,17 @@
 """Worker side of tests/distributed/test_unpaired_gather.py: the unpaired losses on rank shards, production gather.
 
 Each spawned rank builds an ``Accelerator(cpu=True)`` (MULTI_CPU on gloo, from the RANK/WORLD_SIZE environment
-that ``accelerate launch`` would set) and uses prefzoo.train.distributed.make_gather, the hook the trainer passes.
+that ``accelerate launch`` would set: tests/distributed/_spawn.py) and uses prefzoo.train.distributed.make_gather,
+the hook the trainer passes.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import torch
+
+from tests.distributed._spawn import save_on_main, shard_accelerator
 
 F64 = torch.float64
 N = 11  # split as 1 + 10 (2 ranks), 1 + 4 + 3 + 3 (4 ranks)
@@ -54,23 +55,10 @@ def single_process() -> dict[str, dict[str, torch.Tensor]]:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """torch.multiprocessing.spawn target: this rank's shard of the uneven split, the production gather."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    from accelerate import Accelerator
-
-    from prefzoo.testing import split_sizes
-    from prefzoo.train.distributed import make_gather
-
-    acc = Accelerator(cpu=True)
-    hook = make_gather(acc)
-    sizes = split_sizes(N, world)
-    start = sum(sizes[:rank])
-    res = shard_results(slice(start, start + sizes[rank]), hook)
+    """_spawn.spawn target: this rank's shard of the uneven split, the production gather."""
+    acc, hook, sl, sizes = shard_accelerator(rank, world, port, N)
+    res = shard_results(sl, hook)
     # per-example results in rank order; the points (z₀, δ) and BCO's state of EVERY rank, to see that they agree
     gathered = {name: {k: hook(v) for k, v in d.items()} for name, d in res.items()}
-    if acc.is_main_process:
-        torch.save({"world": world, "type": str(acc.distributed_type), "sizes": sizes, "res": gathered},
-                   os.path.join(out_dir, f"unpaired_{world}.pt"))
-    acc.wait_for_everyone()
+    save_on_main(acc, os.path.join(out_dir, f"unpaired_{world}.pt"),
+                 {"world": world, "type": str(acc.distributed_type), "sizes": sizes, "res": gathered})  # fmt: skip

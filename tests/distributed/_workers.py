@@ -103,13 +103,13 @@ def single_process(b: int) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """torch.multiprocessing.spawn target: uneven shards and equal shards, gloo all-gather, all-reduce of gradients."""
+    """_spawn.spawn target: uneven shards and equal shards, gloo all-gather, all-reduce of gradients."""
     import torch.distributed as dist
 
     from prefzoo.testing import gloo_gather, split_sizes
+    from tests.distributed._spawn import init_gloo
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_gloo(rank, world, port)
     try:
         result = {}
         for kind, b, sizes in (("uneven", B_UNEVEN, split_sizes(B_UNEVEN, world)),

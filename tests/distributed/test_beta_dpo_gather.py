@@ -6,26 +6,18 @@ losses and gradients equal one process's, and every rank ends with the single pr
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from tests.distributed import _beta_dpo_worker as W
+from tests.distributed._spawn import spawn
 
 pytestmark = pytest.mark.distributed
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_beta_dpo_on_two_gloo_processes_equals_one(tmp_path, monkeypatch):
+def test_beta_dpo_on_two_gloo_processes_equals_one(tmp_path):
     pytest.importorskip("accelerate")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.multiprocessing.spawn(W.worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(W.worker, 2, str(tmp_path))
     out = torch.load(tmp_path / "beta_dpo_2.pt")
     assert "MULTI_CPU" in out["type"] and out["sizes"] == [1, 8], out
     want = W.single_process()

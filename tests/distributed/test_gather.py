@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -22,16 +21,11 @@ import pytest
 import torch
 
 from tests.distributed import _workers as W
+from tests.distributed._spawn import free_port, spawn
 
 pytestmark = pytest.mark.distributed
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORLDS = [int(w) for w in os.environ.get("PREFZOO_DIST_WORLDS", "2,4").split(",") if w]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _compare(res, ref, tol=1e-10, check_mean=False):
@@ -44,9 +38,8 @@ def _compare(res, ref, tol=1e-10, check_mean=False):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_gloo_shards_equal_single_process(world, tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.multiprocessing.spawn(W.gloo_worker, args=(world, _port(), str(tmp_path)), nprocs=world, join=True)
+def test_gloo_shards_equal_single_process(world, tmp_path):
+    spawn(W.gloo_worker, world, str(tmp_path))
     out = torch.load(tmp_path / f"gloo_{world}.pt")
     assert out["uneven"]["sizes"][0] == 1 and sum(out["uneven"]["sizes"]) == W.B_UNEVEN
     assert len(set(out["uneven"]["sizes"])) > 1 or world == 2
@@ -71,7 +64,7 @@ def test_accelerate_gather_multi_cpu(world, tmp_path):
     exe = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or shutil.which("accelerate")
     if exe is None:
         pytest.skip("accelerate is not installed (the [train] extra)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "MASTER_PORT": str(_port())}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "MASTER_PORT": str(free_port())}
     cmd = [exe, "launch", "--multi_gpu", "--num_processes", str(world), "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", env["MASTER_PORT"],
            os.path.join(ROOT, "tests", "distributed", "_workers.py"), str(tmp_path)]

@@ -9,28 +9,21 @@ the same δ at every step and the same BCO state afterwards.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 
 from tests.distributed import _unpaired_workers as W
+from tests.distributed._spawn import spawn
 
 pytestmark = pytest.mark.distributed
 WORLDS = [int(w) for w in os.environ.get("PREFZOO_DIST_WORLDS", "2,4").split(",") if w]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", WORLDS)
-def test_unpaired_losses_on_uneven_gloo_shards_equal_one_process(world, tmp_path, monkeypatch):
+def test_unpaired_losses_on_uneven_gloo_shards_equal_one_process(world, tmp_path):
     pytest.importorskip("accelerate")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.multiprocessing.spawn(W.worker, args=(world, _port(), str(tmp_path)), nprocs=world, join=True)
+    spawn(W.worker, world, str(tmp_path))
     out = torch.load(tmp_path / f"unpaired_{world}.pt")
     assert "MULTI_CPU" in out["type"] and out["sizes"][0] == 1 and sum(out["sizes"]) == W.N, out
     ref = W.single_process()

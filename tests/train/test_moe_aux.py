@@ -98,3 +98,48 @@ def test_one_training_step_adds_coef_times_aux(tmp_path, pairs_file):
         ).aux_loss
     assert logged["aux_loss"] == pytest.approx(COEF * float(own), rel=1e-5, abs=1e-6)
     assert logged["loss"] == pytest.approx(math.log(2) + COEF * float(own), rel=1e-5, abs=1e-6)
+
+
+def _composite(model, router: bool):
+    """``model`` seen through a multimodal-style config: the MoE flag on its text part only, as
+    ``config.get_text_config()`` returns it (the top level has no output_router_logits)."""
+    from types import SimpleNamespace
+
+    text = model.config
+    text.output_router_logits = router
+    config = SimpleNamespace(get_text_config=lambda *a, **k: text, model_type=text.model_type,
+                             _attn_implementation="eager")  # fmt: skip
+    return SimpleNamespace(config=config, get_decoder=model.get_decoder)
+
+
+def test_router_loss_is_a_declared_capability_of_the_architecture():
+    from prefzoo.train.arch import model_capabilities
+
+    model = _moe("mixtral")
+    assert model_capabilities(model).router_loss and model_capabilities(model).fast_path_block()
+    model.config.output_router_logits = False
+    assert not model_capabilities(model).router_loss and model_capabilities(model).fast_path_block() is None
+    assert model_capabilities(_composite(model, True)).router_loss  # read where the architecture's forward reads it
+    assert not model_capabilities(_composite(model, False)).router_loss
+
+
+def test_auto_fast_paths_read_the_router_capability():
+    """Prompt-heavy pairs turn prompt sharing on, unless the model declares a router loss in the objective."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from prefzoo.data.shapes import PAIRS
+    from prefzoo.train.setup import _fast_paths
+    from prefzoo.train.shapes import ShapePlan
+
+    cfg = SimpleNamespace(deepspeed=None, fsdp=False, share_prompt="auto", packing="auto", group_by_length="auto",
+                          per_device_batch_size=2, seed=0)  # fmt: skip
+    loss = SimpleNamespace(spec=SimpleNamespace(batch_coupled=False))
+    pairs = datasets.Dataset.from_dict({"prompt_ids": [[1] * 20] * 4, "chosen_ids": [[2] * 3] * 4,
+                                        "rejected_ids": [[3] * 3] * 4})  # fmt: skip
+    model = build_tiny("mixtral")
+    plain = _fast_paths(cfg, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, False))
+    assert plain.share_prompt, plain.line()
+    moe = _fast_paths(cfg, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, True))
+    assert not (moe.share_prompt or moe.packing or moe.group_by_length) and "MoE router loss" in moe.line()

@@ -16,6 +16,7 @@ import torch
 import prefzoo
 from prefzoo.eval import judges as J
 from prefzoo.registry import list_losses, loss_spec
+from prefzoo.train import Callback
 from prefzoo.train.online import OnlineError, rows_to_unpaired
 from prefzoo.types import Shape
 from tests.train.helpers import base_config, max_param_diff, run_inprocess, run_processes
@@ -179,3 +180,101 @@ def test_two_processes_equal_one_with_same_global_batch(task: Any, prompts_file:
     assert max_param_diff(two["params"], one["params"]) < 1e-5
     for a, b in zip(two["history"], one["history"], strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-5
+
+
+class Phases(Callback):
+    """The loop's phases a run passes through, with the step and epoch it was at (hooks every run calls)."""
+
+    HOOKS = ("on_train_begin", "on_step_begin", "on_batch", "on_before_optimizer_step", "on_step_end", "on_log",
+             "on_save_files", "on_save", "on_evaluate", "on_epoch_end", "on_train_end")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        for hook in self.HOOKS:
+            setattr(self, hook, lambda state, *_, hook=hook: self.calls.append((hook, state.global_step, state.epoch)))
+
+
+def test_offline_and_online_runs_go_through_the_same_loop(task: Any, tmp_path: Path) -> None:
+    # 8 distinct prompts, 4 per step: 2 steps per pass; 3 steps cross a pass end (step 2) and end mid-pass (step 3)
+    rows = list({r["prompt"]: r for r in task.train}.values())[:8]
+    pairs, prompts = tmp_path / "pairs.jsonl", tmp_path / "prompts.jsonl"
+    pairs.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "chosen", "rejected")}) + "\n" for r in rows))
+    prompts.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows))
+    kw: dict[str, Any] = dict(max_steps=3, save_steps=1, logging_steps=2)
+    seen = {}
+    for name, cfg in (("offline", {**online(task, pairs, tmp_path / "off", **kw), "online": False}),
+                      ("online", online(task, prompts, tmp_path / "on", **kw))):  # fmt: skip
+        rec = Phases()
+        run_inprocess(cfg, callbacks=[rec])
+        seen[name] = rec.calls
+    assert seen["online"] == seen["offline"]
+    ends = [(step, epoch) for hook, step, epoch in seen["online"] if hook == "on_epoch_end"]
+    assert ends == [(2, 1), (3, 2)]  # the pass over the prompts ends at step 2; the run ends in the second
+
+
+def test_a_round_is_prepared_in_memory_without_datasets(task: Any, prompts_file: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import datasets
+
+    calls: list[str] = []
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    files: list[set[Path]] = []  # cache files after setup, at the end
+
+    class Spy(Callback):  # every datasets pass and cache file after the run's setup is counted
+        def on_train_begin(self, state: Any) -> None:
+            files.append(set(cache.rglob("cache-*.arrow")))
+            for cls, name in ((datasets.Dataset, "map"), (datasets.Dataset, "filter"), (datasets.Dataset, "from_list"),
+                              (datasets.Dataset, "from_dict")):  # fmt: skip
+                real = getattr(cls, name)
+
+                def spy(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
+                    calls.append(_name)
+                    return _real(*a, **k)
+
+                monkeypatch.setattr(cls, name, spy)
+
+        def on_train_end(self, state: Any) -> None:
+            files.append(set(cache.rglob("cache-*.arrow")))
+
+    for loss, kw in (("mml", {}), ("dpo", {"pairs_from_lists": "best-worst"}), ("kto", {})):
+        run_inprocess(online(task, prompts_file, tmp_path / loss, loss=loss, max_steps=2, **kw), callbacks=[Spy()])
+        monkeypatch.undo()
+    assert calls == []  # 2 rounds each of lists, pairs from lists and unpaired examples: not one datasets pass
+    assert len(files) == 6 and files[0::2] == files[1::2]  # no cache file written during the rounds
+
+
+def _rows() -> list[dict[str, Any]]:
+    """Judged lists as a round makes them: distinct, tied, identical and over-long completions."""
+    return [
+        {"id": "r0:p0", "prompt": "12+7=", "completions": ["19", "18", "1"], "scores": [2.0, 1.0, 0.0]},
+        {"id": "r0:p1", "prompt": "3+4=", "completions": ["7", "7"], "scores": [1.0, 1.0]},  # identical: dropped
+        {"id": "r0:p2", "prompt": "5+5=", "completions": ["10", "11"], "scores": [0.5, 0.5]},  # tied: no pair
+        {"id": "r0:p3", "prompt": "40+2=", "completions": ["42 and more", "4"], "scores": [1.0, 0.0]},  # truncated
+    ]
+
+
+@pytest.mark.parametrize("how", ["lists", "best-worst", "all-pairs", "unpaired"])
+def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
+    import dataclasses
+
+    import datasets
+
+    from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED
+    from prefzoo.train.context import ContextLimits
+    from prefzoo.train.data import prepare_datasets, prepare_rows
+    from prefzoo.train.shapes import ShapePlan
+
+    tok = task.load_tokenizer()
+    rows = _rows()
+    plan = {"lists": ShapePlan(LISTS, LISTS), "unpaired": ShapePlan(UNPAIRED, UNPAIRED, kl=True)}.get(
+        how, ShapePlan(LISTS, PAIRS, pairs_from_lists=how))
+    if how == "unpaired":
+        rows = rows_to_unpaired(rows, None)
+    limits = ContextLimits(8, 3, (8, 4), 64, "test")  # completions cut at 3 tokens; 4 asked for
+    cfg = types.SimpleNamespace(eval_fraction=0.0, seed=0, dataset_num_proc=None, format=None)
+    want, _, stats = prepare_datasets(cfg, tok, datasets.Dataset.from_list(rows), None, limits, plan)
+    got, got_stats, tied = prepare_rows(tok, rows, limits, plan)
+    assert got == list(want) and len(got) > 0
+    assert {**dataclasses.asdict(got_stats), **({"tied_lists": tied} if tied else {})} == {
+        k: v for k, v in stats["train"].items() if k != "format"}
+    assert got_stats.completion_truncated > 0 and (got_stats.identical > 0 or how == "unpaired" or tied > 0)
