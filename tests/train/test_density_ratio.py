@@ -57,7 +57,7 @@ def _trl_weights(lm: Any, prompts: list[list[int]], labels: torch.Tensor, lo: fl
     return torch.where(labels, torch.ones_like(weight), weight)
 
 
-@pytest.mark.parametrize(("lo", "hi"), [(0.5, 10.0), (0.9, 1.1)])
+@pytest.mark.parametrize(("lo", "hi"), [(0.5, 10.0), pytest.param(0.9, 1.1, marks=pytest.mark.slow)])
 def test_trained_bco_gets_trls_density_ratio_weights(tmp_path, tiny_dir, capsys, lo, hi):
     """One epoch of 16 examples (sample ≥ data: the classifier sees every prompt, as the transcription does)."""
     from transformers import AutoModelForCausalLM
