@@ -112,3 +112,18 @@ def test_density_ratio_is_off_by_default_as_in_trl():
     assert (cfg.density_ratio, cfg.density_ratio_prompts, cfg.min_density_ratio, cfg.max_density_ratio) == (
         False, 1024, 0.5, 10.0)  # fmt: skip
     assert TrainConfig.from_dict({"prompt_sample_size": 64}).density_ratio_prompts == 64  # TRL's name accepted
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_with_density_ratio_weights(tmp_path, tiny_dir):
+    """torchrun, 2 gloo ranks × 2 examples = 1 process × 4: the fit (gathered sample) and each rank's weights."""
+    from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
+
+    data = write_jsonl(tmp_path / "u.jsonl", make_unpaired(16))
+    kw = dict(loss="bco", density_ratio=True, max_steps=2)
+    two = run_processes(base_config(tiny_dir, data, tmp_path / "two", per_device_batch_size=2, **kw), 2)
+    one = run_inprocess(base_config(tiny_dir, data, tmp_path / "one", per_device_batch_size=4, **kw))
+    assert max_param_diff(two["params"], params_of(one.model)) < 1e-6
+    got = [h["loss/bco/density_ratio_weight"] for h in two["history"] if "loss/bco/density_ratio_weight" in h]
+    want = [h["loss/bco/density_ratio_weight"] for h in one.history if "loss/bco/density_ratio_weight" in h]
+    assert got == pytest.approx(want, abs=1e-6) and len(got) == 2
