@@ -57,18 +57,9 @@ def fit(accelerator, gather) -> torch.Tensor:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """torch.multiprocessing.spawn target: this rank's fit; rank 0 saves every rank's (w, b)."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-    torch.set_num_threads(1)
-    from accelerate import Accelerator
+    """``tests.distributed._spawn.spawn`` target: this rank's fit; the main rank saves every rank's (w, b)."""
+    from tests.distributed._spawn import save_on_main, shard_accelerator
 
-    from prefzoo.train.distributed import make_gather
-
-    acc = Accelerator(cpu=True)
-    hook = make_gather(acc)
-    theta = fit(acc, hook)
-    every = hook(theta.unsqueeze(0))  # (P, D + 1)
-    if acc.is_main_process:
-        torch.save({"type": str(acc.distributed_type), "theta": every}, os.path.join(out_dir, f"fit_{world}.pt"))
-    acc.wait_for_everyone()
+    acc, hook, _, _ = shard_accelerator(rank, world, port, N_DESIRABLE + N_UNDESIRABLE)
+    every = hook(fit(acc, hook).unsqueeze(0))  # (P, D + 1)
+    save_on_main(acc, os.path.join(out_dir, f"fit_{world}.pt"), {"type": str(acc.distributed_type), "theta": every})

@@ -6,32 +6,20 @@ A rank fitting on its own share alone gets another classifier: the comparison ca
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from tests.distributed import _density_ratio_worker as W
+from tests.distributed._spawn import spawn
 
 pytestmark = pytest.mark.distributed
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world: int, tmp_path) -> dict:
-    torch.multiprocessing.spawn(W.worker, args=(world, _port(), str(tmp_path)), nprocs=world, join=True)
-    return torch.load(tmp_path / f"fit_{world}.pt")
-
-
-def test_two_ranks_fit_the_one_process_classifier(tmp_path, monkeypatch):
+def test_two_ranks_fit_the_one_process_classifier(tmp_path):
     pytest.importorskip("accelerate")
     pytest.importorskip("datasets")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    two = _spawn(2, tmp_path)
+    spawn(W.worker, 2, str(tmp_path))
+    two = torch.load(tmp_path / "fit_2.pt")
     one = W.fit(W.OneProcess(), lambda t: t)
     assert "MULTI_CPU" in two["type"] and two["theta"].shape[0] == 2
     assert torch.equal(two["theta"][0], two["theta"][1])  # every rank: the same classifier, bit for bit
