@@ -252,6 +252,9 @@ class LossSpec:
     permutation_equivariant: bool | Callable[[Any], bool] = True
     shapes: frozenset[Shape] = PAIRS_ONLY  # batch types fn takes: PAIR PreferenceBatch, LIST GroupBatch, UNPAIRED ...
     initial_state: Callable[[Any], LossState] | None = None  # stateful losses: params -> the state before step one
+    # UNPAIRED: each example's loss is multiplied by UnpairedBatch.density_ratio_weights when given (BCO's
+    # underlying-distribution matching); the trainer computes them with --density-ratio, only for such a loss
+    density_ratio_weights: bool = False
     # L depends on a pair only through β·Δ (+ terms free of log π), Δ = s_w − s_l with s = log π − log π_ref (log π
     # without a reference), β the parameter `beta`: a target margin m enters as β·Δ − m (maybe per params)
     reward_difference: bool | Callable[[Any], bool] = False
@@ -382,6 +385,11 @@ class Loss:
             want = " or ".join(_BATCH_NAMES[x] for x in sorted(self.spec.shapes, key=lambda x: x.value))
             hint = _SHAPE_HINT.get((shape, frozenset(self.spec.shapes)), "")
             raise PreferenceBatchError(f"loss {self.name!r} takes a prefzoo.{want}, got {type(batch).__name__}{hint}")
+        if getattr(batch, "density_ratio_weights", None) is not None and not self.spec.density_ratio_weights:
+            raise PreferenceBatchError(
+                f"loss {self.name!r} does not use density-ratio weights (LossSpec.density_ratio_weights), but "
+                "UnpairedBatch.density_ratio_weights is set: drop them (or --density-ratio)"
+            )
         fields_of = NEED_FIELDS if isinstance(batch, PreferenceBatch) else type(batch).NEED_FIELDS
         kind = type(batch).__name__
         for need in self.needs:

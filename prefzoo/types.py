@@ -452,10 +452,13 @@ class UnpairedBatch:
     policy_token_logps: Tensor | None = None  # (N, T) log π_θ(y_t | x, y_<t), 0 at padding
     token_entropies: Tensor | None = None  # (N, T) H(π_θ(·| x, y_<t)), differentiable
     token_mask: Tensor | None = None  # (N, T) bool, True on completion tokens
+    # (N,) BCO's density-ratio weight of each example (1 desirable, clamped p(x|D)/p(x|U) undesirable), constant; set
+    # by the trainer's --density-ratio for a loss declaring LossSpec.density_ratio_weights; None: unweighted
+    density_ratio_weights: Tensor | None = None
     example_ids: tuple[str, ...] | None = field(default=None, compare=False)  # (N,)
 
     FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "ref_logps", "kl_policy_logps", "kl_ref_logps",
-                                               "policy_token_logps", "token_entropies")
+                                               "policy_token_logps", "token_entropies", "density_ratio_weights")
     GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
     NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
         Need.REFERENCE: ("ref_logps",),
@@ -473,10 +476,15 @@ class UnpairedBatch:
         n = ref.shape[0]
         if self.labels is None:
             raise err("UnpairedBatch.labels is required: one bool per completion, True = desirable")
-        for name in ("policy_logps", "labels", "ref_logps", "lengths", "kl_policy_logps", "kl_ref_logps"):
+        for name in ("policy_logps", "labels", "ref_logps", "lengths", "kl_policy_logps", "kl_ref_logps",
+                     "density_ratio_weights"):
             t = getattr(self, name)
             if t is not None:
                 _check_values(kind, err, name, _check_field(kind, err, name, t, (n,), ref, "(N,)"), None, "")
+        w = self.density_ratio_weights
+        if w is not None and bool((w < 0).any()):
+            raise err(f"UnpairedBatch.density_ratio_weights[{int(torch.nonzero(w < 0)[0, 0])}] is negative: "
+                      "density-ratio weights are >= 0")
         _check_token_fields(self, kind, err, (n,), f"N = {n}", "(N, T)")
         if self.example_ids is not None and len(self.example_ids) != n:
             raise err(f"UnpairedBatch.example_ids has {len(self.example_ids)} ids for N = {n}")

@@ -7,11 +7,12 @@ With the log-ratio of completion i, ρ_i = log π_θ(y_i|x_i) − log π_ref(y_i
   mismatched (KL) completions y' of the whole gathered batch.
 * ``apo-zero-unpaired`` (TRL 1.16 KTOTrainer, loss_type="apo_zero_unpaired"): z₀ = 0 and no KL completions:
   desirable λ_D·(1 − σ(βρ)), undesirable λ_U·σ(βρ).
-* ``bco`` (TRL's BCOTrainer; its density-ratio weighting is :mod:`prefzoo.losses.density_ratio`): desirable
-  −log σ(βρ − δ), undesirable −log σ(−(βρ − δ)), where δ is the running mean of every implicit reward β·ρ seen in
-  training so far.  δ is the loss's *state* (:attr:`prefzoo.LossSpec.initial_state`): it advances once per training
-  call, from the rewards of the whole gathered batch, so every process holds the same δ; ``Loss.state_dict()``
-  carries it into checkpoints.
+* ``bco`` (TRL's BCOTrainer): desirable −log σ(βρ − δ), undesirable −log σ(−(βρ − δ)), where δ is the running mean
+  of every implicit reward β·ρ seen in training so far.  δ is the loss's *state*
+  (:attr:`prefzoo.LossSpec.initial_state`): it advances once per training call, from the rewards of the whole gathered
+  batch, so every process holds the same δ; ``Loss.state_dict()`` carries it into checkpoints.  With
+  ``UnpairedBatch.density_ratio_weights`` (the trainer's ``--density-ratio``: BCO's underlying-distribution matching,
+  :mod:`prefzoo.losses.density_ratio`) each example's loss is multiplied by its weight, as TRL's ``bco_loss`` does.
 
 z₀ and δ are constants (no gradient flows through them), as in TRL.
 """
@@ -121,7 +122,12 @@ def bco_loss(batch: UnpairedBatch, p: BCOParams, ctx: LossContext) -> LossOutput
     delta = state["delta"].to(r)  # ()
     sign = torch.where(batch.labels, r.new_tensor(1.0), r.new_tensor(-1.0))  # (N,) +1 desirable, −1 undesirable
     losses = F.softplus(-sign * (r - delta))  # −log σ(s·(r − δ))
-    out = _output(batch, losses, delta, p.beta, **{"bco/delta": delta.detach()})
+    metrics = {"bco/delta": delta.detach()}
+    if batch.density_ratio_weights is not None:  # UDM: w = 1 desirable, clamp(p(x|D)/p(x|U)) undesirable, constant
+        w = batch.density_ratio_weights.detach().to(losses)  # (N,)
+        losses = w * losses
+        metrics["bco/density_ratio_weight"] = w.mean()
+    out = _output(batch, losses, delta, p.beta, **metrics)
     out.state = state
     return out
 
@@ -176,15 +182,19 @@ def prefzoo_register_losses() -> list[LossSpec]:
             needs=frozenset({Need.REFERENCE}),
             batch_coupled=True,
             initial_state=bco_initial_state,
+            density_ratio_weights=True,
             description="Binary Classifier Optimization: a logistic classifier of desirable vs undesirable on the "
             "implicit reward, shifted by δ, the running mean of the rewards of every training batch (gathered over "
             "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
             "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
-            notes="TRL's underlying-distribution matching (a density-ratio classifier on prompt embeddings that "
-            "reweights undesirable examples) is prefzoo.losses.density_ratio: DensityRatioClassifier.fit on "
-            "desirable/undesirable prompt embeddings (default embedding: prefzoo.train.prompt_embedding, mean-pooled "
-            "hidden states), then losses × udm_weights(prob, labels); the trainer does not apply it yet. δ is kept "
-            "in float64 (TRL: float32).",
+            notes="TRL's underlying-distribution matching is `prefzoo train --density-ratio` (off by default, as in "
+            "TRL, where it needs an embedding_func): at the start the trainer embeds a seeded sample of up to "
+            "--density-ratio-prompts desirable and as many undesirable prompts (mean-pooled last hidden states of "
+            "the frozen reference), fits prefzoo.losses.density_ratio.DensityRatioClassifier (sklearn's balanced "
+            "LogisticRegression, in torch) on the embeddings gathered from every process, and passes each batch's "
+            "weights 1 (desirable) and clamp(P/(1 − P + 1e-8), --min-density-ratio, --max-density-ratio) "
+            "(undesirable) in UnpairedBatch.density_ratio_weights; the loss multiplies each example's loss by its "
+            "weight. δ is kept in float64 (TRL: float32).",
             **common,
         ),
     ]

@@ -147,6 +147,7 @@ def batches_for(spec: LossSpec, shape: Shape = Shape.PAIR, **kw: Any) -> st.Sear
         return group_batches(**kw)
     if shape is Shape.UNPAIRED:
         kw.setdefault("kl", True if Need.KL_REFERENCE in spec.needs else None)
+        kw.setdefault("density_ratio", None if spec.density_ratio_weights else False)
         return unpaired_batches(**kw)
     kw.setdefault("ref_token_level", Need.REF_TOKEN_LOGPS in spec.needs)
     kw.setdefault("token_sq_probs", Need.TOKEN_SQUARED_PROBS in spec.needs)
@@ -303,10 +304,12 @@ def unpaired_batches(
     token_level: bool | None = False,
     logp_min: float = LOGP_MIN,
     requires_grad: bool = False,
+    density_ratio: bool | None = False,
 ) -> UnpairedBatch:
     """An UnpairedBatch of 1..64 labelled completions (all-desirable and all-undesirable batches included).
 
     ``kl``: the mismatched-pair log-probs of KTO's reference point.  Policy equal to reference is drawn on purpose.
+    ``density_ratio``: BCO's density-ratio weights, 1 on desirable and in [0.25, 10] on undesirable examples.
     """
     n = draw(st.integers(min_size, max_size), label="N")
     dtype = _as_dtype(draw(st.sampled_from(dtypes), label="dtype"))
@@ -342,4 +345,10 @@ def unpaired_batches(
         fields["policy_token_logps"] = lp.to(dtype).requires_grad_(requires_grad)
         fields["token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
         fields["token_mask"] = tmask
+    if density_ratio is None:
+        density_ratio = draw(st.booleans(), label="with_density_ratio")
+    if density_ratio:  # multiples of 1/8: exact in bfloat16 too
+        eighths = st.lists(st.integers(2, 80), min_size=n, max_size=n)
+        w = torch.tensor(draw(eighths, label="density_ratio_weights_x8"), dtype=torch.float64) / 8
+        fields["density_ratio_weights"] = torch.where(labels, torch.ones_like(w), w).to(dtype)
     return UnpairedBatch(policy_logps=pol.to(dtype).requires_grad_(requires_grad), labels=labels, **fields)

@@ -63,6 +63,9 @@ TRL_OPTIONS: dict[str, TRLOption] = {
     "save_only_model": TRLOption("save_only_model"),
     "lr_scheduler_type": TRLOption("lr_scheduler_type"),
     "warmup_steps": TRLOption("warmup_steps"),
+    "prompt_sample_size": TRLOption("density_ratio_prompts"),
+    "min_density_ratio": TRLOption("min_density_ratio"),
+    "max_density_ratio": TRLOption("max_density_ratio"),
     # not the same meaning: what to write instead
     "beta": TRLOption(
         instead="--loss-param beta=VALUE (YAML: loss_params: {beta: VALUE}); β is a parameter of the loss"

@@ -40,17 +40,27 @@ def preference_batch(loss: Loss, policy: Any, reference: Any, batch: dict[str, A
 
 
 def batch_fields(
-    loss: Loss, policy: Any, reference: Any, batch: dict[str, Any], autocast: Any, stats: dict[str, Any] | None = None
+    loss: Loss,
+    policy: Any,
+    reference: Any,
+    batch: dict[str, Any],
+    autocast: Any,
+    stats: dict[str, Any] | None = None,
+    density_ratio: Any = None,
 ) -> dict[str, Any]:
     """The PreferenceBatch fields of a collated batch (not yet validated: the step checks finiteness first).
 
     ``reference(batch) -> (ref_chosen_logps (B,), ref_rejected_logps (B,))`` or None for reference-free losses.
     ``stats``, when given, receives ``logits_sum_chosen``/``logits_sum_rejected`` (B,) for the logits metrics.
+    ``density_ratio(batch) -> (N,)``, when given (``--density-ratio``), the unpaired rows' density-ratio weights.
     """
     if "group_mask" in batch:
         return _group_fields(loss, policy, reference, batch, autocast)
     if "labels" in batch:
-        return _unpaired_fields(loss, policy, reference, batch, autocast)
+        rows = _unpaired_fields(loss, policy, reference, batch, autocast)
+        if density_ratio is not None:
+            rows["density_ratio_weights"] = density_ratio(batch)  # (N,) constants
+        return rows
     want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
     want_sq, want_ref_tokens = Need.TOKEN_SQUARED_PROBS in loss.needs, Need.REF_TOKEN_LOGPS in loss.needs
     out = policy(

@@ -40,6 +40,10 @@ class TrainConfig:
     format: str | None = None  # plain|conversational|ultrafeedback|orca|ultrafeedback-raw|list|unpaired; None = detect
     pairs_from_lists: str | None = None  # pairwise loss on list data: best-worst | all-pairs | best-vs-rest
     unpair: bool = False  # an unpaired loss (kto, bco) on pairs: chosen desirable, rejected undesirable (as TRL)
+    density_ratio: bool = False  # BCO's UDM (TRL: embedding_func): undesirable examples weighted by p(x|D)/p(x|U)
+    density_ratio_prompts: int = 1024  # prompts per label the density-ratio classifier is fitted on (TRL's 1024)
+    min_density_ratio: float = 0.5  # density-ratio weights are clamped to [min, max] (TRL's defaults 0.5 and 10)
+    max_density_ratio: float = 10.0  # upper clamp of the density-ratio weights
     chat_template: str = "auto"  # conversations only: auto (the tokenizer's) | none | PATH.jinja; strings go as given
     train_split: str = "train"  # the split of --dataset to train on
     eval_split: str | None = None  # a split name; None = the 'test'/'validation' split if any, else eval_fraction
@@ -199,12 +203,24 @@ class TrainConfig:
             raise ConfigError(
                 f"pairs_from_lists={self.pairs_from_lists!r}: choose best-worst, all-pairs or best-vs-rest (or unset)"
             )
+        self._validate_density_ratio()
         if self.save_steps < 0:
             raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
         if self.fsdp_sharding not in ("full", "shard_grad_op", "hybrid"):
             raise ConfigError(f"fsdp_sharding={self.fsdp_sharding!r}: choose full, shard_grad_op or hybrid")
         if self.fsdp_shard_size is not None and self.fsdp_shard_size < 1:
             raise ConfigError(f"fsdp_shard_size={self.fsdp_shard_size} must be >= 1 (or unset: the processes per node)")
+
+    def _validate_density_ratio(self) -> None:
+        """BCO's density-ratio options: a sample of at least one prompt, 0 <= min <= max, finite."""
+        if self.density_ratio_prompts < 1:
+            raise ConfigError(f"density_ratio_prompts={self.density_ratio_prompts} must be >= 1 (TRL's default: 1024)")
+        lo, hi = self.min_density_ratio, self.max_density_ratio
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi and hi > 0):
+            raise ConfigError(
+                f"min_density_ratio={lo}, max_density_ratio={hi}: need finite 0 <= min <= max with max > 0 "
+                "(TRL's defaults: 0.5 and 10)"
+            )
 
     def _validate_loading(self) -> None:
         """The model-loading options (dtype, attention kernel, quantisation)."""

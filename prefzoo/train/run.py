@@ -50,7 +50,7 @@ class TrainResult:
 
 @torch.no_grad()
 def evaluate(
-    loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any
+    loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any, density_ratio: Any = None
 ) -> dict[str, float]:
     """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, and the mean loss.
 
@@ -63,7 +63,7 @@ def evaluate(
     correct, losses = [], []
     for batch in dataloader:
         cls = batch_type(batch)
-        fields = batch_fields(loss, policy, reference, batch, accelerator.autocast)
+        fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
         fields.pop("aux_loss", None)
         ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
         fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
@@ -223,7 +223,7 @@ class Run:
         s.ids += ids
         cls = batch_type(batch)  # PreferenceBatch, or GroupBatch / UnpairedBatch for lists and unpaired data
         stats: dict[str, Any] = {}  # logits/chosen, logits/rejected metrics (pairs)
-        fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast, stats)
+        fields = batch_fields(p.loss, p.policy, p.reference, batch, p.accelerator.autocast, stats, p.density_ratio)
         aux = fields.pop("aux_loss", None)  # () MoE router term (coef × aux) or None
         fields = self.callbacks.on_batch(self.state, fields)
         local_bad = nonfinite_ids(ids, *(fields.get(k) for k in float_fields(cls)))
@@ -312,7 +312,7 @@ class Run:
 
     def evaluate(self) -> None:
         p, state = self.parts, self.state
-        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather)
+        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
         ev.update(epoch=state.epoch, step=state.global_step)
         self.result.evals.append(ev)
         self.writer.write(ev)

@@ -24,6 +24,7 @@ from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import load_splits, prepare_datasets
+from prefzoo.train.density_ratio import check_density_ratio, fit_density_ratio
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.fsdp import FsdpEngine, check_fsdp
 from prefzoo.train.logps import PolicyLogps
@@ -87,6 +88,7 @@ class Parts:
     timings: dict[str, float] = field(default_factory=dict)
     storage: Storage | None = None  # shared or node-local output dir (None: one process)
     fsdp: FsdpEngine | None = None  # --fsdp: shards, saves and gathers the policy (None: accelerate's DDP/DeepSpeed)
+    density_ratio: Any = None  # --density-ratio: batch -> (N,) BCO's density-ratio weights (DensityRatioWeights)
 
 
 def trackers(cfg: TrainConfig) -> list[str] | None:
@@ -125,6 +127,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     else:
         plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
+    check_density_ratio(cfg, loss)
     if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
         accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
@@ -184,6 +187,12 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         check_batch = first_pairs(train_tok, collate, accelerator.device)
         run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     timings: dict[str, float] = {}
+    density = None
+    if cfg.density_ratio:  # BCO's UDM: the classifier is fitted once, on the frozen reference's prompt embeddings
+        t0 = time.perf_counter()
+        density = fit_density_ratio(cfg, reference, train_tok, tokenizer.pad_token_id, accelerator,
+                                    make_gather(accelerator))  # fmt: skip
+        timings["density_ratio"] = time.perf_counter() - t0
     if reference is not None and cfg.precompute_ref:
         t0 = time.perf_counter()
         reference, ref_kind = precompute_reference(cfg, reference, accelerator, train_tok, eval_tok, collate, identity)
@@ -201,6 +210,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         steps_per_epoch, total_steps, num_epochs, timings=timings, storage=storage, fsdp=fsdp,
     )  # fmt: skip
     parts.collate = collate
+    parts.density_ratio = density
     parts.source = EpochBatches(parts) if prompts is None else _online_rounds(cfg, parts, prompts, judge, plan)
     _start_trackers(cfg, accelerator)
     if loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume

@@ -96,9 +96,10 @@ def test_weighted_bco_equals_trl_match_underlying_distribution(lo, hi):
     prompts = torch.where(labels[:, None], des[:n], und[:n])  # each example's prompt embedding
     policy = (-20 * torch.rand(n, generator=g, dtype=F64)).requires_grad_()
     ref = -20 * torch.rand(n, generator=g, dtype=F64)
-    batch = prefzoo.UnpairedBatch(policy_logps=policy, ref_logps=ref, labels=labels)
     prob = clf.prob_desirable(prompts)
-    ours = prefzoo.get_loss("bco", beta=0.3)(batch).losses * udm_weights(prob, labels, lo, hi)
+    batch = prefzoo.UnpairedBatch(policy_logps=policy, ref_logps=ref, labels=labels,
+                                  density_ratio_weights=udm_weights(prob, labels, lo, hi))  # the trainer's field
+    ours = prefzoo.get_loss("bco", beta=0.3)(batch).losses  # the loss applies the weights
     order = torch.cat((torch.nonzero(labels)[:, 0], torch.nonzero(~labels)[:, 0]))  # TRL: desirable first
     p64 = policy.detach().clone().requires_grad_()
     theirs = trl_bco_loss(RunningMoments(), prob[~labels], 0.3, p64[labels], p64[~labels], ref[labels], ref[~labels],
@@ -146,3 +147,19 @@ def test_default_embedding_mean_pools_the_prompt_tokens_of_a_tiny_model():
         torch.testing.assert_close(got[i], h.mean(0), atol=1e-5, rtol=1e-5)
     des, und = embed(ids[:1], mask[:1]), embed(ids[1:], mask[1:])
     assert DensityRatioClassifier.fit(des, und).prob_desirable(got).shape == (2,)  # plugs into the classifier
+
+
+def test_weights_reach_only_a_loss_that_declares_them():
+    """bco declares LossSpec.density_ratio_weights; giving the weights to a loss that would ignore them is an error."""
+    labels = torch.tensor([True, False, False])
+    kw = dict(policy_logps=torch.tensor([-3.0, -4.0, -5.0]), ref_logps=torch.tensor([-3.5, -3.0, -5.5]), labels=labels)
+    w = torch.tensor([1.0, 4.0, 0.5])
+    plain = prefzoo.get_loss("bco")(prefzoo.UnpairedBatch(**kw)).losses
+    weighted = prefzoo.get_loss("bco")(prefzoo.UnpairedBatch(**kw, density_ratio_weights=w)).losses
+    torch.testing.assert_close(weighted, w * plain)  # each example's loss times its weight (δ = the same batch mean)
+    assert prefzoo.loss_spec("bco").density_ratio_weights and not prefzoo.loss_spec("kto").density_ratio_weights
+    with pytest.raises(prefzoo.PreferenceBatchError, match="loss 'kto' does not use density-ratio weights"):
+        prefzoo.get_loss("kto")(prefzoo.UnpairedBatch(**kw, density_ratio_weights=w, kl_policy_logps=kw["ref_logps"],
+                                                      kl_ref_logps=kw["ref_logps"]))  # fmt: skip
+    with pytest.raises(prefzoo.UnpairedBatchError, match=r"density_ratio_weights\[1\] is negative"):
+        prefzoo.UnpairedBatch(**kw, density_ratio_weights=torch.tensor([1.0, -1.0, 0.5]))
