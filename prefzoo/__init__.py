@@ -1,63 +1,76 @@
 """prefzoo: a zoo of offline preference-optimization losses behind one interface, with a shared trainer.
 
-Importing prefzoo needs only torch and pluggy; the trainer, data and evaluation
-modules import transformers, accelerate and friends lazily.
+Importing prefzoo imports nothing heavy: each public name below loads its module on first use (PEP 562), so
+``prefzoo train`` prints its first line before torch loads (seconds on a first run, when nothing is byte-compiled
+yet: README command 1 installs with ``--no-compile``).  The losses need only torch and pluggy; the trainer, data
+and evaluation modules import transformers, accelerate and friends lazily.
 """
 
-from prefzoo.hookspecs import hookimpl, hookspec
-from prefzoo.losses.combine import CombinedLoss
-from prefzoo.losses.shapes import REDUCTIONS, pairs_from_lists
-from prefzoo.modifiers.compose import ModifiedLoss, Modifier
-from prefzoo.registry import (
-    RegistryError,
-    UnknownLossError,
-    combine,
-    get_loss,
-    get_registry,
-    list_losses,
-    list_modifiers,
-    loss_spec,
-    modifier_spec,
-    modify,
-    reset_registry,
-)
-from prefzoo.spec import (
-    Applicability,
-    Loss,
-    LossOutputError,
-    LossParamError,
-    LossParams,
-    LossSpec,
-    ModifierError,
-    ModifierSpec,
-    param,
-    param_infos,
-)
-from prefzoo.types import (
-    GroupBatch,
-    GroupBatchError,
-    LossContext,
-    LossOutput,
-    LossState,
-    Need,
-    PreferenceBatch,
-    PreferenceBatchError,
-    Shape,
-    UnpairedBatch,
-    UnpairedBatchError,
-    group_from_pairs,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
+    from prefzoo.hookspecs import hookimpl, hookspec
+    from prefzoo.losses.combine import CombinedLoss
+    from prefzoo.losses.shapes import REDUCTIONS, pairs_from_lists
+    from prefzoo.modifiers.compose import ModifiedLoss, Modifier
+    from prefzoo.registry import (
+        RegistryError,
+        UnknownLossError,
+        combine,
+        get_loss,
+        get_registry,
+        list_losses,
+        list_modifiers,
+        loss_spec,
+        modifier_spec,
+        modify,
+        reset_registry,
+    )
+    from prefzoo.spec import (
+        Applicability,
+        Loss,
+        LossOutputError,
+        LossParamError,
+        LossParams,
+        LossSpec,
+        ModifierError,
+        ModifierSpec,
+        param,
+        param_infos,
+    )
+    from prefzoo.types import (
+        GroupBatch,
+        GroupBatchError,
+        LossContext,
+        LossOutput,
+        LossState,
+        Need,
+        PreferenceBatch,
+        PreferenceBatchError,
+        Shape,
+        UnpairedBatch,
+        UnpairedBatchError,
+        group_from_pairs,
+    )
+
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    """Lazy re-exports: ``prefzoo.sequence_logps`` loads the log-prob module only when used."""
-    if name == "sequence_logps":
-        import importlib
-
-        return importlib.import_module("prefzoo.train.logps").sequence_logps
+def __getattr__(name: str) -> Any:
+    """A public name's module is imported on first access (``from prefzoo import get_loss`` loads the registry)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'prefzoo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -104,3 +117,21 @@ __all__ = [
     "reset_registry",
     "sequence_logps",
 ]
+
+# module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step),
+# and sequence_logps, whose train module sits above this package's layer (tests/test_import_layers.py)
+_MODULES: dict[str, tuple[str, ...]] = {
+    "prefzoo.hookspecs": ("hookimpl", "hookspec"),
+    "prefzoo.losses.combine": ("CombinedLoss",),
+    "prefzoo.losses.shapes": ("REDUCTIONS", "pairs_from_lists"),
+    "prefzoo.modifiers.compose": ("ModifiedLoss", "Modifier"),
+    "prefzoo.registry": ("RegistryError", "UnknownLossError", "combine", "get_loss", "get_registry", "list_losses",
+                         "list_modifiers", "loss_spec", "modifier_spec", "modify", "reset_registry"),
+    "prefzoo.spec": ("Applicability", "Loss", "LossOutputError", "LossParamError", "LossParams", "LossSpec",
+                     "ModifierError", "ModifierSpec", "param", "param_infos"),
+    "prefzoo.types": ("GroupBatch", "GroupBatchError", "LossContext", "LossOutput", "LossState", "Need",
+                      "PreferenceBatch", "PreferenceBatchError", "Shape", "UnpairedBatch", "UnpairedBatchError",
+                      "group_from_pairs"),
+    "prefzoo.train.logps": ("sequence_logps",),
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}

@@ -20,7 +20,10 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI, or with ``only`` just that subcommand (``prefzoo train`` then imports no other command's module:
+    several import torch at the top, and on a first run, before anything is byte-compiled, that is seconds of silence
+    before the command's first line)."""
     parser = argparse.ArgumentParser(
         prog="prefzoo",
         description="Offline preference optimization: a zoo of losses (MMPO, DPO family, SimPO, CPO, ORPO) "
@@ -30,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"prefzoo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else (only,):
         try:
             mod = importlib.import_module(f"prefzoo.cli.{name}")
         except ModuleNotFoundError as e:  # a subcommand not shipped in this build
@@ -42,19 +45,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# errors that are the user's input, printed as one line: (module, class); a class whose module was never imported
+# cannot have been raised, so none is imported here (importing the registry imports torch: seconds on a first run)
+_USER_ERRORS = (
+    ("prefzoo.registry", "UnknownLossError"),
+    ("prefzoo.registry", "RegistryError"),
+    ("prefzoo.spec", "ParamError"),
+    ("prefzoo.types", "PreferenceBatchError"),
+)
+
+
+def _is_user_error(e: Exception) -> bool:
+    loaded = [getattr(sys.modules[m], name) for m, name in _USER_ERRORS if m in sys.modules]
+    return isinstance(e, (CLIError, *loaded))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
-    from prefzoo.registry import RegistryError, UnknownLossError
-    from prefzoo.spec import ParamError
-    from prefzoo.types import PreferenceBatchError
-
     try:
         return int(args._run(args) or 0)
-    except (CLIError, UnknownLossError, ParamError, RegistryError, PreferenceBatchError) as e:
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
         print(f"prefzoo {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -52,13 +52,18 @@ def choose_threads(
     return n, f"{free} of {cores} cores free (1-min load {load:.1f}{share}); --threads N to change"
 
 
-def set_threads(requested: int | None) -> str:
-    """Apply :func:`choose_threads` to torch; returns the line to log."""
+def describe_threads(requested: int | None) -> tuple[int, str]:
+    """(threads, the line to log) of :func:`choose_threads`; imports nothing, so the line can be printed before torch
+    loads (seconds on a first run, when nothing is byte-compiled yet)."""
+    n, why = choose_threads(requested)
+    return n, f"{n} CPU thread{'s' if n > 1 else ''} ({why})"
+
+
+def set_threads(n: int) -> None:
+    """Give torch ``n`` intra-op threads (imports torch)."""
     import torch
 
-    n, why = choose_threads(requested)
     torch.set_num_threads(n)
-    return f"{n} CPU thread{'s' if n > 1 else ''} ({why})"
 
 
 class _DropMessages(logging.Filter):

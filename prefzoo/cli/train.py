@@ -158,7 +158,14 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.cli.runtime import check_launcher, set_threads
+    from prefzoo.cli.runtime import check_launcher, describe_threads, set_threads
+
+    check_launcher()
+    n_threads, threads = describe_threads(getattr(args, "threads", None))
+    if _is_main():  # before torch and the libraries load: on a first run their imports are the first slow step
+        print(f"prefzoo train: {threads}", flush=True)
+        print("prefzoo train: loading torch, transformers, datasets and accelerate", flush=True)
+    set_threads(n_threads)
     from prefzoo.data.formats import DataFormatError
     from prefzoo.spec import LossOutputError
     from prefzoo.train.checkpoint import ResumeError
@@ -168,11 +175,6 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.hub import HubPushError
     from prefzoo.train.model import LoadOptionError, LoRATargetError
 
-    check_launcher()
-    threads = set_threads(getattr(args, "threads", None))
-    if _is_main():  # before the libraries load: their imports are the first slow step of a fresh install
-        print(f"prefzoo train: {threads}", flush=True)
-        print("prefzoo train: loading transformers, datasets and accelerate", flush=True)
     _quiet_libraries()
     try:
         values, pairs = _collect(args)

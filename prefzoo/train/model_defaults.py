@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ def _is_rate(name: str, value: Any) -> bool:
 
 def _adapter_module_ids(model: nn.Module) -> set[int]:
     """ids of the modules that belong to peft adapters (everything inside a tuner layer but its base layer)."""
+    if "peft" not in sys.modules:  # no adapter without peft loaded: a run without LoRA skips its import (~2 CPU s)
+        return set()
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:

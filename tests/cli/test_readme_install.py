@@ -40,3 +40,11 @@ def test_bitsandbytes_is_in_qlora_and_all_but_not_in_train():
     assert not any(r.startswith("bitsandbytes") for r in extras["train"])
     assert any(r.startswith("bitsandbytes") for r in extras["qlora"])
     assert "qlora" in re.search(r"\[([^\]]*)\]", extras["all"][0]).group(1).split(",")
+
+
+def test_docs_record_the_time_of_the_command_the_readme_gives():
+    """docs/training.md's measurement of command 1 quotes the command it timed: it must be the README's own."""
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    start = text.index("### The first command, measured")
+    section = text[start : text.index("\n## ", start)]
+    assert f"`{_command_1()}`" in section, "README command 1 changed: measure it and record it in docs/training.md"

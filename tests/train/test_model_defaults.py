@@ -224,3 +224,21 @@ def test_adapter_disabled_reference_scores_in_eval_mode_even_with_kept_dropout()
     first, second = AdapterDisabledReference(policy)(batch), AdapterDisabledReference(policy)(batch)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])  # no dropout noise
     assert policy.training  # the policy's mode is restored
+
+
+def test_a_run_without_lora_does_not_import_peft():
+    """Dropout is turned off without importing peft when no adapter can exist (peft is not loaded): ~2 CPU s of the
+    default run's first start, when nothing is byte-compiled yet (issue 16)."""
+    import subprocess
+    import sys
+
+    child = (
+        "import sys\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "from prefzoo.train.model_defaults import disable_dropout\n"
+        "m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))\n"
+        "report = disable_dropout(m)\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] == 'peft'), sum(report.modules.values()) > 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "[] True", proc.stdout + proc.stderr[-2000:]
