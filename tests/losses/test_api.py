@@ -136,6 +136,29 @@ def test_combination_per_term_params_and_errors():
         prefzoo.get_loss("dpo + 0.5*simpoo")
 
 
+def test_combination_strings_read_weights_and_route_typed_params():
+    from prefzoo.losses.combine import parse_params, parse_terms
+    from prefzoo.registry import loss_spec, parse_loss_params
+
+    assert parse_terms("dpo + 0.5*sft + 2e-1 * bco-pair") == [(1.0, "dpo"), (0.5, "sft"), (0.2, "bco-pair")]
+    with pytest.raises(LossParamError, match=r"^cannot read the loss combination 'dpo \+ 0\.5\*\*sft' at '0\.5\*\*sft': "
+                       r"write terms as WEIGHT\*NAME joined by '\+', e\.g\. '0\.8\*dpo \+ 0\.2\*bco-pair \+ 1\.0\*sft'$"):
+        parse_terms("dpo + 0.5**sft")
+    # a dotted key goes to its term only; a bare key to the first term that has it; strings typed by that term
+    got = parse_loss_params("dpo + 0.5*simpo", ["simpo.gamma_beta_ratio=1", "dpo.beta=0.2", "beta=3"])
+    assert got == {"simpo.gamma_beta_ratio": 1.0, "dpo.beta": 0.2, "beta": 3.0}
+    assert all(isinstance(v, float) for v in got.values())
+    # a term's name may itself hold dots (a plugin's 'org.dpo'): the key splits at its last dot
+    lookup = {"org.dpo": loss_spec("dpo"), "sft": loss_spec("sft")}.__getitem__
+    assert parse_params("org.dpo + sft", {"org.dpo.beta": "0.3"}, lookup) == {"org.dpo.beta": 0.3}
+    with pytest.raises(LossParamError, match=r"^no term of 'dpo \+ 0\.5\*simpo' has a parameter 'tau'$"):
+        parse_loss_params("dpo + 0.5*simpo", ["tau=1"])
+    with pytest.raises(LossParamError, match=r"^no term of 'dpo \+ sft' has a parameter 'gamma_beta_ratio'$"):
+        parse_loss_params("dpo + sft", ["dpo.gamma_beta_ratio=1"])
+    with pytest.raises(LossParamError, match=r"^no term of the combination has the parameter\(s\) tau, zeta$"):
+        prefzoo.get_loss("dpo + simpo", zeta=1.0, tau=1.0)
+
+
 def test_broken_loss_output_is_named():
     from prefzoo import LossOutput, LossOutputError, LossSpec
     from prefzoo.losses.dpo import DPOParams
