@@ -119,8 +119,30 @@ def test_rewards_best_and_worst_follow_the_ranking_not_the_columns():
     assert out.chosen_rewards.item() == -2.0 and out.rejected_rewards.item() == -1.0
 
 
+def test_lipo_padding_slot_changes_nothing():
+    """A padding slot (filler 0, so u = 0 above every real u, score 0 tied with the worst) takes no rank and no pair."""
+    full = grp([[-1.0, -2.0, -3.0]], scores=[[2.0, 1.0, 0.0]])
+    padded = grp([[-1.0, -2.0, -3.0, 0.0]], scores=[[2.0, 1.0, 0.0, 0.0]], mask=[[True, True, True, False]])
+    assert prefzoo.get_loss("lipo", beta=1.0)(padded).losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+    assert prefzoo.get_loss("lipo", beta=1.0)(full).losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+
+
+def test_lipo_gains_are_computed_in_the_log_probs_precision():
+    """float32 scores with float64 log-probs: G = 2^ψ in float64 (in float32, 2^0.3 is off by ~1e-8 relative)."""
+    from prefzoo.losses.lists import lambda_weights
+
+    psi = torch.tensor([[0.3, 0.1]], dtype=torch.float32)
+    b = GroupBatch(policy_logps=torch.tensor([[-1.0, -2.0]], dtype=F64), scores=psi)
+    w = lambda_weights(b.policy_logps, b)
+    a = 1 / math.log2(3)
+    expected = (2 ** float(psi[0, 0]) - 2 ** float(psi[0, 1])) * (1 - a)
+    assert w.dtype == F64
+    assert w[0, 0, 1].item() == pytest.approx(expected, rel=1e-15) and w[0, 1, 0].item() == 0.0
+
+
 def test_lipo_overflowing_gain_is_a_one_line_error():
-    with pytest.raises(GroupBatchError, match="lipo's gain 2\\^score overflows; rescale the scores"):
+    with pytest.raises(GroupBatchError, match=r"^GroupBatch.scores: lipo's gain 2\^score overflows; rescale the "
+                       r"scores \(e\.g\. to \[0, 10\]\)$"):
         prefzoo.get_loss("lipo")(grp([[-1.0, -2.0]], scores=[[5000.0, 0.0]]))
 
 
