@@ -89,6 +89,13 @@ def test_lipo_by_hand():
     assert g[0, 0] < 0 < g[0, 2]
 
 
+def test_lipo_weight_sum_metric_is_the_mean_over_groups():
+    """Two copies of the group above: Σ Δ = 2(1 − a) + 3·½ + (a − ½) = 3 − a in each, so the mean is 3 − a."""
+    b = grp([[-1.0, -2.0, -3.0]] * 2, scores=[[2.0, 1.0, 0.0]] * 2)
+    out = prefzoo.get_loss("lipo", beta=1.0)(b)
+    assert out.metrics["lipo/weight_sum"].item() == pytest.approx(3 - 1 / math.log2(3), rel=1e-14)
+
+
 def test_lipo_tied_pair_keeps_the_weight_of_adjacent_ranks():
     """u tied at (−1, −1) with ψ = (1, 0): either order gives |1/D(1) − 1/D(2)| = 1 − a, so Δ = (2 − 1)(1 − a) and
     L = (1 − a)·log 2, not 0 (a mid-rank would give both D(1.5) and drop the pair)."""
