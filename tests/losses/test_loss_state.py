@@ -123,3 +123,20 @@ def test_combination_keeps_each_terms_state():
     want = alone(batch([1.0, 3.0])).losses + 0.5 * prefzoo.get_loss("kto")(x).losses
     torch.testing.assert_close(out.losses, want, atol=1e-14, rtol=0)
     torch.testing.assert_close(combo.state["0.delta"], alone.state["delta"], atol=0, rtol=0)
+
+
+def test_a_combination_inside_a_combination_keeps_the_inner_terms_state():
+    """State keys nest as "<outer term>.<inner term>.<key>": each level strips only its own index."""
+    inner = prefzoo.combine([(0.5, "kto"), (1.0, "bco")])
+    outer = prefzoo.combine([(1.0, "kto"), (1.0, inner)])
+    assert set(outer.state) == {"1.1.delta", "1.1.count"}
+    alone = prefzoo.get_loss("bco")
+    for rewards in ([1.0, 3.0], [5.0, 2.0, 0.5]):  # the second call must start from the first call's state
+        y = batch(rewards)
+        y = y.replace(kl_policy_logps=torch.zeros(len(rewards), dtype=F64),
+                      kl_ref_logps=torch.zeros(len(rewards), dtype=F64))
+        out = outer(y)
+        want = alone(batch(rewards)).losses + 1.5 * prefzoo.get_loss("kto")(y).losses
+        torch.testing.assert_close(out.losses, want, atol=1e-14, rtol=0)
+    torch.testing.assert_close(outer.state["1.1.delta"], alone.state["delta"], atol=0, rtol=0)
+    torch.testing.assert_close(outer.state["1.1.count"], alone.state["count"], atol=0, rtol=0)
