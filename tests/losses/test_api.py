@@ -217,3 +217,32 @@ def test_mpo_keeps_no_state_across_calls_or_registries():
     prefzoo.reset_registry()
     prefzoo.get_loss("mpo", beta=0.4)(b)
     assert state() == before
+
+
+def test_combination_metrics_name_each_term_and_rewards_come_from_the_first():
+    """Each term's mean loss as "<term>/loss"; a term's bare metric key is prefixed with its name, a key with a "/"
+    is kept; the rewards (and per-completion rewards of list terms) are the first term's."""
+    from prefzoo import GroupBatch, LossOutput, LossSpec
+    from prefzoo.losses.dpo import DPOParams
+    from prefzoo.spec import Loss
+
+    def plain(batch, p, ctx):
+        m = batch.policy_chosen_logps - batch.policy_rejected_logps  # (B,)
+        return LossOutput(-m, m.detach(), -m.detach(), {"gap": m.detach().mean(), "x/kept": torch.tensor(7.0)})
+
+    spec = LossSpec(name="plain", fn=plain, params_cls=DPOParams, family="x", formula="", paper="", scores="")
+    b = full_batch(dtype=torch.float64)
+    out = prefzoo.combine([(1.0, "dpo"), (0.5, Loss(spec, DPOParams()))])(b)
+    dpo = prefzoo.get_loss("dpo")(b)
+    gap = (b.policy_chosen_logps - b.policy_rejected_logps).detach()
+    assert set(out.metrics) == {"dpo/loss", "plain/loss", "plain/gap", "x/kept"}
+    torch.testing.assert_close(out.metrics["dpo/loss"], dpo.losses.detach().mean(), atol=0, rtol=0)
+    torch.testing.assert_close(out.metrics["plain/loss"], -gap.mean(), atol=0, rtol=0)
+    torch.testing.assert_close(out.metrics["plain/gap"], gap.mean(), atol=0, rtol=0)
+    assert out.metrics["x/kept"].item() == 7.0
+    torch.testing.assert_close(out.chosen_rewards, dpo.chosen_rewards, atol=0, rtol=0)
+
+    g = GroupBatch(policy_logps=-torch.rand(2, 3, dtype=torch.float64), ref_logps=-torch.rand(2, 3, dtype=torch.float64))
+    lists = prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")])(g)
+    assert lists.rewards is not None
+    torch.testing.assert_close(lists.rewards, prefzoo.get_loss("lipo")(g).rewards, atol=0, rtol=0)
