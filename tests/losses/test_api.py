@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -246,3 +248,30 @@ def test_combination_metrics_name_each_term_and_rewards_come_from_the_first():
     lists = prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")])(g)
     assert lists.rewards is not None
     torch.testing.assert_close(lists.rewards, prefzoo.get_loss("lipo")(g).rewards, atol=0, rtol=0)
+
+
+def test_combination_spec_is_derived_from_its_terms():
+    """Name, formula, paper, scores and the declarations that select properties all follow the terms."""
+    from prefzoo import Shape
+    from prefzoo.spec import Loss
+
+    dpo, sft = prefzoo.loss_spec("dpo"), prefzoo.loss_spec("sft")
+    a = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")]).spec
+    assert a.name == "1*dpo + 0.5*sft" and a.family == "combination" and a.plugin == "prefzoo.losses.combine"
+    assert a.formula == f"1·[{dpo.formula}] + 0.5·[{sft.formula}]"
+    assert a.paper == f"{dpo.paper}; {sft.paper}"
+    assert a.scores == f"those of dpo: {dpo.scores}"
+    assert a.description == "Weighted combination of registered losses."
+    assert a.shapes == {Shape.PAIR} and a.builtin is True
+    assert a.monotone is True and a.shift_invariant is False and a.batch_coupled is False  # sft: absolute log π
+    b = prefzoo.combine([(1.0, "mmpo"), (-0.5, "simpo")]).spec
+    assert b.monotone is False and b.batch_coupled is True  # a negative weight; mmpo normalises over the batch
+    assert prefzoo.combine([(1.0, "dpo"), (2.0, "dpo")]).spec.paper == dpo.paper  # each paper once
+    assert prefzoo.combine([(1.0, "dpo"), (2.0, "ipo")]).spec.shift_invariant is True
+    assert prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")]).spec.shapes == {Shape.LIST}
+    plugin_term = Loss(dataclasses.replace(dpo, name="my-dpo", builtin=False), dpo.params())
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, plugin_term)]).spec.builtin is False
+    with pytest.raises(LossParamError, match=r"^cannot combine 1\*kto \+ 1\*dpo: its terms take no batch shape in common$"):
+        prefzoo.combine([(1.0, "kto"), (1.0, "dpo")])
+    with pytest.raises(LossParamError, match=r"^a loss combination needs at least one term$"):
+        prefzoo.combine([])
