@@ -253,6 +253,7 @@ def test_combination_metrics_name_each_term_and_rewards_come_from_the_first():
 def test_combination_spec_is_derived_from_its_terms():
     """Name, formula, paper, scores and the declarations that select properties all follow the terms."""
     from prefzoo import Shape
+    from prefzoo.losses.combine import CombinationParams
     from prefzoo.spec import Loss
 
     dpo, sft = prefzoo.loss_spec("dpo"), prefzoo.loss_spec("sft")
@@ -266,6 +267,12 @@ def test_combination_spec_is_derived_from_its_terms():
     assert a.monotone is True and a.shift_invariant is False and a.batch_coupled is False  # sft: absolute log π
     b = prefzoo.combine([(1.0, "mmpo"), (-0.5, "simpo")]).spec
     assert b.monotone is False and b.batch_coupled is True  # a negative weight; mmpo normalises over the batch
+    assert prefzoo.combine([(1.0, "dpo"), (0.0, "sft")]).spec.monotone is True  # a zero weight keeps monotonicity
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, "aot")], **{"aot.label_smoothing": 0.1}).spec.monotone is False
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, "aot")]).spec.monotone is True  # aot: monotone without smoothing
+    stateless = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")])
+    assert stateless.state is None and not stateless.spec.stateful
+    assert stateless.params == CombinationParams()
     assert prefzoo.combine([(1.0, "dpo"), (2.0, "dpo")]).spec.paper == dpo.paper  # each paper once
     assert prefzoo.combine([(1.0, "dpo"), (2.0, "ipo")]).spec.shift_invariant is True
     assert prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")]).spec.shapes == {Shape.LIST}
