@@ -89,6 +89,15 @@ def test_lipo_by_hand():
     assert g[0, 0] < 0 < g[0, 2]
 
 
+def test_lipo_reads_u_relative_to_the_reference():
+    """The case above with log π_ref = (−5, −0.5, −2) added to both log π and log π_ref: u = β(log π − log π_ref) and
+    the loss do not change."""
+    ref = [[-5.0, -0.5, -2.0]]
+    out, _ = value_and_grad("lipo", grp([[-6.0, -2.5, -5.0]], ref=ref, scores=[[2.0, 1.0, 0.0]]), beta=1.0)
+    assert out.losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+    assert out.rewards is not None and out.rewards[0].tolist() == pytest.approx([-1.0, -2.0, -3.0], rel=1e-15)
+
+
 def test_lipo_weight_sum_metric_is_the_mean_over_groups():
     """Two copies of the group above: Σ Δ = 2(1 − a) + 3·½ + (a − ½) = 3 − a in each, so the mean is 3 − a."""
     b = grp([[-1.0, -2.0, -3.0]] * 2, scores=[[2.0, 1.0, 0.0]] * 2)
