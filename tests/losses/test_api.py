@@ -143,8 +143,9 @@ def test_combination_strings_read_weights_and_route_typed_params():
     from prefzoo.registry import loss_spec, parse_loss_params
 
     assert parse_terms("dpo + 0.5*sft + 2e-1 * bco-pair") == [(1.0, "dpo"), (0.5, "sft"), (0.2, "bco-pair")]
-    with pytest.raises(LossParamError, match=r"^cannot read the loss combination 'dpo \+ 0\.5\*\*sft' at '0\.5\*\*sft': "
-                       r"write terms as WEIGHT\*NAME joined by '\+', e\.g\. '0\.8\*dpo \+ 0\.2\*bco-pair \+ 1\.0\*sft'$"):
+    unreadable = (r"^cannot read the loss combination 'dpo \+ 0\.5\*\*sft' at '0\.5\*\*sft': "
+                  r"write terms as WEIGHT\*NAME joined by '\+', e\.g\. '0\.8\*dpo \+ 0\.2\*bco-pair \+ 1\.0\*sft'$")
+    with pytest.raises(LossParamError, match=unreadable):
         parse_terms("dpo + 0.5**sft")
     # a dotted key goes to its term only; a bare key to the first term that has it; strings typed by that term
     got = parse_loss_params("dpo + 0.5*simpo", ["simpo.gamma_beta_ratio=1", "dpo.beta=0.2", "beta=3"])
@@ -244,7 +245,8 @@ def test_combination_metrics_name_each_term_and_rewards_come_from_the_first():
     assert out.metrics["x/kept"].item() == 7.0
     torch.testing.assert_close(out.chosen_rewards, dpo.chosen_rewards, atol=0, rtol=0)
 
-    g = GroupBatch(policy_logps=-torch.rand(2, 3, dtype=torch.float64), ref_logps=-torch.rand(2, 3, dtype=torch.float64))
+    g = GroupBatch(policy_logps=-torch.rand(2, 3, dtype=torch.float64),
+                   ref_logps=-torch.rand(2, 3, dtype=torch.float64))
     lists = prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")])(g)
     assert lists.rewards is not None
     torch.testing.assert_close(lists.rewards, prefzoo.get_loss("lipo")(g).rewards, atol=0, rtol=0)
@@ -278,7 +280,8 @@ def test_combination_spec_is_derived_from_its_terms():
     assert prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")]).spec.shapes == {Shape.LIST}
     plugin_term = Loss(dataclasses.replace(dpo, name="my-dpo", builtin=False), dpo.params())
     assert prefzoo.combine([(1.0, "dpo"), (1.0, plugin_term)]).spec.builtin is False
-    with pytest.raises(LossParamError, match=r"^cannot combine 1\*kto \+ 1\*dpo: its terms take no batch shape in common$"):
+    no_shape = r"^cannot combine 1\*kto \+ 1\*dpo: its terms take no batch shape in common$"
+    with pytest.raises(LossParamError, match=no_shape):
         prefzoo.combine([(1.0, "kto"), (1.0, "dpo")])
     with pytest.raises(LossParamError, match=r"^a loss combination needs at least one term$"):
         prefzoo.combine([])

@@ -153,7 +153,7 @@ def test_all_tied_lists_give_no_pairs():
     with pytest.raises(GroupBatchError, match="no group in this batch of 2 has two completions with different"):
         pairs_from_lists(b)
     with pytest.raises(prefzoo.LossParamError,
-                       match="unknown reduction 'worst'; use one of best-worst, all-pairs, best-vs-rest$"):
+                       match=r"unknown reduction 'worst'; use one of best-worst, all-pairs, best-vs-rest$"):
         pairs_from_lists(b, "worst")  # type: ignore[arg-type]
 
 
