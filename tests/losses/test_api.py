@@ -285,3 +285,23 @@ def test_combination_spec_is_derived_from_its_terms():
         prefzoo.combine([(1.0, "kto"), (1.0, "dpo")])
     with pytest.raises(LossParamError, match=r"^a loss combination needs at least one term$"):
         prefzoo.combine([])
+
+
+def test_param_declares_doc_bounds_and_choices_read_back_and_enforced():
+    """Built inside the test (not at import), so a broken ``param`` shows here and not only when prefzoo imports."""
+    from prefzoo.spec import LossParams, param, param_infos
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Declared(LossParams):
+        mode: str = param("a", "which mode", choices=["a", "b"])
+        rate: float = param(0.5, "a rate in (0, 1]", gt=0.0, le=1.0)
+
+    mode, rate = param_infos(Declared)
+    assert (mode.name, mode.default, mode.doc, mode.choices) == ("mode", "a", "which mode", ("a", "b"))
+    assert (rate.default, rate.doc) == (0.5, "a rate in (0, 1]")
+    assert (rate.gt, rate.ge, rate.lt, rate.le) == (0.0, None, None, 1.0)
+    assert Declared(mode="b", rate=1.0).rate == 1.0
+    with pytest.raises(LossParamError, match="mode"):
+        Declared(mode="c")
+    with pytest.raises(LossParamError, match="rate"):
+        Declared(rate=0.0)
