@@ -40,6 +40,13 @@ def test_mml_is_minus_log_marginal_and_its_gradient_is_softmax():
     assert out.rewards is not None and out.rewards[0].tolist() == pytest.approx(THIRDS[0])
 
 
+def test_mml_weight_best_ignores_a_padding_slot():
+    """s = (ln ½, ln ¼, ln ¼) plus a padding slot: softmax over the real slots only, so the best's weight is ½."""
+    b = grp([THIRDS[0] + [0.0]], mask=[[True, True, True, False]])
+    out = prefzoo.get_loss("mml", **FLAT)(b)
+    assert out.metrics["mml/weight_best"].item() == pytest.approx(0.5, rel=1e-14)
+
+
 def test_mml_rank_rewards_by_hand():
     """β = 0, r_ε = 1, r_rest = 0, ε = 0: R = (1, 0, 0), min 0, max 1, so R̂ = R and s = (ln ½ + 1, ln ¼, ln ¼).
 
