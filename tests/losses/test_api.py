@@ -305,3 +305,11 @@ def test_param_declares_doc_bounds_and_choices_read_back_and_enforced():
         Declared(mode="c")
     with pytest.raises(LossParamError, match="rate"):
         Declared(rate=0.0)
+
+
+def test_declarations_given_as_functions_of_the_params_are_called():
+    dpo = prefzoo.loss_spec("dpo")
+    spec = dataclasses.replace(dpo, permutation_equivariant=lambda p: p.beta < 1.0, monotone=lambda p: p.beta < 1.0)
+    assert spec.is_permutation_equivariant(dpo.params(beta=0.5)) is True
+    assert spec.is_permutation_equivariant(dpo.params(beta=2.0)) is False
+    assert spec.is_monotone(dpo.params(beta=2.0)) is False
