@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -136,6 +138,30 @@ def test_combination_per_term_params_and_errors():
         prefzoo.get_loss("dpo + 0.5*simpoo")
 
 
+def test_combination_strings_read_weights_and_route_typed_params():
+    from prefzoo.losses.combine import parse_params, parse_terms
+    from prefzoo.registry import loss_spec, parse_loss_params
+
+    assert parse_terms("dpo + 0.5*sft + 2e-1 * bco-pair") == [(1.0, "dpo"), (0.5, "sft"), (0.2, "bco-pair")]
+    unreadable = (r"^cannot read the loss combination 'dpo \+ 0\.5\*\*sft' at '0\.5\*\*sft': "
+                  r"write terms as WEIGHT\*NAME joined by '\+', e\.g\. '0\.8\*dpo \+ 0\.2\*bco-pair \+ 1\.0\*sft'$")
+    with pytest.raises(LossParamError, match=unreadable):
+        parse_terms("dpo + 0.5**sft")
+    # a dotted key goes to its term only; a bare key to the first term that has it; strings typed by that term
+    got = parse_loss_params("dpo + 0.5*simpo", ["simpo.gamma_beta_ratio=1", "dpo.beta=0.2", "beta=3"])
+    assert got == {"simpo.gamma_beta_ratio": 1.0, "dpo.beta": 0.2, "beta": 3.0}
+    assert all(isinstance(v, float) for v in got.values())
+    # a term's name may itself hold dots (a plugin's 'org.dpo'): the key splits at its last dot
+    lookup = {"org.dpo": loss_spec("dpo"), "sft": loss_spec("sft")}.__getitem__
+    assert parse_params("org.dpo + sft", {"org.dpo.beta": "0.3"}, lookup) == {"org.dpo.beta": 0.3}
+    with pytest.raises(LossParamError, match=r"^no term of 'dpo \+ 0\.5\*simpo' has a parameter 'tau'$"):
+        parse_loss_params("dpo + 0.5*simpo", ["tau=1"])
+    with pytest.raises(LossParamError, match=r"^no term of 'dpo \+ sft' has a parameter 'gamma_beta_ratio'$"):
+        parse_loss_params("dpo + sft", ["dpo.gamma_beta_ratio=1"])
+    with pytest.raises(LossParamError, match=r"^no term of the combination has the parameter\(s\) tau, zeta$"):
+        prefzoo.get_loss("dpo + simpo", zeta=1.0, tau=1.0)
+
+
 def test_broken_loss_output_is_named():
     from prefzoo import LossOutput, LossOutputError, LossSpec
     from prefzoo.losses.dpo import DPOParams
@@ -194,3 +220,96 @@ def test_mpo_keeps_no_state_across_calls_or_registries():
     prefzoo.reset_registry()
     prefzoo.get_loss("mpo", beta=0.4)(b)
     assert state() == before
+
+
+def test_combination_metrics_name_each_term_and_rewards_come_from_the_first():
+    """Each term's mean loss as "<term>/loss"; a term's bare metric key is prefixed with its name, a key with a "/"
+    is kept; the rewards (and per-completion rewards of list terms) are the first term's."""
+    from prefzoo import GroupBatch, LossOutput, LossSpec
+    from prefzoo.losses.dpo import DPOParams
+    from prefzoo.spec import Loss
+
+    def plain(batch, p, ctx):
+        m = batch.policy_chosen_logps - batch.policy_rejected_logps  # (B,)
+        return LossOutput(-m, m.detach(), -m.detach(), {"gap": m.detach().mean(), "x/kept": torch.tensor(7.0)})
+
+    spec = LossSpec(name="plain", fn=plain, params_cls=DPOParams, family="x", formula="", paper="", scores="")
+    b = full_batch(dtype=torch.float64)
+    out = prefzoo.combine([(1.0, "dpo"), (0.5, Loss(spec, DPOParams()))])(b)
+    dpo = prefzoo.get_loss("dpo")(b)
+    gap = (b.policy_chosen_logps - b.policy_rejected_logps).detach()
+    assert set(out.metrics) == {"dpo/loss", "plain/loss", "plain/gap", "x/kept"}
+    torch.testing.assert_close(out.metrics["dpo/loss"], dpo.losses.detach().mean(), atol=0, rtol=0)
+    torch.testing.assert_close(out.metrics["plain/loss"], -gap.mean(), atol=0, rtol=0)
+    torch.testing.assert_close(out.metrics["plain/gap"], gap.mean(), atol=0, rtol=0)
+    assert out.metrics["x/kept"].item() == 7.0
+    torch.testing.assert_close(out.chosen_rewards, dpo.chosen_rewards, atol=0, rtol=0)
+
+    g = GroupBatch(policy_logps=-torch.rand(2, 3, dtype=torch.float64),
+                   ref_logps=-torch.rand(2, 3, dtype=torch.float64))
+    lists = prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")])(g)
+    assert lists.rewards is not None
+    torch.testing.assert_close(lists.rewards, prefzoo.get_loss("lipo")(g).rewards, atol=0, rtol=0)
+
+
+def test_combination_spec_is_derived_from_its_terms():
+    """Name, formula, paper, scores and the declarations that select properties all follow the terms."""
+    from prefzoo import Shape
+    from prefzoo.losses.combine import CombinationParams
+    from prefzoo.spec import Loss
+
+    dpo, sft = prefzoo.loss_spec("dpo"), prefzoo.loss_spec("sft")
+    a = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")]).spec
+    assert a.name == "1*dpo + 0.5*sft" and a.family == "combination" and a.plugin == "prefzoo.losses.combine"
+    assert a.formula == f"1·[{dpo.formula}] + 0.5·[{sft.formula}]"
+    assert a.paper == f"{dpo.paper}; {sft.paper}"
+    assert a.scores == f"those of dpo: {dpo.scores}"
+    assert a.description == "Weighted combination of registered losses."
+    assert a.shapes == {Shape.PAIR} and a.builtin is True
+    assert a.monotone is True and a.shift_invariant is False and a.batch_coupled is False  # sft: absolute log π
+    b = prefzoo.combine([(1.0, "mmpo"), (-0.5, "simpo")]).spec
+    assert b.monotone is False and b.batch_coupled is True  # a negative weight; mmpo normalises over the batch
+    assert prefzoo.combine([(1.0, "dpo"), (0.0, "sft")]).spec.monotone is True  # a zero weight keeps monotonicity
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, "aot")], **{"aot.label_smoothing": 0.1}).spec.monotone is False
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, "aot")]).spec.monotone is True  # aot: monotone without smoothing
+    stateless = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")])
+    assert stateless.state is None and not stateless.spec.stateful
+    assert stateless.params == CombinationParams()
+    assert prefzoo.combine([(1.0, "dpo"), (2.0, "dpo")]).spec.paper == dpo.paper  # each paper once
+    assert prefzoo.combine([(1.0, "dpo"), (2.0, "ipo")]).spec.shift_invariant is True
+    assert prefzoo.combine([(1.0, "lipo"), (1.0, "dpo-pl")]).spec.shapes == {Shape.LIST}
+    plugin_term = Loss(dataclasses.replace(dpo, name="my-dpo", builtin=False), dpo.params())
+    assert prefzoo.combine([(1.0, "dpo"), (1.0, plugin_term)]).spec.builtin is False
+    no_shape = r"^cannot combine 1\*kto \+ 1\*dpo: its terms take no batch shape in common$"
+    with pytest.raises(LossParamError, match=no_shape):
+        prefzoo.combine([(1.0, "kto"), (1.0, "dpo")])
+    with pytest.raises(LossParamError, match=r"^a loss combination needs at least one term$"):
+        prefzoo.combine([])
+
+
+def test_param_declares_doc_bounds_and_choices_read_back_and_enforced():
+    """Built inside the test (not at import), so a broken ``param`` shows here and not only when prefzoo imports."""
+    from prefzoo.spec import LossParams, param, param_infos
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Declared(LossParams):
+        mode: str = param("a", "which mode", choices=["a", "b"])
+        rate: float = param(0.5, "a rate in (0, 1]", gt=0.0, le=1.0)
+
+    mode, rate = param_infos(Declared)
+    assert (mode.name, mode.default, mode.doc, mode.choices) == ("mode", "a", "which mode", ("a", "b"))
+    assert (rate.default, rate.doc) == (0.5, "a rate in (0, 1]")
+    assert (rate.gt, rate.ge, rate.lt, rate.le) == (0.0, None, None, 1.0)
+    assert Declared(mode="b", rate=1.0).rate == 1.0
+    with pytest.raises(LossParamError, match="mode"):
+        Declared(mode="c")
+    with pytest.raises(LossParamError, match="rate"):
+        Declared(rate=0.0)
+
+
+def test_declarations_given_as_functions_of_the_params_are_called():
+    dpo = prefzoo.loss_spec("dpo")
+    spec = dataclasses.replace(dpo, permutation_equivariant=lambda p: p.beta < 1.0, monotone=lambda p: p.beta < 1.0)
+    assert spec.is_permutation_equivariant(dpo.params(beta=0.5)) is True
+    assert spec.is_permutation_equivariant(dpo.params(beta=2.0)) is False
+    assert spec.is_monotone(dpo.params(beta=2.0)) is False

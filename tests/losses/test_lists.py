@@ -40,6 +40,13 @@ def test_mml_is_minus_log_marginal_and_its_gradient_is_softmax():
     assert out.rewards is not None and out.rewards[0].tolist() == pytest.approx(THIRDS[0])
 
 
+def test_mml_weight_best_ignores_a_padding_slot():
+    """s = (ln ½, ln ¼, ln ¼) plus a padding slot: softmax over the real slots only, so the best's weight is ½."""
+    b = grp([THIRDS[0] + [0.0]], mask=[[True, True, True, False]])
+    out = prefzoo.get_loss("mml", **FLAT)(b)
+    assert out.metrics["mml/weight_best"].item() == pytest.approx(0.5, rel=1e-14)
+
+
 def test_mml_rank_rewards_by_hand():
     """β = 0, r_ε = 1, r_rest = 0, ε = 0: R = (1, 0, 0), min 0, max 1, so R̂ = R and s = (ln ½ + 1, ln ¼, ln ¼).
 
@@ -89,6 +96,22 @@ def test_lipo_by_hand():
     assert g[0, 0] < 0 < g[0, 2]
 
 
+def test_lipo_reads_u_relative_to_the_reference():
+    """The case above with log π_ref = (−5, −0.5, −2) added to both log π and log π_ref: u = β(log π − log π_ref) and
+    the loss do not change."""
+    ref = [[-5.0, -0.5, -2.0]]
+    out, _ = value_and_grad("lipo", grp([[-6.0, -2.5, -5.0]], ref=ref, scores=[[2.0, 1.0, 0.0]]), beta=1.0)
+    assert out.losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+    assert out.rewards is not None and out.rewards[0].tolist() == pytest.approx([-1.0, -2.0, -3.0], rel=1e-15)
+
+
+def test_lipo_weight_sum_metric_is_the_mean_over_groups():
+    """Two copies of the group above: Σ Δ = 2(1 − a) + 3·½ + (a − ½) = 3 − a in each, so the mean is 3 − a."""
+    b = grp([[-1.0, -2.0, -3.0]] * 2, scores=[[2.0, 1.0, 0.0]] * 2)
+    out = prefzoo.get_loss("lipo", beta=1.0)(b)
+    assert out.metrics["lipo/weight_sum"].item() == pytest.approx(3 - 1 / math.log2(3), rel=1e-14)
+
+
 def test_lipo_tied_pair_keeps_the_weight_of_adjacent_ranks():
     """u tied at (−1, −1) with ψ = (1, 0): either order gives |1/D(1) − 1/D(2)| = 1 − a, so Δ = (2 − 1)(1 − a) and
     L = (1 − a)·log 2, not 0 (a mid-rank would give both D(1.5) and drop the pair)."""
@@ -119,8 +142,30 @@ def test_rewards_best_and_worst_follow_the_ranking_not_the_columns():
     assert out.chosen_rewards.item() == -2.0 and out.rejected_rewards.item() == -1.0
 
 
+def test_lipo_padding_slot_changes_nothing():
+    """A padding slot (filler 0, so u = 0 above every real u, score 0 tied with the worst) takes no rank and no pair."""
+    full = grp([[-1.0, -2.0, -3.0]], scores=[[2.0, 1.0, 0.0]])
+    padded = grp([[-1.0, -2.0, -3.0, 0.0]], scores=[[2.0, 1.0, 0.0, 0.0]], mask=[[True, True, True, False]])
+    assert prefzoo.get_loss("lipo", beta=1.0)(padded).losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+    assert prefzoo.get_loss("lipo", beta=1.0)(full).losses.item() == pytest.approx(0.4626384285325418, rel=1e-14)
+
+
+def test_lipo_gains_are_computed_in_the_log_probs_precision():
+    """float32 scores with float64 log-probs: G = 2^ψ in float64 (in float32, 2^0.3 is off by ~1e-8 relative)."""
+    from prefzoo.losses.lists import lambda_weights
+
+    psi = torch.tensor([[0.3, 0.1]], dtype=torch.float32)
+    b = GroupBatch(policy_logps=torch.tensor([[-1.0, -2.0]], dtype=F64), scores=psi)
+    w = lambda_weights(b.policy_logps, b)
+    a = 1 / math.log2(3)
+    expected = (2 ** float(psi[0, 0]) - 2 ** float(psi[0, 1])) * (1 - a)
+    assert w.dtype == F64
+    assert w[0, 0, 1].item() == pytest.approx(expected, rel=1e-15) and w[0, 1, 0].item() == 0.0
+
+
 def test_lipo_overflowing_gain_is_a_one_line_error():
-    with pytest.raises(GroupBatchError, match="lipo's gain 2\\^score overflows; rescale the scores"):
+    with pytest.raises(GroupBatchError, match=r"^GroupBatch.scores: lipo's gain 2\^score overflows; rescale the "
+                       r"scores \(e\.g\. to \[0, 10\]\)$"):
         prefzoo.get_loss("lipo")(grp([[-1.0, -2.0]], scores=[[5000.0, 0.0]]))
 
 

@@ -123,3 +123,36 @@ def test_combination_keeps_each_terms_state():
     want = alone(batch([1.0, 3.0])).losses + 0.5 * prefzoo.get_loss("kto")(x).losses
     torch.testing.assert_close(out.losses, want, atol=1e-14, rtol=0)
     torch.testing.assert_close(combo.state["0.delta"], alone.state["delta"], atol=0, rtol=0)
+
+
+def test_a_combination_inside_a_combination_keeps_the_inner_terms_state():
+    """State keys nest as "<outer term>.<inner term>.<key>": each level strips only its own index."""
+    inner = prefzoo.combine([(0.5, "kto"), (1.0, "bco")])
+    outer = prefzoo.combine([(1.0, "kto"), (1.0, inner)])
+    assert set(outer.state) == {"1.1.delta", "1.1.count"}
+    alone = prefzoo.get_loss("bco")
+    for rewards in ([1.0, 3.0], [5.0, 2.0, 0.5]):  # the second call must start from the first call's state
+        y = batch(rewards)
+        y = y.replace(kl_policy_logps=torch.zeros(len(rewards), dtype=F64),
+                      kl_ref_logps=torch.zeros(len(rewards), dtype=F64))
+        out = outer(y)
+        want = alone(batch(rewards)).losses + 1.5 * prefzoo.get_loss("kto")(y).losses
+        torch.testing.assert_close(out.losses, want, atol=1e-14, rtol=0)
+    torch.testing.assert_close(outer.state["1.1.delta"], alone.state["delta"], atol=0, rtol=0)
+    torch.testing.assert_close(outer.state["1.1.count"], alone.state["count"], atol=0, rtol=0)
+
+
+def test_running_mean_is_taken_in_float64_from_float32_rewards():
+    """2^24 + 3 in float32 sums to 2^24 (the ones are lost): the mean must be taken after the cast, (2^24 + 3)/4."""
+    from prefzoo.losses.unpaired import bco_initial_state, running_mean
+
+    state = running_mean(bco_initial_state(None), torch.tensor([2.0**24, 1.0, 1.0, 1.0], dtype=torch.float32))
+    assert state["delta"].dtype == F64 and state["delta"].item() == (2**24 + 3) / 4 and state["count"].item() == 4
+
+
+def test_bco_called_without_its_state_says_how_to_call_it():
+    spec = prefzoo.loss_spec("bco")
+    ctx = prefzoo.LossContext()
+    with pytest.raises(prefzoo.UnpairedBatchError,
+                       match=r"^loss 'bco' keeps a running reward mean δ: call it through prefzoo\.Loss \(get_loss\)$"):
+        spec.fn(batch([1.0, 2.0]), spec.params(), ctx)

@@ -124,11 +124,36 @@ def test_pairs_from_lists_gathers_fields_and_gradients(how):
     assert bool((grad[:, 0] < 0).all())  # the best completion is only ever chosen: DPO pushes it up
 
 
+@pytest.mark.parametrize("how", prefzoo.REDUCTIONS)
+def test_pairs_from_lists_takes_every_token_level_field_and_id(how):
+    """Each (G, K, T) field and each id reaches its pair: the winner's as chosen, the loser's as rejected."""
+    g_, k_, t_ = 3, 4, 5
+    gen = torch.Generator().manual_seed(7)
+    b = GroupBatch(
+        policy_logps=-10 * torch.rand(g_, k_, generator=gen, dtype=torch.float64),
+        lengths=torch.full((g_, k_), t_),
+        policy_token_logps=-torch.rand(g_, k_, t_, generator=gen, dtype=torch.float64),
+        token_entropies=torch.rand(g_, k_, t_, generator=gen, dtype=torch.float64),
+        token_mask=torch.rand(g_, k_, t_, generator=gen) < 0.7,
+        example_ids=("p0", "p1", "p2"),
+    )
+    pairs, _ = pairs_from_lists(b, how)
+    g, i, j = pair_indices(b, how)
+    for pair_field, group_field in [("policy_chosen_token_logps", "policy_token_logps"),
+                                    ("chosen_token_entropies", "token_entropies"), ("chosen_mask", "token_mask")]:
+        assert torch.equal(getattr(pairs, pair_field), getattr(b, group_field)[g, i]), pair_field
+        rejected = pair_field.replace("chosen", "rejected")
+        assert torch.equal(getattr(pairs, rejected), getattr(b, group_field)[g, j]), rejected
+    assert pairs.example_ids == tuple(f"p{a}[{c}>{r}]" for a, c, r in zip(g.tolist(), i.tolist(), j.tolist(),
+                                                                          strict=True))
+
+
 def test_all_tied_lists_give_no_pairs():
     b = group(2, 3, scores=torch.ones(2, 3, dtype=torch.float64))
     with pytest.raises(GroupBatchError, match="no group in this batch of 2 has two completions with different"):
         pairs_from_lists(b)
-    with pytest.raises(prefzoo.LossParamError, match="unknown reduction 'worst'"):
+    with pytest.raises(prefzoo.LossParamError,
+                       match=r"unknown reduction 'worst'; use one of best-worst, all-pairs, best-vs-rest$"):
         pairs_from_lists(b, "worst")  # type: ignore[arg-type]
 
 

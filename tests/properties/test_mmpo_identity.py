@@ -99,3 +99,13 @@ def test_identity_on_two_uneven_ranks_by_hand():
     loss = prefzoo.Loss(prefzoo.loss_spec("mmpo"), p)
     outs = run_on_ranks(lambda r, gather: loss(shards[r], gather=gather).losses.detach(), 2)
     assert [o.tolist() for o in outs] == [[-1.0], [-0.75, -0.25]]
+
+
+def test_production_gather_on_one_process_is_the_identity():
+    """One process: ``make_gather`` hands the shard back unchanged (no collective)."""
+    from types import SimpleNamespace
+
+    from prefzoo.train.distributed import make_gather
+
+    t = torch.arange(3.0)
+    assert make_gather(SimpleNamespace(num_processes=1))(t) is t
