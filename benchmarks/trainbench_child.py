@@ -117,10 +117,9 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
         disable_tqdm=True,
         use_cpu=True,
         seed=0,
-        max_length=4096,
         dataloader_num_workers=0,
-        **spec.get("trl_options", {}),
     )
+    common = {"max_length": 4096, **common, **spec.get("trl_options", {})}  # trl_options may raise max_length
     if spec.get("max_steps"):
         common["max_steps"] = spec["max_steps"]
     else:
