@@ -74,7 +74,8 @@ def step_point(
     tokens = run["tokens"][1:] or run["tokens"]
     return {
         "side": side, "completion": completion, "batch": batch, "tokens": statistics.median(tokens),
-        "step_s": statistics.median(timed), "peak_mb": run["peak_rss_mb"], "import_mb": run["rss_after_import_mb"],
+        "step_s": statistics.median(timed), "peak_mb": run["peak_rss_mb"],
+        "peak_steps_mb": run.get("peak_steps_mb"), "import_mb": run["rss_after_import_mb"],
     }  # fmt: skip
 
 
@@ -161,10 +162,16 @@ def _fits(rows: list[dict[str, Any]], x: str, y: str) -> dict[str, float]:
     return out
 
 
+def _steps_peak(r: dict[str, Any]) -> float | None:
+    """Peak RSS of the steps alone where measured (TRL loads nothing big before its steps: its process peak)."""
+    return r.get("peak_steps_mb") or (r["peak_mb"] if r["side"] == "trl" else None)
+
+
 def step_table(rows: list[dict[str, Any]], key: str) -> list[str]:
     """Side-by-side markdown rows of a step curve over ``key`` (completion or batch)."""
-    lines = [f"| {key} | tokens / step | prefzoo s/step | TRL s/step | speed ×TRL | prefzoo peak MB | TRL peak MB | "
-             "memory ×TRL |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [f"| {key} | tokens / step | prefzoo s/step | TRL s/step | speed ×TRL | prefzoo peak MB: process (steps) | "
+             "TRL peak MB | memory ×TRL: process (steps) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for v in dict.fromkeys(r[key] for r in rows):
         missing: dict[str, Any] = {"error": "not run"}
         ran = sorted(rows, key=lambda r: "error" in r)  # a measured point before a skipped one (merged files)
@@ -177,9 +184,13 @@ def step_table(rows: list[dict[str, Any]], key: str) -> list[str]:
 
         ok = "error" not in pz and "error" not in trl
         speed = f"{trl['step_s'] / pz['step_s']:.2f}×" if ok else "-"
+        pz_steps = _steps_peak(pz) if "error" not in pz else None
         mem = f"{pz['peak_mb'] / trl['peak_mb']:.2f}" if ok else "-"
+        if ok and pz_steps:
+            mem += f" ({pz_steps / trl['peak_mb']:.2f})"
+        pz_mem = cell(pz, "peak_mb", ".0f") + (f" ({pz_steps:.0f})" if pz_steps else "")
         lines.append(f"| {v} | {tok:.0f} | {cell(pz, 'step_s', '.2f')} | {cell(trl, 'step_s', '.2f')} | {speed} | "
-                     f"{cell(pz, 'peak_mb', '.0f')} | {cell(trl, 'peak_mb', '.0f')} | {mem} |")  # fmt: skip
+                     f"{pz_mem} | {cell(trl, 'peak_mb', '.0f')} | {mem} |")  # fmt: skip
     fits = _fits(rows, "tokens", "step_s")
     lines.append(
         ""
@@ -229,6 +240,11 @@ def plot(results: dict[str, Any], path: Path) -> bool:
             pts = sorted((r[x], r[y]) for r in results[curve] if r["side"] == side and "error" not in r)
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, label="TRL 1.16" if side == "trl" else side)
+            steps = sorted(
+                (r[x], r["peak_steps_mb"]) for r in results[curve] if r["side"] == "prefzoo" and r.get("peak_steps_mb")
+            )
+            if y == "peak_mb" and side == "prefzoo" and steps:
+                ax.plot(*zip(*steps, strict=True), "o:", label="prefzoo, steps only")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel({"completion": "completion tokens", "batch": "pairs per step", "pairs": "pairs"}[x])

@@ -99,6 +99,7 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
 
 def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
     import datasets
+    from trainbench_setup import reset_peak_rss
     from transformers import AutoTokenizer, TrainerCallback
 
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -165,6 +166,7 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a: Any, **k: Any) -> None:
+            reset_peak_rss()
             rec.starts.append(time.perf_counter())
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
@@ -181,7 +183,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(spec["threads"]))
-    from trainbench_setup import matmul_rate
+    from trainbench_setup import matmul_rate, step_peak_rss_mb
 
     rate = matmul_rate(int(spec["threads"]))
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -196,6 +198,7 @@ def main() -> None:
         "tokens": [_example_tokens_from_shape(b) for b in rec.batches[:n]],
         "precompute_s": rec.precompute_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_steps_mb": step_peak_rss_mb(),  # from the first step on: without set-up (prefzoo's self-check)
         "rss_after_import_mb": rss_start / 1024,
         "matmul_flops": rate,
         **extra,
