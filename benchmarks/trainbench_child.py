@@ -183,7 +183,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(spec["threads"]))
-    from trainbench_setup import matmul_rate, step_peak_rss_mb
+    from trainbench_setup import matmul_rate, process_peak_rss_mb, step_peak_rss_mb
 
     rate = matmul_rate(int(spec["threads"]))
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -197,7 +197,7 @@ def main() -> None:
         "batches": rec.batches[:n],
         "tokens": [_example_tokens_from_shape(b) for b in rec.batches[:n]],
         "precompute_s": rec.precompute_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": process_peak_rss_mb(),
         "peak_steps_mb": step_peak_rss_mb(),  # from the first step on: without set-up (prefzoo's self-check)
         "rss_after_import_mb": rss_start / 1024,
         "matmul_flops": rate,

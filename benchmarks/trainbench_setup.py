@@ -19,6 +19,7 @@ __all__ = [
     "flop_bound",
     "make_pairs",
     "matmul_rate",
+    "process_peak_rss_mb",
     "reset_peak_rss",
     "step_peak_rss_mb",
     "step_timer",
@@ -194,20 +195,34 @@ def reset_peak_rss() -> None:
     if _PEAK_RESET:
         return
     try:
+        _SETUP_PEAK_MB.append(_vm_hwm_mb())
         Path("/proc/self/clear_refs").write_text("5")
         _PEAK_RESET.append(True)
     except OSError:
         _PEAK_RESET.append(False)
 
 
-def step_peak_rss_mb() -> float | None:
-    """Peak RSS (MB) since :func:`reset_peak_rss` (``VmHWM``), or None where it could not be reset."""
-    if not (_PEAK_RESET and _PEAK_RESET[0]):
-        return None
+_SETUP_PEAK_MB: list[float] = []  # the high-water mark just before the reset: imports, loading, set-up
+
+
+def _vm_hwm_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024  # kB
-    return None
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def step_peak_rss_mb() -> float | None:
+    """Peak RSS (MB) since :func:`reset_peak_rss` (``VmHWM``), or None where it could not be reset."""
+    return _vm_hwm_mb() if _PEAK_RESET and _PEAK_RESET[0] else None
+
+
+def process_peak_rss_mb() -> float:
+    """Peak RSS (MB) of the whole process: ``ru_maxrss``, or, after a reset, the larger of set-up and steps."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; reset too by clear_refs
+    return max([peak, *_SETUP_PEAK_MB])
 
 
 def step_timer() -> Any:
