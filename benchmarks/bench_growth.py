@@ -236,15 +236,16 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
     for ax, (curve, x, y, label) in zip(axes[0], panels, strict=True):
-        for side, style in (("prefzoo", "o-"), ("trl", "s--")):
+        for side, style, color in (("prefzoo", "o-", "C0"), ("trl", "s--", "C1")):
             pts = sorted((r[x], r[y]) for r in results[curve] if r["side"] == side and "error" not in r)
+            name = "TRL 1.16" if side == "trl" else "prefzoo" + (", whole process" if y == "peak_mb" else "")
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, label="TRL 1.16" if side == "trl" else side)
+                ax.plot(*zip(*pts, strict=True), style, color=color, label=name)
             steps = sorted(
                 (r[x], r["peak_steps_mb"]) for r in results[curve] if r["side"] == "prefzoo" and r.get("peak_steps_mb")
             )
             if y == "peak_mb" and side == "prefzoo" and steps:
-                ax.plot(*zip(*steps, strict=True), "o:", label="prefzoo, steps only")
+                ax.plot(*zip(*steps, strict=True), "o:", color="C2", label="prefzoo, steps only")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel({"completion": "completion tokens", "batch": "pairs per step", "pairs": "pairs"}[x])
