@@ -99,6 +99,7 @@ def run_prefzoo(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str
 
 def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, Any]:
     import datasets
+    from trainbench_setup import reset_peak_rss
     from transformers import AutoTokenizer, TrainerCallback
 
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -117,10 +118,9 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
         disable_tqdm=True,
         use_cpu=True,
         seed=0,
-        max_length=4096,
         dataloader_num_workers=0,
-        **spec.get("trl_options", {}),
     )
+    common = {"max_length": 4096, **common, **spec.get("trl_options", {})}  # trl_options may raise max_length
     if spec.get("max_steps"):
         common["max_steps"] = spec["max_steps"]
     else:
@@ -166,6 +166,7 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a: Any, **k: Any) -> None:
+            reset_peak_rss()
             rec.starts.append(time.perf_counter())
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
@@ -182,7 +183,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(spec["threads"]))
-    from trainbench_setup import matmul_rate
+    from trainbench_setup import matmul_rate, process_peak_rss_mb, step_peak_rss_mb
 
     rate = matmul_rate(int(spec["threads"]))
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -196,7 +197,8 @@ def main() -> None:
         "batches": rec.batches[:n],
         "tokens": [_example_tokens_from_shape(b) for b in rec.batches[:n]],
         "precompute_s": rec.precompute_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": process_peak_rss_mb(),
+        "peak_steps_mb": step_peak_rss_mb(),  # from the first step on: without set-up (prefzoo's self-check)
         "rss_after_import_mb": rss_start / 1024,
         "matmul_flops": rate,
         **extra,

@@ -19,6 +19,9 @@ __all__ = [
     "flop_bound",
     "make_pairs",
     "matmul_rate",
+    "process_peak_rss_mb",
+    "reset_peak_rss",
+    "step_peak_rss_mb",
     "step_timer",
 ]
 
@@ -183,6 +186,45 @@ def batch_shape(batch: dict[str, Any]) -> list[dict[str, int]]:
     return [{"prompt": x, "chosen": w, "rejected": l} for x, w, l in zip(prompts, chosen, rejected, strict=True)]
 
 
+_PEAK_RESET: list[bool] = []  # whether this process reset its RSS high-water mark at its first step
+
+
+def reset_peak_rss() -> None:
+    """Reset the process's RSS high-water mark (Linux ``/proc/self/clear_refs`` 5) once, at the first training step,
+    so that :func:`step_peak_rss_mb` is the peak of the steps alone, without the set-up before them."""
+    if _PEAK_RESET:
+        return
+    try:
+        _SETUP_PEAK_MB.append(_vm_hwm_mb())
+        Path("/proc/self/clear_refs").write_text("5")
+        _PEAK_RESET.append(True)
+    except OSError:
+        _PEAK_RESET.append(False)
+
+
+_SETUP_PEAK_MB: list[float] = []  # the high-water mark just before the reset: imports, loading, set-up
+
+
+def _vm_hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def step_peak_rss_mb() -> float | None:
+    """Peak RSS (MB) since :func:`reset_peak_rss` (``VmHWM``), or None where it could not be reset."""
+    return _vm_hwm_mb() if _PEAK_RESET and _PEAK_RESET[0] else None
+
+
+def process_peak_rss_mb() -> float:
+    """Peak RSS (MB) of the whole process: ``ru_maxrss``, or, after a reset, the larger of set-up and steps."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; reset too by clear_refs
+    return max([peak, *_SETUP_PEAK_MB])
+
+
 def step_timer() -> Any:
     """A prefzoo trainer callback timing each optimizer step (``on_step_begin`` → ``on_step_end``) unmodified.
 
@@ -204,6 +246,7 @@ def step_timer() -> Any:
             self.setup_s = dict(state.timings)
 
         def on_step_begin(self, state: Any) -> None:
+            reset_peak_rss()
             self.batches.append([])
             self.starts.append(time.perf_counter())
 

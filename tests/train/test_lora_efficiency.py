@@ -47,3 +47,14 @@ def test_zero_lora_dropout_runs_no_dropout_module(dropout, runs):
 
 def _name_of(root: nn.Module, module: nn.Module) -> str:
     return next(n for n, m in root.named_modules() if m is module)
+
+
+def test_lora_defaults_are_the_papers():
+    """mmpo-paper.tex, appendix: LoRA r = 64, α = 64, dropout 0.01; prefzoo keeps them (docs/training.md says why)."""
+    from prefzoo.cli.main import build_parser
+    from prefzoo.train.config import TrainConfig
+
+    cfg = TrainConfig(model="m", lora=True)
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout) == (64, 64, 0.01)
+    args = build_parser().parse_args(["train", "--lora"])
+    assert "lora_dropout" not in vars(args)  # the CLI leaves it unset: TrainConfig's default applies
