@@ -24,7 +24,7 @@ from torch import Tensor
 
 from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.logps import PolicyLogps
+from prefzoo.train.logps import inner_policy
 from prefzoo.train.prompt_embedding import PromptEmbedding, mean_pooled_hidden_states
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference
 
@@ -69,9 +69,7 @@ def reference_embedding(reference: Any) -> PromptEmbedding:
     if isinstance(reference, FrozenReference):
         return mean_pooled_hidden_states(reference.module.lm)
     if isinstance(reference, AdapterDisabledReference):
-        inner: Any = reference.policy
-        while not isinstance(inner, PolicyLogps):
-            inner = inner.module
+        inner = inner_policy(reference.policy)
         lm: Any = inner.lm  # a peft model
 
         def embed(input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ __all__ = [
     "CompletionLogps",
     "PolicyLogps",
     "completion_logps_naive",
+    "inner_policy",
     "is_shared_layout",
     "sequence_logps",
     "unwrap_causal_lm",
@@ -337,3 +338,12 @@ def completion_logps_naive(lm: Any, input_ids: Tensor, attention_mask: Tensor, c
     logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (N, T, V)
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (logp * completion_mask[:, 1:]).sum(dim=1)  # (N,)
+
+
+def inner_policy(policy: Any) -> PolicyLogps:
+    """The :class:`PolicyLogps` inside ``policy``, through any wrappers (DDP, DeepSpeed, FSDP) that hold it as
+    ``.module``."""
+    m = policy
+    while not isinstance(m, PolicyLogps):
+        m = m.module
+    return m

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.train.batch import row_ids
-from prefzoo.train.logps import PolicyLogps
+from prefzoo.train.logps import PolicyLogps, inner_policy
 from prefzoo.types import Need
 
 __all__ = [
@@ -106,12 +106,6 @@ class AdapterDisabledReference(Reference):
     def __init__(self, policy: Any) -> None:
         self.policy = policy  # the (possibly accelerate-wrapped) PolicyLogps; unwrapped at call time
 
-    def _inner(self) -> PolicyLogps:
-        m = self.policy
-        while not isinstance(m, PolicyLogps):
-            m = m.module
-        return m
-
     @torch.no_grad()
     def __call__(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         logps = self.rows(batch)
@@ -129,7 +123,7 @@ class AdapterDisabledReference(Reference):
         return out.token_logps[:b].detach(), out.token_logps[b:].detach()
 
     def _run(self, batch: dict[str, Any], token_logps: bool) -> Any:
-        inner = self._inner()
+        inner = inner_policy(self.policy)
         was_training = inner.training
         inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
         try:

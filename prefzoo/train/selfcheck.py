@@ -19,7 +19,7 @@ from torch import Tensor
 
 from prefzoo.train.config import ConfigError
 from prefzoo.train.fastpath_prompt import SharedPromptError
-from prefzoo.train.logps import PolicyLogps, is_shared_layout, sequence_logps, unwrap_causal_lm
+from prefzoo.train.logps import PolicyLogps, inner_policy, is_shared_layout, sequence_logps, unwrap_causal_lm
 
 __all__ = ["LogpsSelfCheckError", "SelfCheck", "check_logps", "first_pairs", "run_self_check", "use_model_forward"]
 
@@ -99,20 +99,13 @@ def check_logps(policy: PolicyLogps, batch: dict[str, Any], rows: int = ROWS) ->
     return SelfCheck(arch, err, tol, aux_err)
 
 
-def _inner_policy(policy: Any) -> PolicyLogps:
-    m = policy
-    while not isinstance(m, PolicyLogps):
-        m = m.module
-    return m
-
-
 def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback: bool, say: Any = print) -> SelfCheck:
     """The run-start check (called by the loop on the first batch); raises or switches both to the model's forward.
 
     ``policy`` is the (possibly accelerate-wrapped) :class:`PolicyLogps`; ``reference`` a
     :class:`prefzoo.train.reference.Reference` or None; ``say`` prints one line on the main process.
     """
-    inner = _inner_policy(policy)
+    inner = inner_policy(policy)
     result = check_logps(inner, batch)
     if result.ok:
         say(
@@ -142,11 +135,11 @@ def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback:
 
 def use_model_forward(policy: Any, reference: Any) -> None:
     """Switch the policy (and a reference that computes log-probs) to the model's own forward."""
-    _inner_policy(policy).path = "model"
+    inner_policy(policy).path = "model"
     module = getattr(reference, "module", None)
     with contextlib.suppress(AttributeError):
         if module is not None:
-            _inner_policy(module).path = "model"
+            inner_policy(module).path = "model"
 
 
 def first_pairs(tokenized: Any, collate: Any, device: Any, k: int = ROWS) -> dict[str, Any]:
