@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from prefzoo.data.chat import render_completion, render_prompt
-from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset
+from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset, text_chars
 from prefzoo.data.validate import MAX_TEXT_CHARS, DataFormatError
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _chars(value: Any) -> int:
-    return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
-
-
 def completion_encoder(
     tokenizer: Any, limits: tuple[int, int], requested: tuple[int, int] | None, answers: str
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -52,7 +48,7 @@ def completion_encoder(
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         texts = row[answers] if many else [row[answers]]
         base = {k: row[k] for k in row if k not in ("prompt", answers)}
-        if max([_chars(row["prompt"]), *(len(t) for t in texts)]) > MAX_TEXT_CHARS:
+        if max([text_chars(row["prompt"]), *(len(t) for t in texts)]) > MAX_TEXT_CHARS:
             return {**base, "prompt_ids": [], "completion_ids": [[]] * len(texts) if many else [],
                     **dict.fromkeys(FLAGS, False), "oversized": True}  # fmt: skip
         prompt = render_prompt(tokenizer, row["prompt"])

@@ -25,6 +25,7 @@ __all__ = [
     "flag_stats",
     "pair_encoder",
     "render_prompt",
+    "text_chars",
     "tokenize_pairs",
 ]
 
@@ -72,6 +73,11 @@ def _examples(enc: datasets.Dataset | Sequence[dict[str, Any]], limit: int = 3) 
         if len(dropped) == limit and len(truncated) == limit:
             break
     return dropped + truncated
+
+
+def text_chars(value: Any) -> int:
+    """Characters of a text field: a string's length, or a conversation's longest message."""
+    return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
 
 
 FLAGS = ("keep", "identical", "oversized", "prompt_truncated", "completion_truncated", "context_truncated")
@@ -122,14 +128,11 @@ def pair_encoder(
     if tokenizer.eos_token_id is None:
         raise DataFormatError("the tokenizer has no eos token; completions end with eos. Set tokenizer.eos_token")
 
-    def _chars(value: Any) -> int:
-        return len(value) if isinstance(value, str) else max((len(m["content"]) for m in value), default=0)
-
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         return {**_encode(row), **{k: row[k] for k in passthrough}}
 
     def _encode(row: dict[str, Any]) -> dict[str, Any]:
-        if max(_chars(row["prompt"]), _chars(row["chosen"]), _chars(row["rejected"])) > MAX_TEXT_CHARS:
+        if max(text_chars(row["prompt"]), text_chars(row["chosen"]), text_chars(row["rejected"])) > MAX_TEXT_CHARS:
             return {
                 "id": row["id"],
                 "prompt_ids": [],
