@@ -211,14 +211,10 @@ def run_sweep(
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
+    from prefzoo.train.runcard import versions as installed
 
-    out = {}
-    for pkg in ("prefzoo", "torch", "transformers", "accelerate"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
+    out = installed(("prefzoo", "torch", "transformers", "accelerate"))
+    del out["python"]  # the sweep's record names the packages and the commit
     try:
         out["prefzoo commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True

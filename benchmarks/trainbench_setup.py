@@ -264,15 +264,9 @@ def step_timer() -> Any:
 
 def versions(*packages: str) -> dict[str, str]:
     """Python's and each package's installed version ("-" when not installed), for a benchmark's record."""
-    import importlib.metadata as md
+    from prefzoo.train.runcard import versions as installed
 
-    out = {"python": platform.python_version()}
-    for pkg in packages:
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "-"
-    return out
+    return installed(packages, missing="-")
 
 
 def machine() -> str:

@@ -16,14 +16,15 @@ __all__ = ["model_card_front_matter", "save_model_folder", "versions", "write_fi
 _PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "bitsandbytes")
 
 
-def versions() -> dict[str, str]:
-    """Installed versions of the packages a run depends on."""
+def versions(packages: tuple[str, ...] = _PACKAGES, missing: str = "not installed") -> dict[str, str]:
+    """Python's and the installed version of each of ``packages`` (default: those a run depends on); ``missing`` for
+    one that is not installed."""
     out = {"python": platform.python_version()}
-    for name in _PACKAGES:
+    for name in packages:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            out[name] = "not installed"
+            out[name] = missing
     return out
 
 
