@@ -191,13 +191,16 @@ def step_table(rows: list[dict[str, Any]], key: str) -> list[str]:
         pz_mem = cell(pz, "peak_mb", ".0f") + (f" ({pz_steps:.0f})" if pz_steps else "")
         lines.append(f"| {v} | {tok:.0f} | {cell(pz, 'step_s', '.2f')} | {cell(trl, 'step_s', '.2f')} | {speed} | "
                      f"{pz_mem} | {cell(trl, 'peak_mb', '.0f')} | {mem} |")  # fmt: skip
-    fits = _fits(rows, "tokens", "step_s")
-    lines.append(
-        ""
-        if not fits
-        else "\nFitted step time ∝ tokens^a: " + ", ".join(f"{s} a = {a:.2f}" for s, a in fits.items()) + "."
-    )
+    lines.append(_fit_line(rows, "tokens", "step_s", "step time"))
     return lines
+
+
+def _fit_line(rows: list[dict[str, Any]], x: str, y: str, what: str) -> str:
+    """The fitted growth exponent of ``y`` against ``x`` per side, as a sentence after a table ("" when none)."""
+    fits = _fits(rows, x, y)
+    if not fits:
+        return ""
+    return f"\nFitted {what} ∝ {x}^a: " + ", ".join(f"{s} a = {a:.2f}" for s, a in fits.items()) + "."
 
 
 def data_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -209,12 +212,7 @@ def data_table(rows: list[dict[str, Any]]) -> list[str]:
         else:
             lines.append(f"| {r['pairs']} | {r['side']} | {r['first_s']:.2f} | {r['cached_s']:.2f} | "
                          f"{r['cache_mb']:.1f} |")  # fmt: skip
-    fits = _fits(rows, "pairs", "first_s")
-    lines.append(
-        ""
-        if not fits
-        else "\nFitted tokenisation time ∝ pairs^a: " + ", ".join(f"{s} a = {a:.2f}" for s, a in fits.items()) + "."
-    )
+    lines.append(_fit_line(rows, "pairs", "first_s", "tokenisation time"))
     return lines
 
 
