@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefzoo.data.cache import checked_map
+from prefzoo.data.cache import cached_summary, checked_map
 from prefzoo.data.shapes import SHAPE_COLUMNS, normalize_list_row, normalize_unpaired_row
 from prefzoo.data.validate import DataFormatError, check_messages, check_text, locate_file_error
 
@@ -221,10 +221,26 @@ def normalize(ds: datasets.Dataset, fmt: str | None = None) -> datasets.Dataset:
     )
     out = out.select_columns([*SHAPE_COLUMNS[_SHAPE_OF.get(fmt, "pairs")], *(SCORE_COLUMNS if scored else ())])
     out.info.description = f"{FORMAT_PREFIX}{fmt}"  # read back by detected_format() for the start-of-run report
-    ids = out["id"]
-    if len(set(ids)) != len(ids):  # duplicated ids would break reference caching: make them unique
+    if _duplicated_ids(out):  # duplicated ids would break reference caching: make them unique
         out = checked_map(out, lambda row, idx: {"id": f"{row['id']}#{idx}"}, with_indices=True)
     return out
+
+
+def _duplicated_ids(ds: datasets.Dataset) -> int:
+    """How many rows repeat an earlier row's id: counted by Arrow once, then read back on a cache hit."""
+
+    def count() -> dict[str, Any]:
+        import pyarrow.compute as pc
+
+        ids = ds.select_columns(["id"]).with_format("arrow")[:]["id"]
+        return {"duplicated_ids": len(ds) - pc.count_distinct(ids, mode="all").as_py()}
+
+    def check(value: dict[str, Any]) -> None:
+        if set(value) != {"duplicated_ids"} or type(value["duplicated_ids"]) is not int or \
+                not 0 <= value["duplicated_ids"] < len(ds):  # fmt: skip
+            raise ValueError(f"duplicated_ids must be an integer in [0, {len(ds)}): {value}")
+
+    return int(cached_summary(ds, "ids", count, check)["duplicated_ids"])
 
 
 def normalize_rows(rows: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefzoo.data.cache import checked_map
+from prefzoo.data.cache import cached_summary, checked_map
 from prefzoo.data.chat import render_completion, render_prompt
 from prefzoo.data.formats import DataFormatError
 from prefzoo.data.validate import MAX_TEXT_CHARS
@@ -83,19 +83,43 @@ def text_chars(value: Any) -> int:
 FLAGS = ("keep", "identical", "oversized", "prompt_truncated", "completion_truncated", "context_truncated")
 
 
-def flag_stats(column: Callable[[str], Sequence[bool]], total: int) -> TokenizeStats:
-    """Counts of encoded rows' flags (:data:`FLAGS`); ``column(name)`` gives the flag of every row."""
-    count = {k: int(sum(column(k))) for k in FLAGS}
+def flag_stats(count: Callable[[str], int], total: int) -> TokenizeStats:
+    """Counts of encoded rows' flags (:data:`FLAGS`); ``count(name)`` is how many rows have the flag ``name``."""
+    n = {k: int(count(k)) for k in FLAGS}
     return TokenizeStats(
         total=total,
-        kept=count["keep"],
-        dropped=total - count["keep"],
-        prompt_truncated=count["prompt_truncated"],
-        completion_truncated=count["completion_truncated"],
-        identical=count["identical"],
-        oversized=count["oversized"],
-        context_truncated=count["context_truncated"],
+        kept=n["keep"],
+        dropped=total - n["keep"],
+        prompt_truncated=n["prompt_truncated"],
+        completion_truncated=n["completion_truncated"],
+        identical=n["identical"],
+        oversized=n["oversized"],
+        context_truncated=n["context_truncated"],
     )
+
+
+def _check_stats(value: dict[str, Any], rows: int) -> TokenizeStats:
+    """The :class:`TokenizeStats` of a stored summary of ``rows`` encoded rows; a ValueError if it cannot be right."""
+    stats = TokenizeStats(**value)
+    counts = {k: v for k, v in vars(stats).items() if k != "examples"}
+    if not all(type(v) is int and 0 <= v <= rows for v in counts.values()):
+        raise ValueError(f"counts must be integers in [0, {rows}]: {counts}")
+    if stats.total != rows or stats.kept + stats.dropped != rows:
+        raise ValueError(f"total {stats.total}, kept {stats.kept} + dropped {stats.dropped} for {rows} rows")
+    if not isinstance(stats.examples, list) or not all(isinstance(e, str) for e in stats.examples):
+        raise ValueError("examples must be a list of strings")
+    return stats
+
+
+def _dataset_stats(enc: datasets.Dataset) -> dict[str, Any]:
+    """The counts of a mapped dataset's flags, summed by Arrow (no Python object per row)."""
+    import pyarrow.compute as pc
+
+    flags = enc.select_columns(list(FLAGS)).with_format("arrow")[:]  # pyarrow.Table of the flag columns
+    stats = flag_stats(lambda k: pc.sum(flags[k]).as_py() or 0, len(enc))
+    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
+        stats.examples = _examples(enc)
+    return asdict(stats)
 
 
 def encode_rows(rows: Sequence[dict[str, Any]], encode: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[
@@ -105,7 +129,7 @@ def encode_rows(rows: Sequence[dict[str, Any]], encode: Callable[[dict[str, Any]
     :mod:`prefzoo.data.groups`) without their flags, and the counts.  For a few rows made during a run (on-policy
     samples), where a ``datasets.map`` costs more in fingerprinting than the tokenizing itself."""
     enc = [encode(row) for row in rows]
-    stats = flag_stats(lambda k: [row[k] for row in enc], len(enc))
+    stats = flag_stats(lambda k: sum(row[k] for row in enc), len(enc))
     if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
         stats.examples = _examples(enc)
     return [{k: v for k, v in row.items() if k not in FLAGS} for row in enc if row["keep"]], stats
@@ -197,9 +221,9 @@ def encode_dataset(
     (``same``: how they are called) or an oversized field are dropped with a warning.  ``what``: 'pairs', 'lists' or
     'examples'; ``check``: what to look at when every row is dropped (a one-line error)."""
     enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
-    stats = flag_stats(enc.__getitem__, len(enc))
-    if stats.dropped or stats.prompt_truncated or stats.completion_truncated:
-        stats.examples = _examples(enc)
+    # counted once per tokenised dataset: a later run (a cache hit) reads them back instead of the columns
+    stats = TokenizeStats(**cached_summary(enc, "tokenize-stats", lambda: _dataset_stats(enc),
+                                           lambda v: _check_stats(v, len(enc))))  # fmt: skip
     if stats.kept == 0:
         raise DataFormatError(
             f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
