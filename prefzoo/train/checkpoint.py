@@ -98,7 +98,8 @@ def save_checkpoint(
     ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
     ``write(tmp_folder)`` (called on every process) replaces ``accelerator.save_state`` (``--save-only-model``).
     ``save_shards(tmp_folder)`` runs on every process after accelerate's state: what accelerate does not save (FSDP2
-    model and optimizer shards, :mod:`prefzoo.train.fsdp`), each rank its own files in its node's folder.
+    model and optimizer shards, :mod:`prefzoo.train.fsdp`; the density-ratio classifier), each rank its own files in
+    its node's folder; they are fsynced and listed in the manifest with accelerate's.
     """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"

@@ -11,26 +11,44 @@ For a loss that declares ``LossSpec.density_ratio_weights`` (``bco``), at the st
 
 Then every training and evaluation batch gets ``UnpairedBatch.density_ratio_weights``: 1 for a desirable example,
 clamp(P/(1 − P + 1e-8), --min-density-ratio, --max-density-ratio) for an undesirable one, P = P(desirable | its
-prompt) (TRL's ``_get_udm_weight``); the loss multiplies each example's loss by it.  The embedding model is frozen, so
-a resumed run refits the same classifier from the same sample (TRL pickles it into the checkpoint instead).
+prompt) (TRL's ``_get_udm_weight``); the loss multiplies each example's loss by it.  The reference is frozen, so an
+example's weight never changes: each undesirable prompt is embedded once, alone (no padding, so its weight does not
+depend on the batch it came in), and its P is kept by example id for later epochs and evaluation; desirable prompts
+are never embedded (their weight is 1).
+
+Checkpoints hold the classifier (``density_ratio.safetensors``: w, b and the settings it was fitted with); a resumed
+run loads it instead of refitting, and a checkpoint without one (or fitted with other settings) is a one-line
+:class:`~prefzoo.train.checkpoint.ResumeError` before any model loads.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
+from prefzoo.train.checkpoint import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.logps import inner_policy
 from prefzoo.train.prompt_embedding import PromptEmbedding, mean_pooled_hidden_states
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference
 
-__all__ = ["DensityRatioWeights", "check_density_ratio", "fit_density_ratio", "prompt_rows", "reference_embedding"]
+__all__ = [
+    "CLASSIFIER_FILE",
+    "DensityRatioWeights",
+    "check_density_ratio",
+    "fit_density_ratio",
+    "prompt_rows",
+    "read_density_ratio",
+    "reference_embedding",
+]
 
 _OPTIONS = {"density_ratio_prompts": 1024, "min_density_ratio": 0.5, "max_density_ratio": 10.0}
+CLASSIFIER_FILE = "density_ratio.safetensors"  # in each checkpoint folder of a --density-ratio run
 
 
 def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
@@ -93,17 +111,85 @@ def prompt_rows(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
     return batch["input_ids"][:, :t], prompt[:, :t].long()
 
 
+def _settings(cfg: TrainConfig) -> dict[str, str]:
+    """What a saved classifier and its weights depend on besides the model, seed and data (checked by resume)."""
+    return {k: repr(getattr(cfg, k)) for k in _OPTIONS}
+
+
+def _digest(weight: Tensor, bias: Tensor) -> str:
+    """sha256 of (w, b) as float64 bytes: a bit-rotted classifier file is refused, never trained with."""
+    theta = torch.cat((weight.reshape(-1), bias.reshape(-1))).to(torch.float64).contiguous()
+    return hashlib.sha256(theta.numpy().tobytes()).hexdigest()
+
+
 class DensityRatioWeights:
-    """``weights(batch) -> (N,)`` float32 density-ratio weights of a collated unpaired batch (no grad)."""
+    """``weights(batch) -> (N,)`` float32 density-ratio weights of a collated unpaired batch (no grad).
+
+    An undesirable example's P(desirable | prompt) is computed the first time its id is seen, from its prompt
+    embedded alone, and reused after; desirable examples get 1 without an embedding.
+    """
 
     def __init__(self, embed: PromptEmbedding, classifier: DensityRatioClassifier, lo: float, hi: float) -> None:
         self.embed, self.classifier, self.lo, self.hi = embed, classifier, lo, hi
+        self.prob: dict[str, float] = {}  # example id -> P(desirable | its prompt), float64 as a Python float
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, Any]) -> Tensor:
         labels = batch["labels"]  # (N,) bool
-        prob = self.classifier.prob_desirable(self.embed(*prompt_rows(batch)))  # (N,) float64
-        return udm_weights(prob, labels.to(prob.device), self.lo, self.hi).to(labels.device, torch.float32)
+        ids = batch["ids"]  # N example ids
+        input_ids, prompt = prompt_rows(batch)  # (N, T_x) each
+        for i in torch.nonzero(~labels.cpu())[:, 0].tolist():
+            if ids[i] not in self.prob:
+                x = input_ids[i][prompt[i].bool()].unsqueeze(0)  # (1, |x_i|) the prompt alone, unpadded
+                self.prob[ids[i]] = float(self.classifier.prob_desirable(self.embed(x, torch.ones_like(x)))[0])
+        prob = torch.tensor([self.prob.get(rid, 1.0) for rid in ids], dtype=torch.float64)  # (N,) 1: desirable
+        return udm_weights(prob, labels.cpu(), self.lo, self.hi).to(labels.device, torch.float32)
+
+    def save(self, folder: Path, cfg: TrainConfig) -> None:
+        """The classifier (w, b) and the settings it was fitted with, into checkpoint folder ``folder``."""
+        from safetensors.torch import save_file
+
+        state = self.classifier.state_dict()
+        meta = {**_settings(cfg), "sha256": _digest(state["weight"], state["bias"])}
+        save_file(state, str(Path(folder) / CLASSIFIER_FILE), metadata=meta)
+
+
+def read_density_ratio(cfg: TrainConfig, folder: Path | None) -> DensityRatioClassifier | None:
+    """The classifier saved in checkpoint ``folder`` when this run resumes one with ``--density-ratio`` (None for a
+    fresh start or a run without it); a one-line ResumeError when the checkpoint and the run disagree."""
+    if folder is None:
+        return None
+    path = Path(folder) / CLASSIFIER_FILE
+    if not cfg.density_ratio:
+        if path.is_file():
+            raise ResumeError(f"--resume {folder}: this checkpoint was trained with --density-ratio (it holds "
+                              f"{CLASSIFIER_FILE}); add --density-ratio to resume it, or start a new "
+                              "--output-dir")  # fmt: skip
+        return None
+    if not path.is_file():
+        raise ResumeError(f"--resume {folder}: this checkpoint holds no density-ratio classifier ({CLASSIFIER_FILE}): "
+                          "it was trained without --density-ratio; resume without --density-ratio, or start a new "
+                          "--output-dir")  # fmt: skip
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
+    except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
+        raise ResumeError(f"--resume {folder}: {CLASSIFIER_FILE} is unreadable ({type(e).__name__}); resume from "
+                          "another checkpoint") from None  # fmt: skip
+    if (weight.ndim != 1 or bias.ndim != 0 or meta.get("sha256") != _digest(weight, bias)
+            or not bool(torch.isfinite(weight).all() and torch.isfinite(bias))):  # fmt: skip
+        raise ResumeError(f"--resume {folder}: {CLASSIFIER_FILE} failed its checksum or shape check (w "
+                          f"{tuple(weight.shape)}, b {tuple(bias.shape)}); resume from another checkpoint")  # fmt: skip
+    saved = {k: meta.get(k) for k in _OPTIONS}
+    if saved != _settings(cfg):
+        diff = ", ".join(f"{k}={saved[k]} (this run {v})" for k, v in _settings(cfg).items() if saved[k] != v)
+        raise ResumeError(f"--resume {folder}: its density-ratio classifier was fitted with {diff}; resume with the "
+                          "checkpoint's --density-ratio-prompts / --min-density-ratio / --max-density-ratio, or start "
+                          "a new --output-dir")  # fmt: skip
+    return DensityRatioClassifier.from_state_dict({"weight": weight, "bias": bias})
 
 
 def _embed_prompts(embed: PromptEmbedding, prompts: list[list[int]], pad: int, batch: int, device: Any) -> Tensor:

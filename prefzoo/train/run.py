@@ -393,7 +393,7 @@ class Run:
         saved = save_checkpoint(acc, cfg.output_dir, state.global_step, info, cfg.save_total_limit,
                                 before_marker=self._save_files,
                                 node_local=storage is not None and not storage.shared, write=write,
-                                save_shards=self._save_shards if p.fsdp and write is None else None)  # fmt: skip
+                                save_shards=self._save_shards if write is None else None)  # fmt: skip
         self.result.checkpoint = saved
         self.callbacks.call("on_save", state, saved)
         return saved
@@ -404,10 +404,15 @@ class Run:
         self.callbacks.call("on_save_files", self.state, folder)
 
     def _save_shards(self, tmp: Path) -> None:
-        """--fsdp: every rank writes its own model and optimizer shards into the checkpoint (accelerate saves none)."""
+        """Every rank, after accelerate's state: with --fsdp its own model and optimizer shards (accelerate saves
+        none); with --density-ratio the folder's writer adds the classifier (a resumed run loads it)."""
         p = self.parts
-        assert p.fsdp is not None
-        p.fsdp.save(p.policy, p.optimizer, tmp)
+        if p.fsdp is not None:
+            p.fsdp.save(p.policy, p.optimizer, tmp)
+        if p.density_ratio is not None:
+            node_local = p.storage is not None and not p.storage.shared
+            if p.accelerator.is_local_main_process if node_local else p.accelerator.is_main_process:
+                p.density_ratio.save(tmp, self.cfg)
 
     def abort_nonfinite(self) -> None:
         saved = self.saved or self.checkpoint(force=True)

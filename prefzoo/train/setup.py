@@ -24,7 +24,13 @@ from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.data import load_splits, prepare_datasets
-from prefzoo.train.density_ratio import check_density_ratio, fit_density_ratio
+from prefzoo.train.density_ratio import (
+    DensityRatioWeights,
+    check_density_ratio,
+    fit_density_ratio,
+    read_density_ratio,
+    reference_embedding,
+)
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.fsdp import FsdpEngine, check_fsdp
 from prefzoo.train.logps import PolicyLogps
@@ -128,6 +134,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         plan = plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists, cfg.unpair)
     _check_shape_options(cfg, plan)
     check_density_ratio(cfg, loss)
+    saved_classifier = read_density_ratio(cfg, resume_path)  # a resumed --density-ratio run loads, never refits
     if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
         accelerator.print(f"prefzoo train: {plan.describe()}")
     lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
@@ -188,7 +195,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         run_self_check(policy, reference, check_batch, cfg.logps_fallback, accelerator.print)
     timings: dict[str, float] = {}
     density = None
-    if cfg.density_ratio:  # BCO's UDM: the classifier is fitted once, on the frozen reference's prompt embeddings
+    if saved_classifier is not None:  # the classifier of the run this one resumes (saved in its checkpoint)
+        density = DensityRatioWeights(reference_embedding(reference), saved_classifier, cfg.min_density_ratio,
+                                      cfg.max_density_ratio)  # fmt: skip
+        accelerator.print(f"prefzoo train: density-ratio classifier loaded from {resume_path}")
+    elif cfg.density_ratio:  # BCO's UDM: the classifier is fitted once, on the frozen reference's prompt embeddings
         t0 = time.perf_counter()
         density = fit_density_ratio(cfg, reference, train_tok, tokenizer.pad_token_id, accelerator,
                                     make_gather(accelerator))  # fmt: skip

@@ -127,3 +127,150 @@ def test_two_processes_train_as_one_with_density_ratio_weights(tmp_path, tiny_di
     got = [h["loss/bco/density_ratio_weight"] for h in two["history"] if "loss/bco/density_ratio_weight" in h]
     want = [h["loss/bco/density_ratio_weight"] for h in one.history if "loss/bco/density_ratio_weight" in h]
     assert got == pytest.approx(want, abs=1e-6) and len(got) == 2
+
+
+def _examples(tokenizer: Any, n: int) -> list[dict[str, Any]]:
+    """``n`` tokenised unpaired examples (prompts of different lengths, so batches are padded)."""
+    rows = make_unpaired(n)
+    return [{"id": f"train:{i}", "prompt_ids": tokenizer(r["prompt"] + "?" * (i % 5))["input_ids"],
+             "completion_ids": tokenizer(r["completion"])["input_ids"], "label": r["label"]}
+            for i, r in enumerate(rows)]  # fmt: skip
+
+
+def test_each_undesirable_prompt_is_embedded_once_and_weighted_as_per_batch(tiny_dir):
+    """Three epochs of shuffled batches and an evaluation pass: every undesirable example's prompt is embedded once,
+    no desirable one ever, and every weight equals the per-batch computation (the whole batch embedded, padded)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prefzoo.data.groups import UnpairedCollator
+    from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
+    from prefzoo.train.density_ratio import DensityRatioWeights, prompt_rows
+    from prefzoo.train.prompt_embedding import mean_pooled_hidden_states
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    embed = mean_pooled_hidden_states(AutoModelForCausalLM.from_pretrained(tiny_dir).eval())
+    embedded: list[tuple[int, ...]] = []
+
+    def counted(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        embedded.extend(tuple(r[m.bool()].tolist()) for r, m in zip(input_ids, attention_mask, strict=True))
+        return embed(input_ids, attention_mask)
+
+    g = torch.Generator().manual_seed(0)
+    d = embed(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.long)).shape[1]
+    clf = DensityRatioClassifier(torch.randn(d, generator=g, dtype=torch.float64) * 3, torch.tensor(0.1).double())
+    weights = DensityRatioWeights(counted, clf, 0.5, 10.0)
+    train, held_out = _examples(tok, 12), [{**ex, "id": f"eval:{i}"} for i, ex in enumerate(_examples(tok, 4))]
+    collate = UnpairedCollator(tok.pad_token_id)
+    batches = [collate([train[int(i)] for i in perm[k:k + 4]]) for _ in range(3)
+               for perm in [torch.randperm(12, generator=g)] for k in range(0, 12, 4)] + [collate(held_out)]  # fmt: skip
+    for batch in batches:
+        got = weights(batch)
+        with torch.no_grad():
+            prob = clf.prob_desirable(embed(*prompt_rows(batch)))  # the per-batch computation (before the cache)
+        want = udm_weights(prob, batch["labels"], 0.5, 10.0).float()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert bool((got[batch["labels"]] == 1).all())
+    undesirable = [tuple(ex["prompt_ids"]) for ex in train + held_out if not ex["label"]]  # eval's: ids of their own
+    assert sorted(embedded) == sorted(undesirable) and len(embedded) == 8  # once each, desirable never
+    assert len({round(float(w), 4) for b in batches for w in weights(b)[~b["labels"]]}) > 2  # weights differ
+
+
+def _bco(tiny_dir: Any, data: Any, out: Any, **kw: Any) -> dict[str, Any]:
+    from tests.train.helpers import base_config
+
+    # 16 examples, 4 per step: 4 steps an epoch, 2 epochs (the weights of epoch 2 come from the per-id cache)
+    return base_config(tiny_dir, data, out, loss="bco", density_ratio=True, max_steps=8, save_steps=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def bco_runs(tmp_path_factory, tiny_dir):
+    """An uninterrupted `bco --density-ratio` run, and one stopped after 6 steps (mid epoch 2) with its checkpoints."""
+    from tests.train.helpers import params_of, run_inprocess
+
+    root = tmp_path_factory.mktemp("bco-resume")
+    data = write_jsonl(root / "u.jsonl", make_unpaired(16))
+    full = run_inprocess(_bco(tiny_dir, data, root / "full"))
+    first = run_inprocess({**_bco(tiny_dir, data, root / "run"), "stop_after_steps": 6})
+    assert full.global_step == 8 and first.global_step == 6 and first.final_dir is None
+    return {"data": data, "root": root, "full": params_of(full.model), "full_history": full.history}
+
+
+def test_a_resumed_density_ratio_run_loads_its_classifier_and_trains_bit_identically(
+    bco_runs, tiny_dir, monkeypatch, capsys
+):
+    import shutil
+
+    from prefzoo.losses.density_ratio import DensityRatioClassifier
+    from prefzoo.train.density_ratio import CLASSIFIER_FILE
+    from tests.train.helpers import params_of, run_inprocess
+
+    out = bco_runs["root"] / "resumed"
+    shutil.copytree(bco_runs["root"] / "run", out)  # the stopped run's folder, so the checkpoints stay for later tests
+    assert (out / "checkpoints" / "step-00000006" / CLASSIFIER_FILE).is_file()
+
+    def no_refit(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a resumed run refitted the density-ratio classifier")
+
+    monkeypatch.setattr(DensityRatioClassifier, "fit", no_refit)
+    capsys.readouterr()
+    res = run_inprocess({**_bco(tiny_dir, bco_runs["data"], out), "resume": "auto"})
+    assert res.global_step == 8
+    assert "density-ratio classifier loaded from" in capsys.readouterr().out
+    full, resumed = bco_runs["full"], params_of(res.model)
+    assert all(torch.equal(full[k], resumed[k]) for k in full)  # bit-identical
+    logged = [h["loss/bco/density_ratio_weight"] for h in res.history]
+    assert logged == [h["loss/bco/density_ratio_weight"] for h in bco_runs["full_history"][6:]]
+
+
+def _tamper(path: Any) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    state["bias"] = state["bias"] + 1.0
+    save_file(state, str(path), metadata=meta)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"density_ratio": False}, "trained with --density-ratio (it holds density_ratio.safetensors); add"),
+        ({"max_density_ratio": 5.0}, "fitted with max_density_ratio=10.0 (this run 5.0); resume with"),
+        ({"density_ratio_prompts": 8}, "density_ratio_prompts=1024 (this run 8)"),
+        ("tampered", "failed its checksum"),
+        ("garbled", "density_ratio.safetensors is unreadable"),
+    ],
+)
+def test_a_checkpoint_and_a_run_that_disagree_on_the_classifier_is_a_one_line_error(bco_runs, tiny_dir, change, words):
+    import shutil
+
+    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.density_ratio import CLASSIFIER_FILE
+    from tests.train.helpers import run_inprocess
+
+    out = bco_runs["root"] / f"disagree-{abs(hash(str(change)))}"
+    shutil.copytree(bco_runs["root"] / "run", out)
+    path = out / "checkpoints" / "step-00000006" / CLASSIFIER_FILE
+    cfg = {**_bco(tiny_dir, bco_runs["data"], out), "resume": "auto"}
+    if change == "tampered":
+        _tamper(path)
+    elif change == "garbled":  # the same size, so the checkpoint's manifest still lists it as complete
+        raw = path.read_bytes()
+        path.write_bytes(b"\xff" * 16 + raw[16:])
+    else:
+        cfg.update(change)
+    with pytest.raises(ResumeError) as err:
+        run_inprocess(cfg)
+    assert words in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_resuming_a_run_without_density_ratio_with_it_is_a_one_line_error(bco_runs, tiny_dir):
+    from prefzoo.train.checkpoint import ResumeError
+    from tests.train.helpers import run_inprocess
+
+    out = bco_runs["root"] / "plain"
+    run_inprocess({**_bco(tiny_dir, bco_runs["data"], out), "density_ratio": False, "max_steps": 2})
+    with pytest.raises(ResumeError, match=r"holds no density-ratio classifier \(density_ratio.safetensors\): it was "
+                                          "trained without --density-ratio; resume without"):  # fmt: skip
+        run_inprocess({**_bco(tiny_dir, bco_runs["data"], out), "resume": "auto", "max_steps": 4})
