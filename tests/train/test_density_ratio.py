@@ -161,8 +161,9 @@ def test_each_undesirable_prompt_is_embedded_once_and_weighted_as_per_batch(tiny
     weights = DensityRatioWeights(counted, clf, 0.5, 10.0)
     train, held_out = _examples(tok, 12), [{**ex, "id": f"eval:{i}"} for i, ex in enumerate(_examples(tok, 4))]
     collate = UnpairedCollator(tok.pad_token_id)
-    batches = [collate([train[int(i)] for i in perm[k:k + 4]]) for _ in range(3)
-               for perm in [torch.randperm(12, generator=g)] for k in range(0, 12, 4)] + [collate(held_out)]  # fmt: skip
+    perms = [torch.randperm(12, generator=g) for _ in range(3)]  # three epochs
+    batches = [collate([train[int(i)] for i in perm[k : k + 4]]) for perm in perms for k in range(0, 12, 4)]
+    batches.append(collate(held_out))
     for batch in batches:
         got = weights(batch)
         with torch.no_grad():
@@ -227,7 +228,7 @@ def _tamper(path: Any) -> None:
     from safetensors.torch import save_file
 
     with safe_open(str(path), framework="pt") as f:
-        meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     state["bias"] = state["bias"] + 1.0
     save_file(state, str(path), metadata=meta)
 
