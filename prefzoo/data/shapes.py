@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from prefzoo.data.cache import cached_summary
 from prefzoo.data.validate import DataFormatError, check_messages, check_text
 
 if TYPE_CHECKING:
@@ -197,6 +198,21 @@ def list_rows_to_pairs(rows: list[dict[str, Any]], how: str) -> tuple[list[dict[
     return [pair for pairs in found for pair in pairs], sum(not pairs for pairs in found)
 
 
+def _tied(pairs: datasets.Dataset) -> int:
+    """The marker rows of lists that gave no pair: counted by Arrow once, read back on a cache hit."""
+
+    def count() -> dict[str, Any]:
+        import pyarrow.compute as pc
+
+        return {"tied": pc.sum(pairs.select_columns(["none"]).with_format("arrow")[:]["none"]).as_py() or 0}
+
+    def check(value: dict[str, Any]) -> None:
+        if set(value) != {"tied"} or type(value["tied"]) is not int or not 0 <= value["tied"] <= len(pairs):
+            raise ValueError(f"tied must be an integer in [0, {len(pairs)}]: {value}")
+
+    return int(cached_summary(pairs, "tied-lists", count, check)["tied"])
+
+
 def lists_to_pairs(ds: datasets.Dataset, how: str) -> tuple[datasets.Dataset, int]:
     """(the pairs of every list under ``how``, number of lists that gave none: all their scores tie)."""
     list_pairs(None, 2, how)  # an unknown choice fails here, even on an empty dataset
@@ -220,7 +236,7 @@ def lists_to_pairs(ds: datasets.Dataset, how: str) -> tuple[datasets.Dataset, in
         return out
 
     pairs = ds.map(expand, batched=True, remove_columns=list(ds.column_names), desc=f"pairs from lists ({how})")
-    tied = int(sum(pairs["none"]))
+    tied = _tied(pairs)
     if tied:
         pairs = pairs.filter(lambda n: not n, input_columns="none", desc="dropping lists with no strict preference")
     if len(pairs) == 0:

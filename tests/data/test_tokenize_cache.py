@@ -150,3 +150,17 @@ def test_an_in_memory_dataset_is_counted_and_writes_no_summary(tmp_path, tokeniz
     _, stats = tokenize_pairs(ds, tokenizer, max_prompt_length=6, max_completion_length=4)
     assert {k: v for k, v in asdict(stats).items() if k in WANT} == WANT
     assert not list(tmp_path.rglob("prefzoo-*.json"))
+
+
+def test_pairs_from_lists_count_their_tied_lists_without_reading_them_again(tmp_path, reads):
+    from prefzoo.data.formats import normalize
+    from prefzoo.data.shapes import lists_to_pairs
+
+    rows = [{"prompt": "p", "completions": ["a", "b", "c"], "scores": [3, 2, 1]},
+            {"prompt": "q", "completions": ["a", "b"], "scores": [1, 1]}] * 3  # fmt: skip
+    lists = normalize(_load(tmp_path, rows))
+    pairs, tied = lists_to_pairs(lists, "all-pairs")
+    reads.clear()
+    again, tied_again = lists_to_pairs(lists, "all-pairs")
+    assert (tied, tied_again, len(pairs), len(again)) == (3, 3, 9, 9)
+    assert not [cols for cols, _ in reads if "none" in cols], reads
