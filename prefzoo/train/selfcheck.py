@@ -115,9 +115,21 @@ def own_forward_logps(
     for chunks of at most ``logits_bytes`` (float32) of completion positions over one decoder pass of full rows."""
     causal: Any = unwrap_causal_lm(lm)
     router = router and router_loss(causal.config)
-    if "logits_to_keep" not in inspect.signature(causal.forward).parameters:
-        ref = sequence_logps(lm, ids, attn, cm, path="model", router_aux=router)  # the whole (N, T, V) logits
-        return ref.logps, ref.aux_loss
+    decoder = causal.get_decoder()
+    if "logits_to_keep" in inspect.signature(causal.forward).parameters and decoder is not causal:
+        with _decoder_runs_once(decoder):
+            chunked = _chunked_own_logps(causal, ids, attn, cm, router, logits_bytes)
+        if chunked is not None:
+            return chunked
+    ref = sequence_logps(lm, ids, attn, cm, path="model", router_aux=router)  # the whole (N, T, V) logits
+    return ref.logps, ref.aux_loss
+
+
+def _chunked_own_logps(
+    causal: Any, ids: Tensor, attn: Tensor, cm: Tensor, router: bool, logits_bytes: int
+) -> tuple[Tensor, Tensor | None] | None:
+    """:func:`own_forward_logps` through ``logits_to_keep``; None when the model's logits do not come back as
+    (N, positions kept, V) (a forward that slices otherwise, or a decoder that is not what the forward calls)."""
     if is_shared_layout(cm):
         ids, attn, cm = unshare_rows(ids, cm)
     predict = cm[:, 1:].bool()  # (N, T-1): position t predicts completion token t+1
@@ -126,19 +138,20 @@ def own_forward_logps(
     logps = torch.zeros(ids.shape[0], dtype=torch.float32, device=ids.device)  # (N,)
     aux: Tensor | None = None
     n_cols, start, width = max(cols.numel(), 1), 0, 1  # the first call (width 1) tells the vocabulary size
-    with _decoder_runs_once(causal.get_decoder()):
-        while start < n_cols:
-            keep = cols[start : start + width] if cols.numel() else torch.zeros(1, dtype=torch.long, device=ids.device)
-            out = causal(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep, **kw)
-            z = out.logits  # (N, c, V) the model's own logits at positions ``keep``
-            z = z.to(torch.promote_types(z.dtype, torch.float32))
-            if start == 0 and router:
-                aux = _router_aux(causal, out, attn)
-            if cols.numel():
-                lp = torch.log_softmax(z, dim=-1).gather(-1, ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)  # (N, c)
-                logps = logps.to(lp.dtype) + torch.where(predict[:, keep], lp, 0).sum(1)
-            start += width
-            width = max(1, logits_bytes // (z.shape[0] * z.shape[-1] * z.element_size()))
+    while start < n_cols:
+        keep = cols[start : start + width] if cols.numel() else torch.zeros(1, dtype=torch.long, device=ids.device)
+        out = causal(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep, **kw)
+        z = out.logits  # (N, c, V) the model's own logits at positions ``keep``
+        if z.dim() != 3 or tuple(z.shape[:2]) != (ids.shape[0], keep.numel()):
+            return None
+        z = z.to(torch.promote_types(z.dtype, torch.float32))
+        if start == 0 and router:
+            aux = _router_aux(causal, out, attn)
+        if cols.numel():
+            lp = torch.log_softmax(z, dim=-1).gather(-1, ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)  # (N, c)
+            logps = logps.to(lp.dtype) + torch.where(predict[:, keep], lp, 0).sum(1)
+        start += width
+        width = max(1, logits_bytes // (z.shape[0] * z.shape[-1] * z.element_size()))
     return logps, aux
 
 
