@@ -76,6 +76,10 @@ def test_cli_strings_are_typed_by_the_params_class():
         ("policy_rejected_logps", torch.zeros(3), r"shape \(3,\) but policy_chosen_logps has \(4,\)"),
         ("ref_rejected_logps", torch.tensor([float("-inf"), 0.0, 0.0, 0.0]), r"ref_rejected_logps\[0\].*-inf"),
         ("policy_chosen_logps", torch.zeros(4, dtype=torch.long), r"floating-point"),
+        ("policy_chosen_logps", torch.zeros(4, 2), r"shape \(B,\) with B >= 1 .*got shape \(4, 2\)$"),
+        ("policy_chosen_logps", torch.zeros(0), r"shape \(B,\) with B >= 1 .*got shape \(0,\)$"),
+        ("chosen_lengths", torch.ones(4, dtype=torch.bool), r"chosen_lengths must hold whole token counts"),
+        ("rejected_lengths", torch.ones(4, dtype=torch.complex64), r"rejected_lengths must hold whole token counts"),
     ],
 )
 def test_bad_inputs_are_named(field, value, match):

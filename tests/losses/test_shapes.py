@@ -48,6 +48,8 @@ def group(g=3, k=4, *, scores=None, mask=None, seed=0):
         ({"scores": torch.tensor([[1.0, float("nan")]] * 3)}, r"GroupBatch.scores\[0, 1\] is nan: .*finite filler"),
         ({"lengths": torch.tensor([[1, 0]] * 3)}, r"GroupBatch.lengths\[0, 1\] = 0: .*positive"),
         ({"lengths": torch.full((3, 2), 1.5)}, r"GroupBatch.lengths must hold whole token counts"),
+        ({"lengths": torch.ones(3, 2, dtype=torch.bool)}, r"GroupBatch.lengths must hold whole token counts"),
+        ({"lengths": torch.ones(3, 2, dtype=torch.complex64)}, r"GroupBatch.lengths must hold whole token counts"),
         ({"mask": torch.ones(3, 2)}, r"GroupBatch.mask must be a bool tensor"),
         ({"mask": torch.tensor([[True, True], [True, False], [True, True]])}, r"GroupBatch.mask\[1\] leaves 1"),
         ({"token_mask": torch.ones(3, 2)}, r"GroupBatch.token_mask must have shape \(G, K, T\)"),
