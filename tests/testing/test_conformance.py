@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -139,6 +140,21 @@ BROKEN = {
 }
 
 
+# property -> the start of its failure message on that broken loss: the kit names the loss, what broke and where
+MESSAGE = {
+    "finite": r"^broken-finite: ∂ΣL/∂policy_chosen_logps\[\d+\] = nan is not finite at example \d+ \(policy_",
+    "shape": r"^broken-shape: chosen_rewards has shape \(\d+,\) and dtype torch.int64; expected \(\d+,\) float",
+    "detached-rewards": r"^broken-detached-rewards: chosen_rewards requires grad; return it .detach\(\)ed",
+    "permutation": r"^broken-permutation: losses after permutation \[[\d, ]+\] at example \d+ \(.*\): got ",
+    "low-precision": r"^broken-low-precision: torch.float32 loss vs float64 on the same inputs at example \d+ \(",
+    "reference-free": r"^broken-reference-free: losses changed when reference log-probs were supplied at example",
+    "monotone": r"^broken-monotone: ∂L/∂log π\(y_w\) = \S+ > 0 at example \d+ \(.*\) with FDPOParams\(beta=",
+    "shift-invariant": r"^broken-shift-invariant: loss changed when c was added to policy and reference log-probs",
+    "sharded-gather": r"^broken-sharded-gather: per-example loss sharded as \[[\d, ]+\] with the gather hook at",
+    "batch-decoupled": r"^broken-batch-decoupled: per-example loss in micro-batches \[[\d, ]+\] differs from the full",
+}
+
+
 def test_every_generic_property_has_a_broken_loss():
     from prefzoo.testing import GENERIC_PROPERTIES
 
@@ -154,7 +170,8 @@ def test_each_property_alone_catches_its_broken_loss(prop):
     assert statuses[prop] == "failed", report.table() + report.failures_text()
     others = {k: v for k, v in statuses.items() if k not in (prop, "reference")}
     assert set(others.values()) <= {"passed", "n/a"}, report.table() + report.failures_text()
-    assert report.results and next(r for r in report.results if r.name == prop).falsifying_example
+    res = next(r for r in report.results if r.name == prop)
+    assert res.falsifying_example and re.search(MESSAGE[prop], res.message), res.message
 
 
 def test_shape_reports_a_wrong_shape_as_failed():
