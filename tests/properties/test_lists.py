@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -293,16 +294,55 @@ def _out(losses, s):
     return prefzoo.LossOutput(losses, sd[:, 0], sd[:, -1], rewards=sd)
 
 
-@pytest.mark.parametrize(("prop", "fn"), [
-    ("list-padding", lambda b, p, c: _out(-torch.logsumexp(b.policy_logps, dim=1), b.policy_logps)),  # no mask
-    ("list-within-group-permutation", lambda b, p, c: _out(-b.policy_logps[:, 0], b.policy_logps)),  # column 0
+@pytest.mark.parametrize(("prop", "fn", "match"), [
+    ("list-padding", lambda b, p, c: _out(-torch.logsumexp(b.policy_logps, dim=1), b.policy_logps),  # no mask
+     r"^mutant: losses after adding a padding slot to every group at index \d+: got "),
+    ("list-within-group-permutation", lambda b, p, c: _out(-b.policy_logps[:, 0], b.policy_logps),  # column 0
+     r"^mutant: losses after permuting every group's completions by \[[\d, ]+\] at index \d+: got "),
     ("list-permutation", lambda b, p, c: _out(-b.policy_logps.sum(1) * torch.arange(1, b.batch_size + 1),
-                                              b.policy_logps)),  # depends on the group's position
+                                              b.policy_logps),  # depends on the group's position
+     r"^mutant: losses after permuting the groups by \[[\d, ]+\] at index \d+: got "),
+    ("list-low-precision", lambda b, p, c: _out((-torch.logsumexp(b.policy_logps.masked_fill(~b.valid, -torch.inf),
+                                                                  dim=1) + 1e4) - 1e4, b.policy_logps),  # ±1e-3 in fp32
+     r"^mutant: torch.float32 loss vs float64 on the same inputs at index \d+: got "),
+    ("list-batch-decoupled", lambda b, p, c: _out(-b.policy_logps[:, 0] + b.policy_logps.detach()[:, 0].mean(),
+                                                  b.policy_logps),  # batch mean, declared batch_coupled=False
+     r"^mutant: per-example loss in micro-batches \[\d+, \d+\] differs from the full batch \(batch_coupled=False\)"),
 ])
-def test_list_properties_fail_on_broken_losses(prop, fn):
-    report = prefzoo.testing.check_loss(_mutant(fn), properties=[prop], max_examples=60, derandomize=True)
-    assert not report.passed, report.table()
+def test_list_properties_fail_on_broken_losses(prop, fn, match):
+    """Each broken list loss fails its property with a message naming the loss, what changed and where; mml passes."""
+    report = prefzoo.testing.check_loss(_mutant(fn), properties=[prop], max_examples=60, max_batch=8,
+                                        dtypes=["float64", "float32"], derandomize=True)
+    (res,) = report.results
+    assert res.status == "failed" and re.search(match, res.message), report.table() + report.failures_text()
     assert prefzoo.testing.check_loss("mml", properties=[prop], max_examples=20, derandomize=True).passed
+
+
+@pytest.mark.parametrize("name", ["mml", "mmpo-list", "dpo-pl", "lipo", "rrhf"])
+def test_float32_groups_keep_the_within_group_permutation(name):
+    """The check compares in float64 on the float64 copy of the batch: a float32 sum reordered by the permutation
+    (a few ulps) is not a failure of the loss."""
+    report = prefzoo.testing.check_loss(name, properties=["list-within-group-permutation"], max_examples=20,
+                                        dtypes=["float32"], derandomize=True)
+    assert report.passed, report.table() + report.failures_text()
+
+
+@pytest.mark.parametrize("name", sorted(LIST_REFERENCES))
+def test_list_losses_equal_their_references_with_lengths_and_padding(name):
+    """Every list loss on a float64 group batch with lengths, scores with a tie and a padding slot equals
+    prefzoo.testing.reference_lists' formula (rrhf reads the lengths)."""
+    gen = torch.Generator().manual_seed(3)
+    g, k = 3, 4
+    mask = torch.ones(g, k, dtype=torch.bool)
+    mask[1, 3] = False
+    b = GroupBatch(policy_logps=-20 * torch.rand(g, k, generator=gen, dtype=F64),
+                   ref_logps=-20 * torch.rand(g, k, generator=gen, dtype=F64),
+                   lengths=torch.randint(1, 30, (g, k), generator=gen),
+                   scores=torch.tensor([[3.0, 1.0, 1.0, 0.0], [2.0, 0.0, 1.0, 9.0], [0.5, 1.5, 2.5, 3.5]], dtype=F64),
+                   mask=mask)
+    loss = prefzoo.get_loss(name)
+    torch.testing.assert_close(loss(b).losses.detach(), LIST_REFERENCES[name](b, loss.params), rtol=1e-10,
+                               atol=1e-10)
 
 
 def test_group_from_pairs_feeds_list_losses_the_pair_gradients():
