@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
@@ -43,3 +45,22 @@ def test_an_unpaired_loss_gets_the_unpaired_properties_and_passes():
 def test_a_wrong_sign_on_desirable_completions_fails_unpaired_monotone():
     report = check_loss(_toy(-1.0), properties=["unpaired-monotone"], max_examples=30, derandomize=True)
     assert not report.passed and "desirable completion" in report.results[0].message, report.table()
+
+
+def test_unpaired_monotone_sees_a_float64_sized_wrong_sign():
+    """+1e-8·log π(y) on every completion: ∂L/∂log π = +1e-8 for desirable ones, far above float64's tolerance
+    (64·u₆₄·scale ≈ 1e-14·scale) but below float32's (≈ 4e-6·scale), so only the float64 tolerance catches it."""
+    spec = _toy(1.0)
+    sound = spec.fn
+
+    def fn(b, p, ctx):
+        out = sound(b, p, ctx)
+        return prefzoo.LossOutput(out.losses.detach() + 1e-8 * b.policy_logps, out.chosen_rewards,
+                                  out.rejected_rewards, rewards=out.rewards)
+
+    broken = dataclasses.replace(spec, name="toy-wrong-sign", fn=fn, monotone=True)
+    report = check_loss(broken, properties=["unpaired-monotone"], dtypes=["float64"], max_examples=10,
+                        derandomize=True)
+    (res,) = report.results
+    assert res.status == "failed" and re.search(r"^toy-wrong-sign: ∂L/∂log π\(y\) = 1e-08 for a desirable completion",
+                                                res.message), report.table() + report.failures_text()
