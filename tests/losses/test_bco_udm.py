@@ -44,6 +44,17 @@ def test_classifier_equals_sklearn_balanced_logistic_regression():
     torch.testing.assert_close(ours, as_trl, atol=3e-3, rtol=0)  # sklearn stops early, where our optimum is exact
 
 
+def test_classifier_reaches_the_optimum_on_large_norm_embeddings():
+    """Mean-pooled hidden states can have norms in the thousands: the fit's line search still lands on sklearn's
+    optimum there (a plain unit step of L-BFGS overshoots and diverges)."""
+    des, und = _embeddings()
+    des, und = 1000 * des, 1000 * und
+    test = torch.cat((des[:5], und[:5]))
+    ours = DensityRatioClassifier.fit(des, und).prob_desirable(test)
+    exact = _sklearn_prob(des, und, test, tol=1e-12, max_iter=10_000)
+    torch.testing.assert_close(ours, exact, atol=1e-6, rtol=0)
+
+
 def test_the_class_weights_and_the_penalty_matter():
     """Without 'balanced' or without the L2 term the probabilities move: the comparison above can fail."""
     linear_model = pytest.importorskip("sklearn.linear_model")
