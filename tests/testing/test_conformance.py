@@ -224,3 +224,28 @@ def test_grads_helper_reads_policy_gradients():
                                            torch.tensor([-1.0])))
     _, g = grads(prefzoo.get_loss("dpo"), b)
     assert float(g["policy_chosen_logps"]) < 0 < float(g["policy_rejected_logps"])
+
+
+def test_sharded_gather_checks_the_gradients_and_names_the_loss():
+    """+ (r_w − stopgrad r_w)·0.01·tanh(local mean of r_w): the values are DPO's on any shards, the
+    gradient depends on the shard's mean (no gather). Only the gradient comparison sees it, and its message names
+    the loss and the field."""
+
+    def grad_only(batch, p, ctx):
+        out = _dpo(batch, p, ctx)
+        r = _logratio_w(batch)
+        return _with(out, losses=out.losses + (r - r.detach()) * 0.01 * torch.tanh(r.detach().mean()))
+
+    report = check_loss(_dpo_spec(grad_only), max_examples=25, max_batch=8, properties=["sharded-gather"],
+                        dtypes=["float64"], derandomize=True)
+    (res,) = report.results
+    assert res.status == "failed", report.table()
+    assert re.search(r"^broken: ∂ΣL/∂policy_chosen_logps sharded as \[[\d, ]+\] at index \d+: got ", res.message), \
+        res.message
+
+
+def test_gloo_gather_without_a_process_group_is_the_identity():
+    from prefzoo.testing import gloo_gather
+
+    t = torch.tensor([1.0, -2.0, 3.0])
+    assert gloo_gather(t) is t
