@@ -152,3 +152,22 @@ def test_values_equal_trl_below_the_cap():
     torch.testing.assert_close(exp_capped(x), torch.exp(x), rtol=1e-15, atol=0)
     u = torch.tensor([-1e18, -3.0, 0.0, 2.5, 1e18], dtype=F64)
     torch.testing.assert_close(square_capped(u, 1e18), u**2, rtol=1e-15, atol=0)
+
+
+def test_per_token_logratios_divide_each_side_by_its_own_length():
+    """_common.logratios(batch, average=True): (log π − log π_ref)/|y| per side, and a one-line error naming the
+    missing length field (no built-in calls it with average=True today; plugins may)."""
+    from prefzoo.losses._common import logratios
+
+    b = prefzoo.PreferenceBatch(
+        policy_chosen_logps=torch.tensor([-4.0, -9.0], dtype=F64),
+        policy_rejected_logps=torch.tensor([-6.0, -2.0], dtype=F64),
+        ref_chosen_logps=torch.tensor([-2.0, -3.0], dtype=F64),
+        ref_rejected_logps=torch.tensor([-1.0, -5.0], dtype=F64),
+        chosen_lengths=torch.tensor([2, 3]), rejected_lengths=torch.tensor([5, 1]),
+    )
+    w, lo = logratios(b, average=True)
+    torch.testing.assert_close(w, torch.tensor([-1.0, -2.0], dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(lo, torch.tensor([-1.0, 3.0], dtype=F64), rtol=0, atol=0)
+    with pytest.raises(prefzoo.PreferenceBatchError, match=r"^PreferenceBatch.chosen_lengths is None but this loss"):
+        logratios(b.replace(chosen_lengths=None), average=True)

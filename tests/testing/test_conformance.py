@@ -240,8 +240,8 @@ def test_sharded_gather_checks_the_gradients_and_names_the_loss():
                         dtypes=["float64"], derandomize=True)
     (res,) = report.results
     assert res.status == "failed", report.table()
-    assert re.search(r"^broken: ∂ΣL/∂policy_chosen_logps sharded as \[[\d, ]+\] at index \d+: got ", res.message), \
-        res.message
+    want = r"^broken: ∂ΣL/∂policy_chosen_logps sharded as \[[\d, ]+\] at index \d+: got "
+    assert re.search(want, res.message), res.message
 
 
 def test_gloo_gather_without_a_process_group_is_the_identity():
