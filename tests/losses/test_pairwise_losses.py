@@ -171,3 +171,12 @@ def test_per_token_logratios_divide_each_side_by_its_own_length():
     torch.testing.assert_close(lo, torch.tensor([-1.0, 3.0], dtype=F64), rtol=0, atol=0)
     with pytest.raises(prefzoo.PreferenceBatchError, match=r"^PreferenceBatch.chosen_lengths is None but this loss"):
         logratios(b.replace(chosen_lengths=None), average=True)
+
+
+def test_square_capped_is_continuous_at_the_cap_and_logarithmic_beyond():
+    """cap²·(1 + 2·log(|u|/cap)) past the cap: equal to u² at ±cap, cap²·(1 + 2 log 2) at ±2·cap."""
+    from prefzoo.losses._common import square_capped
+
+    u = torch.tensor([-2.0, -1.0 - 1e-12, 1.0 + 1e-12, 2.0, 10.0], dtype=F64)
+    want = torch.tensor([1 + 2 * math.log(2), 1.0, 1.0, 1 + 2 * math.log(2), 1 + 2 * math.log(10)], dtype=F64)
+    torch.testing.assert_close(square_capped(u, 1.0), want, rtol=1e-11, atol=0)

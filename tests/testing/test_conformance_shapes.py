@@ -64,3 +64,21 @@ def test_unpaired_monotone_sees_a_float64_sized_wrong_sign():
     (res,) = report.results
     assert res.status == "failed" and re.search(r"^toy-wrong-sign: ∂L/∂log π\(y\) = 1e-08 for a desirable completion",
                                                 res.message), report.table() + report.failures_text()
+
+
+def test_unpaired_sharded_gather_catches_a_local_batch_mean():
+    """Declared batch-coupled, adds 0.01·tanh(mean reward of the local shard) without the gather hook: an error of
+    about 1e-3, far above the property's 1e-9 tolerance."""
+    spec = _toy(1.0)
+    sound = spec.fn
+
+    def fn(b, p, ctx):
+        out = sound(b, p, ctx)
+        return prefzoo.LossOutput(out.losses + 0.01 * torch.tanh(out.rewards.mean() + 1), out.chosen_rewards,
+                                  out.rejected_rewards, rewards=out.rewards)
+
+    broken = dataclasses.replace(spec, name="toy-local-mean", fn=fn, batch_coupled=True)
+    report = check_loss(broken, properties=["unpaired-sharded-gather"], dtypes=["float64"], max_examples=20,
+                        derandomize=True)
+    (res,) = report.results
+    assert res.status == "failed" and res.message.startswith("toy-local-mean: losses sharded as"), report.table()

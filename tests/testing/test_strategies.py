@@ -57,3 +57,22 @@ def test_ties_are_drawn():
 
     run()
     assert any(seen)
+
+
+def _int_info():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, kw_only=True)
+    class IntParams(prefzoo.LossParams):
+        k: int = prefzoo.param(1, "k", ge=1, lt=4)
+
+    (info,) = param_infos(IntParams)
+    return info
+
+
+@given(k=st.data())
+def test_an_int_param_with_an_exclusive_upper_bound_is_drawn_below_it(k):
+    """The draw itself respects lt (loss_params would otherwise silently retry, then fall back to the defaults)."""
+    from prefzoo.testing.strategies import param_strategy
+
+    assert 1 <= k.draw(param_strategy(_int_info())) < 4
