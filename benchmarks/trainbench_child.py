@@ -180,6 +180,10 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec["side"] == "prefzoo":  # as `prefzoo train` starts: its allocator setting, before torch loads
+        from prefzoo.cli.runtime import huge_pages
+
+        huge_pages()
     import torch
 
     torch.set_num_threads(int(spec["threads"]))

@@ -158,12 +158,15 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.cli.runtime import check_launcher, describe_threads, set_threads
+    from prefzoo.cli.runtime import check_launcher, describe_threads, huge_pages, set_threads
 
     check_launcher()
     n_threads, threads = describe_threads(getattr(args, "threads", None))
+    pages = huge_pages()  # before torch loads: torch reads the setting at its first allocation
     if _is_main():  # before torch and the libraries load: on a first run their imports are the first slow step
         print(f"prefzoo train: {threads}", flush=True)
+        if pages is not None:
+            print(f"prefzoo train: {pages}", flush=True)
         print("prefzoo train: loading torch, transformers, datasets and accelerate", flush=True)
     set_threads(n_threads)
     from prefzoo.data.formats import DataFormatError

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from prefzoo.cli.main import CLIError
-from prefzoo.cli.runtime import check_launcher, choose_threads
+from prefzoo.cli.runtime import check_launcher, choose_threads, huge_pages
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,67 @@ def test_accelerate_launch_cpu_two_processes_names_what_to_run(tmp_path):
     assert proc.returncode != 0
     assert any(line.startswith("prefzoo train: error: accelerate launch --cpu started only one") for line in err)
     assert "Traceback" not in proc.stderr.split("prefzoo train: error")[0]
+
+
+def _sysfs(tmp_path, mode):
+    path = tmp_path / "enabled"
+    path.write_text(mode + "\n", encoding="ascii")
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["always [madvise] never", "[always] madvise never"])
+def test_huge_pages_are_turned_on_before_torch_loads(tmp_path, mode):
+    env: dict[str, str] = {}
+    line = huge_pages(env, sysfs=_sysfs(tmp_path, mode), torch_loaded=False)
+    assert env == {"THP_MEM_ALLOC_ENABLE": "1"}
+    assert line is not None and "THP_MEM_ALLOC_ENABLE=0 turns them off" in line
+
+
+@pytest.mark.parametrize(
+    ("env", "mode", "torch_loaded"),
+    [
+        ({"THP_MEM_ALLOC_ENABLE": "0"}, "always [madvise] never", False),  # the user's choice wins
+        ({}, "always madvise [never]", False),  # the kernel has them off: nothing to promise
+        ({}, "always [madvise] never", True),  # torch read the variable at its first allocation: too late
+    ],
+)
+def test_huge_pages_leave_the_users_choice_the_kernels_and_a_loaded_torch_alone(tmp_path, env, mode, torch_loaded):
+    before = dict(env)
+    assert huge_pages(env, sysfs=_sysfs(tmp_path, mode), torch_loaded=torch_loaded) is None
+    assert env == before
+
+
+def test_huge_pages_without_the_sysfs_file_change_nothing(tmp_path):
+    env: dict[str, str] = {}
+    assert huge_pages(env, sysfs=str(tmp_path / "missing"), torch_loaded=False) is None
+    assert env == {}
+
+
+_THP_CHILD = """
+import os, sys
+from prefzoo.cli.runtime import huge_pages
+line = huge_pages()
+import torch
+x = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)  # a 64 MB buffer, every page touched
+huge = next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.startswith("AnonHugePages:"))
+print(line is not None, huge)
+"""
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+    or "[madvise]" not in open("/sys/kernel/mm/transparent_hugepage/enabled").read(),
+    reason="needs Linux with transparent huge pages in madvise mode (then only a madvise'd buffer gets them)",
+)
+@pytest.mark.parametrize("user_env", [None, "0"])
+def test_torch_gets_huge_pages_only_when_set_before_it_loads(user_env):
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if user_env is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = user_env
+    proc = subprocess.run([sys.executable, "-c", _THP_CHILD], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said, huge_kb = proc.stdout.split()
+    assert said == str(user_env is None)
+    assert (huge_kb != "0") == (user_env is None), proc.stdout  # ≥ 30 of the 32 2-MB pages when on
+    if user_env is None:
+        assert int(huge_kb) >= 60 * 1024

@@ -126,3 +126,19 @@ def test_policy_logps_loss_and_grads_equal_unfused(model_and_batch, loss_name):
     torch.testing.assert_close(v_f, v_p, atol=1e-6, rtol=1e-5)
     for name in g_p:
         torch.testing.assert_close(g_f[name], g_p[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_shifted_exponential_gives_logsumexp_also_on_infinite_rows():
+    from prefzoo.train.fastpath_head import _exp_shifted
+
+    inf = float("inf")
+    z = torch.tensor(
+        [[1.0, 2.0, -3.0], [-inf, -inf, -inf], [-inf, 0.5, -inf], [80.0, 90.0, 100.0], [inf, 0.0, 1.0]],
+        dtype=torch.float64,
+    )
+    want = torch.logsumexp(z, -1)
+    e = torch.empty_like(z)
+    lse, s = _exp_shifted(z, out=e)
+    torch.testing.assert_close(lse, want)  # the all −∞ row is −∞ (no nan from −∞ − (−∞)), the +∞ row +∞
+    finite = torch.isfinite(want)
+    torch.testing.assert_close((e / s.unsqueeze(-1))[finite], torch.softmax(z, -1)[finite])  # e / s is the softmax
