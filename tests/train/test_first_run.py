@@ -13,6 +13,7 @@ NOISE = ("Removed shared tensor", "Setting accelerator to CPU", "FutureWarning",
 def _run(args, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("OMP_NUM_THREADS", None)  # the CLI chooses (conftest sets 1 for in-process tests)
+    env.pop("THP_MEM_ALLOC_ENABLE", None)  # the CLI chooses
     cmd = [sys.executable, "-m", "prefzoo", "train", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
@@ -29,6 +30,9 @@ def test_a_run_is_quiet_and_its_last_line_names_everything_it_wrote(tmp_path, ti
         assert noise not in proc.stderr + proc.stdout, noise
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "prefzoo train: 1 CPU thread (--threads)"
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if sys.platform.startswith("linux") and os.path.exists(thp) and "[never]" not in open(thp).read():
+        assert lines[1].startswith("prefzoo train: transparent huge pages"), lines[:3]  # set before torch loads
     last = lines[-1]
     assert last.startswith("prefzoo train: done")
     assert f"final model {out / 'final'}" in last and f"metrics {out / 'metrics.jsonl'}" in last
