@@ -49,7 +49,7 @@ def _acc(t: Tensor) -> torch.dtype:
 
 
 def _chunk_logp_all(h_c: Tensor, w: Tensor, transform: LogitTransform, out: Tensor | None = None) -> Tensor:
-    """(m, V) the model's logits of h_c, in float32 (written into ``out``, when given, so no fresh buffer is faulted in)."""
+    """(m, V) the model's logits of h_c in float32 (into ``out`` when given: no fresh buffer faulted in)."""
     if out is not None:
         z = torch.mm(h_c, w.t(), out=out)
     else:
