@@ -7,8 +7,10 @@ Function saves only h (M, H), the log-normalizer (M,) and, when the head is froz
 
 - trainable head (full fine-tuning): backward recomputes each chunk's logits z = h W^T and uses
   ∂ log p_y / ∂z = e_y − p, ∂H / ∂z = −p ⊙ (log p + H), so one (m, V) buffer exists at a time.  When the float32
-  log p of all M positions fits in ``MAX_KEEP_BYTES`` (512 MiB) the forward keeps it instead and the backward skips
-  the recomputation (one GEMM per chunk, ~9% of a DPO step measured) and works in place, without allocations;
+  chunks of all M positions fit in ``MAX_KEEP_BYTES`` (512 MiB) the forward keeps them instead and the backward skips
+  the recomputation (one GEMM per chunk, ~9% of a DPO step measured) and works in place, without allocations.
+  Without entropy or a logit transform the kept chunk is e = exp(z − max) with 1 / Σe per position (the softmax is
+  e / Σe, log p_y = z_y − lse): one exp pass in all, none in backward; otherwise it is log p;
 - frozen head (LoRA): the forward already holds p, so it stores E = p W and F = (p ⊙ (log p + H)) W (each (M, H));
   backward is then grad_h = g_lp · (W[y] − E) − g_H · F with no recomputation at all.
 
