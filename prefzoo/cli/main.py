@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "train", "eval", "export")
 
@@ -60,8 +62,45 @@ def _is_user_error(e: Exception) -> bool:
     return isinstance(e, (CLIError, *loaded))
 
 
+def end_launched_worker(
+    code: int, env: Mapping[str, str] | None = None, exit_now: Callable[[int], object] = os._exit
+) -> None:
+    """Under a multi-process launcher (``WORLD_SIZE`` > 1: torchrun, accelerate launch, deepspeed), end this process
+    now with ``code``, without the interpreter's teardown; elsewhere do nothing.
+
+    accelerate's ``end_training`` destroys the process group, but DDP's reducer keeps the gloo process group (and its
+    worker threads) alive until the interpreter finalises it; that teardown aborted about one finished worker in ten
+    here (SIGABRT, "terminate called without an active exception"), which the launcher reports as a failed run and
+    the other node then waits 300 s for.  By the time a command returns, everything prefzoo writes is closed
+    (checkpoints, the final model, metrics.jsonl opened per line), so only the standard streams and logging need
+    flushing first.
+    """
+    env = os.environ if env is None else env
+    try:
+        world = int(env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        world = 1
+    if world <= 1:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to save
+            pass
+    exit_now(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Run one command; with ``argv`` None (the program's own command line) a launched worker exits through
+    :func:`end_launched_worker`, while in-process callers that pass ``argv`` always get the exit status back."""
+    code = _dispatch(sys.argv[1:] if argv is None else list(argv))
+    if argv is None:
+        end_launched_worker(code)
+    return code
+
+
+def _dispatch(argv: list[str]) -> int:
     parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

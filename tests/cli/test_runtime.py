@@ -1,4 +1,5 @@
-"""The CLI's process set-up: CPU threads chosen from free cores, a one-process `accelerate launch --cpu` refused."""
+"""The CLI's process set-up and end: CPU threads chosen from free cores, a one-process `accelerate launch --cpu`
+refused, huge pages, and a launched worker's exit without interpreter teardown."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from prefzoo.cli.main import CLIError
+from prefzoo.cli.main import CLIError, end_launched_worker
 from prefzoo.cli.runtime import check_launcher, choose_threads, huge_pages
 
 
@@ -132,3 +133,32 @@ def test_torch_gets_huge_pages_only_when_set_before_it_loads(user_env):
     assert (huge_kb != "0") == (user_env is None), proc.stdout  # ≥ 30 of the 32 2-MB pages when on
     if user_env is None:
         assert int(huge_kb) >= 60 * 1024
+
+
+@pytest.mark.parametrize(
+    ("env", "ends"),
+    [({"WORLD_SIZE": "2"}, True), ({"WORLD_SIZE": "1"}, False), ({}, False), ({"WORLD_SIZE": ""}, False)],
+)
+def test_a_launched_worker_ends_at_once_with_its_status(env, ends):
+    seen = []
+    end_launched_worker(3, env, exit_now=seen.append)
+    assert seen == ([3] if ends else [])
+
+
+# the program's own entry (argv None) under a launcher: the command's output is complete, the status kept, and the
+# interpreter's teardown (where gloo's threads aborted one finished worker in ten) never runs
+_PROGRAM = (
+    "import atexit, sys; atexit.register(lambda: print('TEARDOWN', flush=True)); "
+    "sys.argv = ['prefzoo', 'inspect', 'no-such-loss']; "
+    "from prefzoo.cli.main import main; print('OUT ' * 20, end=''); sys.exit(main())"
+)
+
+
+@pytest.mark.parametrize("world", ["2", "1"])
+def test_the_program_under_a_launcher_skips_teardown_but_not_its_output(world):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # CI sets it; a user's shell may not
+    env.update(WORLD_SIZE=world, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]  # the unknown loss: a user error, one line, status 2
+    assert proc.stdout.count("OUT ") == 20 and "no-such-loss" in proc.stderr  # buffered output flushed
+    assert ("TEARDOWN" in proc.stdout) == (world == "1")
