@@ -180,3 +180,35 @@ def test_square_capped_is_continuous_at_the_cap_and_logarithmic_beyond():
     u = torch.tensor([-2.0, -1.0 - 1e-12, 1.0 + 1e-12, 2.0, 10.0], dtype=F64)
     want = torch.tensor([1 + 2 * math.log(2), 1.0, 1.0, 1 + 2 * math.log(2), 1 + 2 * math.log(10)], dtype=F64)
     torch.testing.assert_close(square_capped(u, 1.0), want, rtol=1e-11, atol=0)
+
+
+@pytest.mark.parametrize("name", ["aot", "aot-unpaired"])
+def test_aot_ties_share_their_sorted_slots(name):
+    """Three tied margins and two tied reference margins: the tied examples split their slots equally, so the mean
+    is still TRL's mean over the sorted slots and identical examples get identical losses."""
+    from tests.losses.reference import ref_aot, ref_aot_unpaired
+
+    t = lambda v: torch.tensor(v, dtype=F64)  # noqa: E731
+    x = {"pw": t([-1.0, -2.0, -3.0, -5.0]), "pl": t([-2.0, -3.0, -4.0, -3.0]),
+         "rw": t([-1.0, -2.0, -1.5, -1.5]), "rl": t([-1.0, -2.0, -2.0, -2.0])}
+    if name == "aot-unpaired":  # the same ties in its quantities, log π − log π_ref of each side
+        x["rw"], x["rl"] = x["pw"] - t([1.0, 1.0, 1.0, -2.0]), x["pl"] - t([0.0, 0.0, 0.5, 0.5])
+    b = prefzoo.PreferenceBatch(policy_chosen_logps=x["pw"], policy_rejected_logps=x["pl"],
+                                ref_chosen_logps=x["rw"], ref_rejected_logps=x["rl"])
+    losses = prefzoo.get_loss(name, beta=0.5)(b).losses
+    want = (ref_aot if name == "aot" else ref_aot_unpaired)(x, {"beta": 0.5})
+    torch.testing.assert_close(losses.mean(), want, rtol=1e-12, atol=0)
+    if name == "aot":
+        torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)  # same margin 1, same reference margin 0
+
+
+def test_minmax_scale_gives_a_zero_gradient_when_every_value_ties():
+    """ε = 0 and lo = hi: the scaled values are 0 and so is their gradient, not 0·∞ = NaN from the branch torch.where
+    does not take.  The built-in losses scale constants (reference rewards, scores); a loss that scales a
+    differentiable quantity with this helper must not get NaN gradients on a batch where every value ties."""
+    from prefzoo.losses._common import minmax_scale
+
+    x = torch.full((3,), 0.25, dtype=F64, requires_grad=True)
+    y = minmax_scale(x, x.detach().min(), x.detach().max(), 0.0)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert y.detach().tolist() == [0.0, 0.0, 0.0] and g.tolist() == [0.0, 0.0, 0.0]

@@ -1,4 +1,6 @@
-"""The conformance kit on an unpaired plugin loss: every unpaired property runs, and a broken loss fails one."""
+"""The conformance kit on shaped plugin losses: every unpaired property runs and a broken loss fails one; the list
+properties' tolerances are as tight as documented (each broken loss below sits just outside one), and shared
+properties read the same in every shape's report."""
 
 from __future__ import annotations
 
@@ -6,11 +8,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import prefzoo
-from prefzoo.testing import check_loss
+from prefzoo.testing import GENERIC_PROPERTIES, LIST_PROPERTIES, UNPAIRED_PROPERTIES, PropertyFailure, check_loss
+from prefzoo.testing.properties_shapes import check_list_monotone, check_padding_invariance, check_shape_low_precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,3 +86,89 @@ def test_unpaired_sharded_gather_catches_a_local_batch_mean():
                         derandomize=True)
     (res,) = report.results
     assert res.status == "failed" and res.message.startswith("toy-local-mean: losses sharded as"), report.table()
+
+
+# --- list properties: tolerances and the monotone check, on fixed batches ------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _NoParams(prefzoo.LossParams):
+    pass
+
+
+def _list_loss(fn, monotone=False):
+    spec = prefzoo.LossSpec(name="toy-list", fn=fn, params_cls=_NoParams, family="t", formula="", paper="",
+                            scores="", monotone=monotone, shapes=frozenset({prefzoo.Shape.LIST}), plugin="tests")
+    return prefzoo.Loss(spec, _NoParams())
+
+
+def _list_out(losses, b):
+    s = b.policy_logps.detach()
+    return prefzoo.LossOutput(losses, s[:, 0], s[:, -1], rewards=s)
+
+
+def _groups():
+    """3 groups of 4 completions, log-probs in [−9, −1], distinct scores, a padding slot in group 1."""
+    gen = torch.Generator().manual_seed(11)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1, 3] = False
+    return prefzoo.GroupBatch(policy_logps=-1 - 8 * torch.rand(3, 4, generator=gen, dtype=torch.float64),
+                              ref_logps=-1 - 8 * torch.rand(3, 4, generator=gen, dtype=torch.float64),
+                              scores=torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 2.0, 1.0, 5.0], [1.0, 4.0, 3.0, 2.0]],
+                                                  dtype=torch.float64), mask=mask)
+
+
+def _lse(b):
+    return torch.logsumexp(b.policy_logps.masked_fill(~b.valid, -torch.inf), dim=1)
+
+
+def test_low_precision_tolerance_comes_from_ulp_sized_perturbations():
+    """(−lse + 1e4) − 1e4 loses ~5e-4 in float32 at log-probs of −1 to −9: far outside 16·Δ_u with Δ_u from ±u32
+    perturbations (~1e-5), though inside what a perturbation of the inputs by a factor of 2 would allow."""
+    sound = _list_loss(lambda b, p, c: _list_out(-_lse(b), b))
+    broken = _list_loss(lambda b, p, c: _list_out((-_lse(b) + 1e4) - 1e4, b))
+    check_shape_low_precision(sound, _groups(), dtypes=(torch.float32,))
+    with pytest.raises(PropertyFailure, match=r"^toy-list: torch.float32 loss vs float64 on the same inputs"):
+        check_shape_low_precision(broken, _groups(), dtypes=(torch.float32,))
+
+
+def test_padding_gradient_tolerance_is_1e_12_relative():
+    """A loss whose value ignores padding but whose gradient on the real slots moves by 2.5e-12 per padding slot
+    (a straight-through term scaled by the number of slots): outside 1e-12·(1 + |∂L|) ≈ 2e-12, not outside 3e-12."""
+    delta = 2.5e-12
+
+    def fn(b, p, c):
+        x = b.policy_logps.masked_fill(~b.valid, 0.0).sum(1)
+        return _list_out(-x + delta * b.group_size * (x - x.detach()), b)
+
+    with pytest.raises(PropertyFailure, match=r"^toy-list: ∂ΣL/∂policy_logps on the real slots after padding"):
+        check_padding_invariance(_list_loss(fn), _groups())
+
+
+def _top1(sign):
+    """±(−log softmax of the best-scored completion): + is monotone (the best gets ∂L ≤ 0, the worst ≥ 0)."""
+
+    def fn(b, p, c):
+        best = b.scores.masked_fill(~b.valid, -torch.inf).argmax(1, keepdim=True)
+        logp = torch.log_softmax(b.policy_logps.masked_fill(~b.valid, -torch.inf), dim=1)
+        return _list_out(-sign * logp.gather(1, best).squeeze(1), b)
+
+    return _list_loss(fn, monotone=True)
+
+
+def test_list_monotone_passes_a_monotone_list_loss_and_names_a_wrong_sign():
+    """No built-in list loss declares monotone, so only plugin losses reach this property: it must pass a sound one
+    and name the group and slot of a wrong sign."""
+    check_list_monotone(_top1(1.0), _groups())
+    with pytest.raises(PropertyFailure, match=r"^toy-list: ∂L/∂log π of group 0's best completion \(slot 0\) is "):
+        check_list_monotone(_top1(-1.0), _groups())
+
+
+@pytest.mark.parametrize("kit", [LIST_PROPERTIES, UNPAIRED_PROPERTIES], ids=["list", "unpaired"])
+@pytest.mark.parametrize("name", ["reference-free", "low-precision", "sharded-gather"])
+def test_a_shared_property_reads_the_same_in_every_shapes_report(kit, name):
+    """The report table shows each property's guarantee: the same check says the same thing for pairs, lists and
+    unpaired completions."""
+    pair = {p.name: p.guarantee for p in GENERIC_PROPERTIES}
+    shaped = {p.name.split("-", 1)[1]: p.guarantee for p in kit}
+    assert shaped[name] == pair[name]
