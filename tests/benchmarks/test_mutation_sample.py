@@ -1,0 +1,103 @@
+"""The mutation-sample driver's bookkeeping: names from mutmut's meta files, the seeded draw, the test order, the
+verdicts and the score table with Wilson intervals.  (Generating and running mutants needs mutmut and minutes: the
+recorded runs are in docs/properties.md.)"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def ms():
+    with pytest.MonkeyPatch.context() as mp:  # the benchmarks are scripts in a folder, not a package
+        mp.syspath_prepend(str(BENCH_DIR))
+        yield importlib.import_module("mutation_sample")
+
+
+def _workdir(tmp_path: Path) -> Path:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nonly_mutate = ["prefzoo/losses/*"]\n'
+        'pytest_add_cli_args_test_selection = ["tests/properties", "tests/losses", "tests/registry"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+    )
+    for rel, names in {
+        "prefzoo/losses/dpo.py": ["prefzoo.losses.dpo.x_a__mutmut_2", "prefzoo.losses.dpo.x_a__mutmut_1"],
+        "prefzoo/spec.py": ["prefzoo.spec.x_b__mutmut_1"],
+    }.items():
+        meta = tmp_path / "mutants" / (rel + ".meta")
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps({"exit_code_by_key": dict.fromkeys(names)}))
+    return tmp_path
+
+
+def test_names_come_from_every_meta_file_sorted(ms, tmp_path):
+    assert ms.mutant_names(_workdir(tmp_path)) == [
+        "prefzoo.losses.dpo.x_a__mutmut_1",
+        "prefzoo.losses.dpo.x_a__mutmut_2",
+        "prefzoo.spec.x_b__mutmut_1",
+    ]
+
+
+def test_a_mutants_own_tests_run_first_then_the_rest_of_the_selection_once(ms, tmp_path):
+    args = ms.selection(_workdir(tmp_path), "prefzoo.losses.dpo.x_a__mutmut_1")
+    assert args == [
+        "-p",
+        "no:cacheprovider",
+        "-x",
+        "-q",
+        "tests/losses",
+        "tests/properties/test_reference_values.py",
+        "tests/properties",
+        "tests/registry",
+    ]
+
+
+def test_a_run_draws_a_seeded_sample_and_resumes_from_its_results(ms, tmp_path, monkeypatch):
+    wd = _workdir(tmp_path)
+    verdict = {
+        "prefzoo.losses.dpo.x_a__mutmut_1": 1,
+        "prefzoo.losses.dpo.x_a__mutmut_2": 0,
+        "prefzoo.spec.x_b__mutmut_1": None,
+    }
+    ran = []
+
+    def fake_run(cmd, cwd, env, capture_output, text, timeout):
+        ran.append(env["MUTANT_UNDER_TEST"])
+        assert Path(cwd) == wd / "mutants" and env["PYTHONPATH"] == str(wd / "mutants") and "-x" in cmd
+        code = verdict[env["MUTANT_UNDER_TEST"]]
+        if code is None:
+            raise ms.subprocess.TimeoutExpired(cmd, timeout)
+        return ms.subprocess.CompletedProcess(cmd, code, "FAILED tests/x.py::t - boom\n" if code else "1 passed\n", "")
+
+    monkeypatch.setattr(ms.subprocess, "run", fake_run)
+    out = tmp_path / "r.jsonl"
+    rows = ms.run(wd, seed=3, n=2, minutes=5, jobs=1, timeout=9, out=out)
+    assert sorted(ran) == sorted(random.Random(3).sample(ms.mutant_names(wd), 2))
+    want = {1: "killed", 0: "survived", None: "timeout"}
+    assert {r["mutant"]: r["status"] for r in rows} == {m: want[verdict[m]] for m in ran}
+    assert all(r["first_failure"] == ("FAILED tests/x.py::t - boom" if r["status"] == "killed" else "") for r in rows)
+    ran.clear()
+    assert len(ms.run(wd, seed=3, n=3, minutes=5, jobs=1, timeout=9, out=out)) == 3 and len(ran) == 1  # the rest
+
+
+def test_the_table_counts_timeouts_as_killed_and_leaves_equivalent_survivors_out(ms):
+    rows = [
+        {"mutant": f"prefzoo.spec.x_f__mutmut_{i}", "status": s}
+        for i, s in enumerate(["killed"] * 17 + ["timeout", "survived", "survived"])
+    ]
+    table = ms.summarize(rows, {"prefzoo.spec.x_f__mutmut_19"})
+    assert "| `prefzoo.spec` | 20 | 17 | 1 | 1 | 1 | 94.7% (75%–99%) |" in table
+    assert table.splitlines()[-1].startswith("| **all** | 20 | 17 | 1 | 1 | 1 | 94.7%")
+
+
+@pytest.mark.parametrize(("k", "n", "lo", "hi"), [(43, 43, 0.918, 1.0), (33, 43, 0.622, 0.868), (0, 10, 0.0, 0.278)])
+def test_wilson_intervals(ms, k, n, lo, hi):
+    got = ms.wilson(k, n)
+    assert got == pytest.approx((lo, hi), abs=1e-3)
