@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -30,9 +31,11 @@ def full_batch(B=4, dtype=torch.float32, scale=1.0, T=5):
     )
 
 
-def test_unknown_loss_suggests_close_names():
-    with pytest.raises(UnknownLossError, match="did you mean 'mmpo'"):
+def test_unknown_loss_suggests_close_names_and_lists_every_registered_one():
+    with pytest.raises(UnknownLossError, match="did you mean 'mmpo'") as e:
         prefzoo.get_loss("mmop")
+    listed = re.search(r"\(registered: (.*); `prefzoo losses` lists them\)$", str(e.value))
+    assert listed and listed.group(1).split(", ") == prefzoo.list_losses(), str(e.value)
 
 
 def test_unknown_parameter_lists_valid_ones():
