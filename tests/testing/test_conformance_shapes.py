@@ -14,7 +14,13 @@ import torch.nn.functional as F
 
 import prefzoo
 from prefzoo.testing import GENERIC_PROPERTIES, LIST_PROPERTIES, UNPAIRED_PROPERTIES, PropertyFailure, check_loss
-from prefzoo.testing.properties_shapes import check_list_monotone, check_padding_invariance, check_shape_low_precision
+from prefzoo.testing.properties_shapes import (
+    check_list_monotone,
+    check_padding_invariance,
+    check_shape_low_precision,
+    fresh,
+    shape_grads,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +149,19 @@ def test_padding_gradient_tolerance_is_1e_12_relative():
 
     with pytest.raises(PropertyFailure, match=r"^toy-list: ∂ΣL/∂policy_logps on the real slots after padding"):
         check_padding_invariance(_list_loss(fn), _groups())
+
+
+def test_a_field_the_loss_ignores_gets_a_zero_gradient_and_the_gradient_checks_still_run():
+    """A list loss given token-level log-probs it does not read: their gradient is zero (not a crash), so the
+    padding property, which compares every field's gradient, passes it."""
+    gen = torch.Generator().manual_seed(5)
+    b = _groups().replace(policy_token_logps=-torch.rand(3, 4, 6, generator=gen, dtype=torch.float64),
+                          token_mask=torch.ones(3, 4, 6, dtype=torch.bool))
+    loss = _list_loss(lambda b, p, c: _list_out(-_lse(b), b))
+    _, g = shape_grads(loss, fresh(b))
+    assert set(g) == {"policy_logps", "policy_token_logps"}
+    assert g["policy_token_logps"].shape == (3, 4, 6) and not bool(g["policy_token_logps"].any())
+    check_padding_invariance(loss, b)
 
 
 def _top1(sign):
