@@ -198,6 +198,14 @@ def test_bound_loss_keeps_its_params():
     assert good.passed and good.loss == "broken-cdpo"
 
 
+def test_a_bound_loss_gets_the_properties_its_params_declare():
+    """aot declares monotone only without label smoothing: bound to 0.2 the monotone property does not apply (n/a),
+    bound to the default it runs and passes."""
+    smoothed = check_loss(prefzoo.get_loss("aot", label_smoothing=0.2), max_examples=5, properties=["monotone"])
+    plain = check_loss(prefzoo.get_loss("aot"), max_examples=5, properties=["monotone"])
+    assert [r.status for r in smoothed.results] == ["n/a"] and [r.status for r in plain.results] == ["passed"]
+
+
 def test_unknown_property_is_named():
     with pytest.raises(ValueError, match="unknown property 'nope'"):
         check_loss("dpo", properties=["nope"])
