@@ -194,10 +194,15 @@ def tiny_pairs(
     ]
 
 
-def _model_token_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _model_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """The model's own float32 logits predicting tokens 1..T-1 of the padded batch: (N, T-1, V)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    return out.logits.float()[:, :-1]
+
+
+def _token_logps_from(logits: torch.Tensor, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-sequence sums (N,), per-token log p (N, T-1), entropies (N, T-1)) from the model's own logits."""
-    ids, attn, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()[:, :-1]  # (N, T-1, V)
+    ids, cm = batch["input_ids"], batch["completion_mask"]
     logp_all = torch.log_softmax(logits, -1)
     tok = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)
     ent = -(logp_all.exp() * logp_all).sum(-1)  # (N, T-1)
@@ -243,9 +248,10 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     plain = PreferenceCollator(0)(tiny_pairs(VOCAB))
     try:
         with torch.no_grad():
-            ref_sum, ref_tok, ref_ent = _model_token_logps(model, plain)
-    except Exception as e:
+            logits = _model_logits(model, plain)
+    except Exception as e:  # only the model's own forward: a bug in the reduction below must not read as a skip
         return ArchResult(model_type, "skip", f"its own forward fails on a padded batch ({type(e).__name__})")
+    ref_sum, ref_tok, ref_ent = _token_logps_from(logits, plain)
     ids, attn, cm = plain["input_ids"], plain["attention_mask"], plain["completion_mask"]
     m = cm[:, 1:]
     try:
