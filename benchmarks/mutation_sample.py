@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # configured selection runs after them
 FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prefzoo.losses.", ("tests/losses", "tests/properties/test_reference_values.py")),
+    ("prefzoo.testing.architectures", ("tests/archs/test_tiny_configs.py",)),
     ("prefzoo.testing.", ("tests/testing", "tests/properties/test_lists.py", "tests/properties/test_unpaired.py")),
     ("prefzoo.spec", ("tests/registry", "tests/losses/test_api.py")),
     ("prefzoo.types", ("tests/losses/test_api.py", "tests/losses/test_shapes.py")),
