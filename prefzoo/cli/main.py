@@ -65,22 +65,23 @@ def _is_user_error(e: Exception) -> bool:
 def end_launched_worker(
     code: int, env: Mapping[str, str] | None = None, exit_now: Callable[[int], object] = os._exit
 ) -> None:
-    """Under a multi-process launcher (``WORLD_SIZE`` > 1: torchrun, accelerate launch, deepspeed), end this process
-    now with ``code``, without the interpreter's teardown; elsewhere do nothing.
+    """In a process that joined a process group (``RANK`` set: torchrun, accelerate launch and deepspeed set it, and
+    so does prefzoo for a one-process DeepSpeed run; or ``WORLD_SIZE`` > 1), end now with ``code``, without the
+    interpreter's teardown; elsewhere do nothing.
 
-    accelerate's ``end_training`` destroys the process group, but DDP's reducer keeps the gloo process group (and its
-    worker threads) alive until the interpreter finalises it; that teardown aborted about one finished worker in ten
-    here (SIGABRT, "terminate called without an active exception"), which the launcher reports as a failed run and
-    the other node then waits 300 s for.  By the time a command returns, everything prefzoo writes is closed
-    (checkpoints, the final model, metrics.jsonl opened per line), so only the standard streams and logging need
-    flushing first.
+    accelerate's ``end_training`` destroys the process group, but DDP's reducer (and DeepSpeed's engine) keep the gloo
+    group and its worker threads alive until the interpreter finalises them; that teardown aborted finished workers
+    now and then (SIGABRT, "terminate called without an active exception"; about one ZeRO-3 run in ten, and once in
+    CI's two-node test), which the launcher reports as a failed run.  By the time a command returns, everything
+    prefzoo writes is closed (checkpoints, the final model, metrics.jsonl opened per line), so only the standard
+    streams and logging need flushing first.
     """
     env = os.environ if env is None else env
     try:
         world = int(env.get("WORLD_SIZE") or 1)
     except ValueError:
         world = 1
-    if world <= 1:
+    if "RANK" not in env and world <= 1:
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

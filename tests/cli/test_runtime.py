@@ -137,7 +137,13 @@ def test_torch_gets_huge_pages_only_when_set_before_it_loads(user_env):
 
 @pytest.mark.parametrize(
     ("env", "ends"),
-    [({"WORLD_SIZE": "2"}, True), ({"WORLD_SIZE": "1"}, False), ({}, False), ({"WORLD_SIZE": ""}, False)],
+    [
+        ({"WORLD_SIZE": "2", "RANK": "1"}, True),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, True),  # prefzoo's own one-process group (DeepSpeed on CPU)
+        ({"WORLD_SIZE": "1"}, False),
+        ({}, False),
+        ({"WORLD_SIZE": ""}, False),
+    ],
 )
 def test_a_launched_worker_ends_at_once_with_its_status(env, ends):
     seen = []
@@ -156,7 +162,8 @@ _PROGRAM = (
 
 @pytest.mark.parametrize("world", ["2", "1"])
 def test_the_program_under_a_launcher_skips_teardown_but_not_its_output(world):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # CI sets it; a user's shell may not
+    # CI sets PYTHONUNBUFFERED, a user's shell may not; RANK may be left in os.environ by an in-process DeepSpeed test
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "RANK")}
     env.update(WORLD_SIZE=world, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]  # the unknown loss: a user error, one line, status 2
