@@ -2,7 +2,11 @@
 
 ``spawn(target, world, *args)`` starts ``world`` processes with ``torch.multiprocessing.spawn`` (one OpenMP thread:
 a forked or spawned torch with default threads deadlocked or crawled here, docs in PLATFORM.md), each calling
-``target(rank, world, port, *args)`` with the same free loopback port.  Inside a rank:
+``target(rank, world, port, *args)`` with the same free loopback port; a rank whose target returns ends with
+``os._exit(0)`` after flushing its output, skipping the interpreter's teardown, where gloo's and DDP's threads can
+abort a finished rank (SIGABRT, "terminate called without an active exception": CI saw it once in the β-DPO test;
+the same mechanism as the CLI's ``end_launched_worker``).  A target that raises still reaches torch's error report.
+Inside a rank:
 
 - :func:`shard_accelerator`: the environment ``accelerate launch`` would set, an ``Accelerator(cpu=True)``
   (MULTI_CPU on gloo), the production gather (:func:`prefzoo.train.distributed.make_gather`) and this rank's slice
@@ -18,6 +22,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -37,12 +42,20 @@ def spawn(target: Callable[..., None], world: int, *args: Any) -> None:
     before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # read by each child's torch at import, before any worker code runs
     try:
-        torch.multiprocessing.spawn(target, args=(world, free_port(), *args), nprocs=world, join=True)
+        torch.multiprocessing.spawn(_ended, args=(target, world, free_port(), *args), nprocs=world, join=True)
     finally:
         if before is None:
             del os.environ["OMP_NUM_THREADS"]
         else:
             os.environ["OMP_NUM_THREADS"] = before
+
+
+def _ended(rank: int, target: Callable[..., None], *args: Any) -> None:
+    """Run ``target(rank, *args)``; when it returns, flush and end the process without the interpreter's teardown."""
+    target(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _rank_env(rank: int, world: int, port: int) -> None:
