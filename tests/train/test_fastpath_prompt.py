@@ -103,6 +103,36 @@ def test_without_the_mask_the_rejected_logps_differ(model):
     assert not torch.allclose(leaky.logps[3:], good.logps[3:], atol=1e-4)
 
 
+def test_every_layer_gets_one_shared_additive_mask_equal_to_sdpas_own_conversion(monkeypatch):
+    """SDPA gets one float mask (0 / -inf) for every layer, built once; the log-probs and gradients are bit for bit
+    those of handing each layer the boolean mask (which SDPA converts, and autograd keeps, once per layer)."""
+    from prefzoo.train import fastpath_prompt
+    from tests.support.tiny import build_model, build_tokenizer
+
+    m = build_model(build_tokenizer(), seed=4)
+    m.config._attn_implementation = "sdpa"
+    seen: list[torch.Tensor] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        seen.append(k["attn_mask"])
+        return sdpa(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    _, shared, value, grads = _run(m, PreferenceCollator(0, share_prompt=True), "simpo")
+    assert len(seen) == m.config.num_hidden_layers >= 2
+    assert all(t.dtype == torch.float32 and t.data_ptr() == seen[0].data_ptr() for t in seen)
+    b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
+    allowed = fastpath_prompt.shared_prompt_mask(b["completion_mask"])  # the collator's segment ids
+    assert torch.equal(seen[0], torch.where(allowed, 0.0, float("-inf")))
+
+    monkeypatch.setattr(fastpath_prompt, "_attention_mask_for", lambda config, allowed, dtype, feature="": allowed)
+    _, boolean, value_b, grads_b = _run(m, PreferenceCollator(0, share_prompt=True), "simpo")
+    assert seen[-1].dtype == torch.bool  # the comparison really ran with the boolean mask
+    assert torch.equal(shared.logps, boolean.logps) and torch.equal(value, value_b)
+    assert grads.keys() == grads_b.keys() and all(torch.equal(grads[n], grads_b[n]) for n in grads)
+
+
 def test_unsupported_attention_is_a_clear_error():
     from tests.support.tiny import build_model, build_tokenizer
 
