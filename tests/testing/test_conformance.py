@@ -52,8 +52,9 @@ def _dpo(batch, p, ctx):
 
 
 def _with(out: LossOutput, losses=None, chosen=None) -> LossOutput:
-    return LossOutput(out.losses if losses is None else losses,
-                      out.chosen_rewards if chosen is None else chosen, out.rejected_rewards)
+    return LossOutput(
+        out.losses if losses is None else losses, out.chosen_rewards if chosen is None else chosen, out.rejected_rewards
+    )
 
 
 def _logratio_w(batch):
@@ -187,6 +188,7 @@ def test_shape_reports_a_wrong_shape_as_failed():
 def test_bound_loss_keeps_its_params():
     """A bound Loss is checked with ITS params: a loss broken only at label_smoothing = 0.2 fails bound to 0.2 and
     passes bound to the default; the report's falsifying example shows the bound params."""
+
     def broken_at_02(batch, p, ctx):
         out = prefzoo.loss_spec("cdpo").fn(batch, p, ctx)
         return _with(out, losses=out.losses * (float("nan") if p.label_smoothing == 0.2 else 1.0))
@@ -228,8 +230,9 @@ test_sft_conformance = conformance_tests("sft", max_examples=5)
 def test_grads_helper_reads_policy_gradients():
     from prefzoo.testing import cast_batch, grads
 
-    b = cast_batch(prefzoo.PreferenceBatch(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]),
-                                           torch.tensor([-1.0])))
+    b = cast_batch(
+        prefzoo.PreferenceBatch(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]), torch.tensor([-1.0]))
+    )
     _, g = grads(prefzoo.get_loss("dpo"), b)
     assert float(g["policy_chosen_logps"]) < 0 < float(g["policy_rejected_logps"])
 
@@ -244,8 +247,14 @@ def test_sharded_gather_checks_the_gradients_and_names_the_loss():
         r = _logratio_w(batch)
         return _with(out, losses=out.losses + (r - r.detach()) * 0.01 * torch.tanh(r.detach().mean()))
 
-    report = check_loss(_dpo_spec(grad_only), max_examples=25, max_batch=8, properties=["sharded-gather"],
-                        dtypes=["float64"], derandomize=True)
+    report = check_loss(
+        _dpo_spec(grad_only),
+        max_examples=25,
+        max_batch=8,
+        properties=["sharded-gather"],
+        dtypes=["float64"],
+        derandomize=True,
+    )
     (res,) = report.results
     assert res.status == "failed", report.table()
     want = r"^broken: ∂ΣL/∂policy_chosen_logps sharded as \[[\d, ]+\] at index \d+: got "
@@ -257,3 +266,27 @@ def test_gloo_gather_without_a_process_group_is_the_identity():
 
     t = torch.tensor([1.0, -2.0, 3.0])
     assert gloo_gather(t) is t
+
+
+def test_gloo_gather_in_a_process_group_returns_a_detached_copy_in_rank_order():
+    """In a (one-rank, in-process) gloo group the gather runs: a detached copy, never the input itself (the ranks'
+    order and uneven shards are tested on 2 and 4 processes in tests/distributed/test_gather.py)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from prefzoo.testing import gloo_gather
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already open in this pytest process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        t = torch.tensor([[1.0, -2.0], [3.0, 4.0], [5.0, 0.5]], requires_grad=True)
+        out = gloo_gather(t.T)  # a non-contiguous view
+        assert out is not t and not out.requires_grad and out.is_contiguous()
+        assert torch.equal(out, t.detach().T)
+    finally:
+        dist.destroy_process_group()

@@ -52,3 +52,22 @@ def test_a_json_list_is_refused(tmp_path):
 
 def test_the_zero3_preset_gathers_on_save():
     assert _cfg("zero3")["zero_optimization"][KEY] is True
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
+def test_the_presets_follow_the_runs_precision_batch_and_clipping(precision):
+    cfg = deepspeed_config("zero2", per_device_batch_size=4, grad_accum=2, max_grad_norm=0.5, mixed_precision=precision)
+    assert cfg["bf16"] == {"enabled": precision == "bf16"} and cfg["fp16"] == {"enabled": precision == "fp16"}
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (4, 2)
+    assert cfg["gradient_clipping"] == 0.5 and cfg["zero_optimization"]["stage"] == 2
+    assert "train_batch_size" not in cfg  # DeepSpeed derives it from micro batch × accumulation × processes
+
+
+def test_a_users_own_precision_and_clipping_are_kept_and_its_batch_keys_are_the_runs(tmp_path):
+    user = {"zero_optimization": {"stage": 2}, "fp16": {"enabled": False, "loss_scale": 0}, "gradient_clipping": 2.0}
+    spec = _write(tmp_path, {**user, "train_batch_size": 999, "train_micro_batch_size_per_gpu": 7})
+    cfg = deepspeed_config(spec, per_device_batch_size=2, grad_accum=3, max_grad_norm=1.0, mixed_precision="no")
+    assert cfg["fp16"] == {"enabled": False, "loss_scale": 0} and cfg["bf16"] == {"enabled": False}
+    assert cfg["gradient_clipping"] == 2.0
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 3)
+    assert "train_batch_size" not in cfg
