@@ -288,5 +288,7 @@ def test_gloo_gather_in_a_process_group_returns_a_detached_copy_in_rank_order():
         out = gloo_gather(t.T)  # a non-contiguous view
         assert out is not t and not out.requires_grad and out.is_contiguous()
         assert torch.equal(out, t.detach().T)
+        for x in (t.detach(), torch.arange(5.0)):  # (3, 2) and (5,): each shard's rows pad into the buffer
+            assert torch.equal(gloo_gather(x), x)
     finally:
         dist.destroy_process_group()
