@@ -108,8 +108,9 @@ def test_weighted_bco_equals_trl_match_underlying_distribution(lo, hi):
     policy = (-20 * torch.rand(n, generator=g, dtype=F64)).requires_grad_()
     ref = -20 * torch.rand(n, generator=g, dtype=F64)
     prob = clf.prob_desirable(prompts)
-    batch = prefzoo.UnpairedBatch(policy_logps=policy, ref_logps=ref, labels=labels,
-                                  density_ratio_weights=udm_weights(prob, labels, lo, hi))  # the trainer's field
+    batch = prefzoo.UnpairedBatch(
+        policy_logps=policy, ref_logps=ref, labels=labels, density_ratio_weights=udm_weights(prob, labels, lo, hi)
+    )  # the trainer's field
     ours = prefzoo.get_loss("bco", beta=0.3)(batch).losses  # the loss applies the weights
     order = torch.cat((torch.nonzero(labels)[:, 0], torch.nonzero(~labels)[:, 0]))  # TRL: desirable first
     p64 = policy.detach().clone().requires_grad_()
@@ -138,6 +139,14 @@ def test_classifier_round_trips_and_refuses_one_class():
     assert torch.equal(again.prob_desirable(des), clf.prob_desirable(des))
     with pytest.raises(ValueError, match="desirable and undesirable prompts, got 30 and 0"):
         DensityRatioClassifier.fit(des, und[:0])
+
+
+@pytest.mark.parametrize(("des", "und"), [((3, 4), (2, 5)), ((3,), (2, 4)), ((3, 4), (2, 4, 1))])
+def test_classifier_names_both_shapes_when_the_embeddings_do_not_fit(des, und):
+    shape = ", ".join  # (3, 4) -> "3, 4"
+    want = rf"must be \(n, D\) with one D, got \({shape(map(str, des))},?\) and \({shape(map(str, und))},?\)$"
+    with pytest.raises(ValueError, match=want):
+        DensityRatioClassifier.fit(torch.zeros(des), torch.zeros(und))
 
 
 def test_default_embedding_mean_pools_the_prompt_tokens_of_a_tiny_model():
