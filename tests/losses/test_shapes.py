@@ -87,6 +87,15 @@ def test_unpaired_batch_errors_name_the_field(kw, match):
         UnpairedBatch(**fields)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_pair_batch_non_finite_log_prob_names_the_field_the_example_and_the_fix(bad):
+    want = (rf"^PreferenceBatch.policy_rejected_logps\[1\] \(example 'q'\) is {bad}: log-probs and entropies must be "
+            r"finite; check the model's outputs and the completion mask$")  # fmt: skip
+    with pytest.raises(PreferenceBatchError, match=want):
+        PreferenceBatch(policy_chosen_logps=torch.zeros(2), policy_rejected_logps=torch.tensor([0.0, bad]),
+                        example_ids=("p", "q"))  # fmt: skip
+
+
 def test_ranking_scores_are_column_order_without_scores():
     assert group(1, 3).ranking_scores.tolist() == [[2.0, 1.0, 0.0]]
     padded = group(1, 4, mask=torch.tensor([[True, False, True, True]]))
@@ -106,8 +115,7 @@ def test_reductions_by_hand():
     trip = lambda how: list(zip(*(t.tolist() for t in pair_indices(b, how)), strict=True))  # noqa: E731
     assert trip("best-worst") == [(0, 1, 3), (2, 0, 1)]
     assert trip("best-vs-rest") == [(0, 1, 0), (0, 1, 3), (2, 0, 1), (2, 0, 2)]
-    assert trip("all-pairs") == [(0, 0, 3), (0, 1, 0), (0, 1, 3), (0, 2, 0), (0, 2, 3), (2, 0, 1), (2, 0, 2),
-                                 (2, 2, 1)]
+    assert trip("all-pairs") == [(0, 0, 3), (0, 1, 0), (0, 1, 3), (0, 2, 0), (0, 2, 3), (2, 0, 1), (2, 0, 2), (2, 2, 1)]
 
 
 @pytest.mark.parametrize("how", prefzoo.REDUCTIONS)
@@ -141,40 +149,58 @@ def test_pairs_from_lists_takes_every_token_level_field_and_id(how):
     )
     pairs, _ = pairs_from_lists(b, how)
     g, i, j = pair_indices(b, how)
-    for pair_field, group_field in [("policy_chosen_token_logps", "policy_token_logps"),
-                                    ("chosen_token_entropies", "token_entropies"), ("chosen_mask", "token_mask")]:
+    for pair_field, group_field in [
+        ("policy_chosen_token_logps", "policy_token_logps"),
+        ("chosen_token_entropies", "token_entropies"),
+        ("chosen_mask", "token_mask"),
+    ]:
         assert torch.equal(getattr(pairs, pair_field), getattr(b, group_field)[g, i]), pair_field
         rejected = pair_field.replace("chosen", "rejected")
         assert torch.equal(getattr(pairs, rejected), getattr(b, group_field)[g, j]), rejected
-    assert pairs.example_ids == tuple(f"p{a}[{c}>{r}]" for a, c, r in zip(g.tolist(), i.tolist(), j.tolist(),
-                                                                          strict=True))
+    assert pairs.example_ids == tuple(
+        f"p{a}[{c}>{r}]" for a, c, r in zip(g.tolist(), i.tolist(), j.tolist(), strict=True)
+    )
 
 
 def test_all_tied_lists_give_no_pairs():
     b = group(2, 3, scores=torch.ones(2, 3, dtype=torch.float64))
     with pytest.raises(GroupBatchError, match="no group in this batch of 2 has two completions with different"):
         pairs_from_lists(b)
-    with pytest.raises(prefzoo.LossParamError,
-                       match=r"unknown reduction 'worst'; use one of best-worst, all-pairs, best-vs-rest$"):
+    with pytest.raises(
+        prefzoo.LossParamError, match=r"unknown reduction 'worst'; use one of best-worst, all-pairs, best-vs-rest$"
+    ):
         pairs_from_lists(b, "worst")  # type: ignore[arg-type]
 
 
 def test_k2_round_trip_pairs_to_groups_and_back():
     gen = torch.Generator().manual_seed(0)
     pb = PreferenceBatch(
-        policy_chosen_logps=-torch.rand(5, generator=gen), policy_rejected_logps=-torch.rand(5, generator=gen),
-        ref_chosen_logps=-torch.rand(5, generator=gen), ref_rejected_logps=-torch.rand(5, generator=gen),
-        chosen_lengths=torch.tensor([1, 2, 3, 4, 5]), rejected_lengths=torch.tensor([5, 4, 3, 2, 1]),
-        policy_chosen_token_logps=-torch.rand(5, 3, generator=gen), policy_rejected_token_logps=torch.zeros(5, 2),
-        chosen_mask=torch.ones(5, 3, dtype=torch.bool), rejected_mask=torch.ones(5, 2, dtype=torch.bool),
+        policy_chosen_logps=-torch.rand(5, generator=gen),
+        policy_rejected_logps=-torch.rand(5, generator=gen),
+        ref_chosen_logps=-torch.rand(5, generator=gen),
+        ref_rejected_logps=-torch.rand(5, generator=gen),
+        chosen_lengths=torch.tensor([1, 2, 3, 4, 5]),
+        rejected_lengths=torch.tensor([5, 4, 3, 2, 1]),
+        policy_chosen_token_logps=-torch.rand(5, 3, generator=gen),
+        policy_rejected_token_logps=torch.zeros(5, 2),
+        chosen_mask=torch.ones(5, 3, dtype=torch.bool),
+        rejected_mask=torch.ones(5, 2, dtype=torch.bool),
         example_ids=tuple("abcde"),
     )
     g = group_from_pairs(pb)
     assert g.group_size == 2 and g.token_mask is not None and g.token_mask.shape == (5, 2, 3)
     back, idx = pairs_from_lists(g, "best-worst")
     assert idx.tolist() == [0, 1, 2, 3, 4] and back.example_ids == tuple(f"{c}[0>1]" for c in "abcde")
-    for f in ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps",
-              "chosen_lengths", "rejected_lengths", "policy_chosen_token_logps", "chosen_mask"):
+    for f in (
+        "policy_chosen_logps",
+        "policy_rejected_logps",
+        "ref_chosen_logps",
+        "ref_rejected_logps",
+        "chosen_lengths",
+        "rejected_lengths",
+        "policy_chosen_token_logps",
+        "chosen_mask",
+    ):
         assert torch.equal(getattr(back, f), getattr(pb, f)), f
     assert torch.equal(back.policy_rejected_token_logps[:, :2], pb.policy_rejected_token_logps)
     assert not bool(back.rejected_mask[:, 2].any())  # the padded token column stays masked
@@ -196,15 +222,17 @@ def _list_fn(batch, p, ctx):
 
 
 def _spec(shapes, fn=_list_fn):
-    return LossSpec(name="t", fn=fn, params_cls=_NoParams, family="t", formula="", paper="", scores="",
-                    shapes=frozenset(shapes))
+    return LossSpec(
+        name="t", fn=fn, params_cls=_NoParams, family="t", formula="", paper="", scores="", shapes=frozenset(shapes)
+    )
 
 
 def test_existing_losses_declare_pairs_and_list_losses_take_pairs_as_k2():
     assert all(prefzoo.loss_spec(n).shapes == {Shape.PAIR} for n in ("dpo", "mmpo", "simpo", "orpo", "mpo"))
     loss = Loss(_spec({Shape.LIST}), _NoParams())
-    pb = PreferenceBatch(policy_chosen_logps=torch.tensor([-1.0, -2.0]),
-                         policy_rejected_logps=torch.tensor([-3.0, 0.0]))
+    pb = PreferenceBatch(
+        policy_chosen_logps=torch.tensor([-1.0, -2.0]), policy_rejected_logps=torch.tensor([-3.0, 0.0])
+    )
     out = loss(pb)
     assert torch.allclose(out.losses, -torch.logaddexp(pb.policy_chosen_logps, pb.policy_rejected_logps))
     assert out.rewards is not None and out.rewards.shape == (2, 2)
@@ -218,18 +246,22 @@ def test_wrong_shape_is_one_line_naming_the_fix():
         lst(UnpairedBatch(policy_logps=torch.zeros(2), labels=torch.tensor([True, False])))
     with pytest.raises(PreferenceBatchError, match=r"needs reference: GroupBatch.ref_logps is None"):
         Loss(dataclasses.replace(_spec({Shape.LIST}), needs=frozenset({prefzoo.Need.REFERENCE})), _NoParams())(
-            GroupBatch(policy_logps=torch.zeros(2, 3)))
+            GroupBatch(policy_logps=torch.zeros(2, 3))
+        )
     with pytest.raises(TypeError, match="shapes must be a non-empty set"):
         _spec(set())
 
 
 def test_output_contract_per_shape():
-    bad = Loss(_spec({Shape.LIST}, fn=lambda b, p, c: dataclasses.replace(_list_fn(b, p, c), rewards=torch.zeros(3))),
-               _NoParams())
+    bad = Loss(
+        _spec({Shape.LIST}, fn=lambda b, p, c: dataclasses.replace(_list_fn(b, p, c), rewards=torch.zeros(3))),
+        _NoParams(),
+    )
     with pytest.raises(LossOutputError, match=r"rewards of shape \(3,\); expected \(3, 4\), one per completion"):
         bad(group())
-    short = Loss(_spec({Shape.LIST}, fn=lambda b, p, c: LossOutput(torch.zeros(1), torch.zeros(1), torch.zeros(1))),
-                 _NoParams())
+    short = Loss(
+        _spec({Shape.LIST}, fn=lambda b, p, c: LossOutput(torch.zeros(1), torch.zeros(1), torch.zeros(1))), _NoParams()
+    )
     with pytest.raises(LossOutputError, match=r"losses of shape \(1,\); expected \(3,\), one per group"):
         short(group())
 
@@ -238,7 +270,11 @@ def test_combination_of_a_list_loss_and_a_pair_loss_runs_on_pairs():
     lst = Loss(_spec({Shape.LIST}), _NoParams())
     combo = prefzoo.combine([(1.0, lst), (0.5, "sft")])
     assert combo.spec.shapes == {Shape.PAIR}
-    pb = PreferenceBatch(policy_chosen_logps=torch.tensor([-1.0]), policy_rejected_logps=torch.tensor([-3.0]),
-                         chosen_lengths=torch.tensor([2]), rejected_lengths=torch.tensor([2]))
+    pb = PreferenceBatch(
+        policy_chosen_logps=torch.tensor([-1.0]),
+        policy_rejected_logps=torch.tensor([-3.0]),
+        chosen_lengths=torch.tensor([2]),
+        rejected_lengths=torch.tensor([2]),
+    )
     want = -torch.logaddexp(torch.tensor(-1.0), torch.tensor(-3.0)) + 0.5 * 0.5
     assert torch.allclose(combo(pb).losses, want.reshape(1))
