@@ -201,3 +201,25 @@ def test_builtin_is_stamped_by_the_registry_not_read_from_the_module_name():
     assert all(reg.specs[n].builtin for n in EXPECTED)
     combo = prefzoo.get_loss("dpo + sft")
     assert combo.spec.builtin
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("params_cls", dict, r"^modifier 'ld-dpo': params_cls must be a LossParams dataclass$"),
+        ("fn", None, r"^modifier 'ld-dpo': fn is not callable$"),
+        ("applies", "every loss", r"^modifier 'ld-dpo': applies must be a prefzoo.Applicability$"),
+        (
+            "needs",
+            frozenset({"token_logps"}),
+            r"^modifier 'ld-dpo': needs must hold prefzoo.Need values, got 'token_logps'$",
+        ),
+        ("reference_needs", frozenset({1}), r"^modifier 'ld-dpo': needs must hold prefzoo.Need values, got 1$"),
+    ],
+)
+def test_a_malformed_modifier_spec_is_a_type_error_naming_the_modifier_and_the_field(field, value, match):
+    import dataclasses
+
+    spec = prefzoo.modifier_spec("ld-dpo")
+    with pytest.raises(TypeError, match=match):
+        dataclasses.replace(spec, **{field: value})
