@@ -292,3 +292,22 @@ def test_gloo_gather_in_a_process_group_returns_a_detached_copy_in_rank_order():
             assert torch.equal(gloo_gather(x), x)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_report_table_is_fixed_width_with_the_tally():
+    from prefzoo.testing.conformance import ConformanceReport, PropertyResult
+
+    report = ConformanceReport("toy", "me", [
+        PropertyResult("shape", "L has shape (B,)", "passed", examples=30, seconds=1.25),
+        PropertyResult("a-much-longer-name", "scores carry the gradient", "failed", examples=7, seconds=0.5),
+        PropertyResult("monotone", "declared monotone", "n/a"),
+    ])  # fmt: skip
+    assert report.table().splitlines() == [
+        "conformance of loss 'toy' (plugin me)",
+        "property            status   examples    time  guarantee",
+        f"{'-' * 18}  {'-' * 7}  {'-' * 8}  {'-' * 6}  {'-' * 40}",
+        "shape               PASSED         30    1.2s  L has shape (B,)",
+        "a-much-longer-name  FAILED          7    0.5s  scores carry the gradient",
+        "monotone            N/A             0    0.0s  declared monotone",
+        "FAILED: 2 of 3 properties hold, 1 failed",
+    ]
