@@ -68,7 +68,7 @@ def _square1e18(u: Tensor) -> Tensor:
 
 
 def _fprime(rho: Tensor, p: Any) -> Tensor:
-    kind = getattr(p, "f_divergence", "reverse_kl")
+    kind = p.f_divergence  # every DPO-family params class has it (FDPOParams)
     if kind == "forward_kl":
         return 1 - _exp80(-rho)
     if kind == "js_divergence":
@@ -84,7 +84,7 @@ def _delta(x: dict[str, Any], p: Any) -> Tensor:
     (e^80·h²·(u_a − u_b)/((h + u_a)(h + u_b))), since subtracting two values near 1.1·e^80 loses ~1e-8 of it."""
     rw, rl = _rho(x)
     plain = _fprime(rw, p) - _fprime(rl, p)
-    kind = getattr(p, "f_divergence", "reverse_kl")
+    kind = p.f_divergence  # every DPO-family params class has it (FDPOParams)
     if kind == "forward_kl":  # e^{−ρ_l} − e^{−ρ_w}
         xa, xb, scale = -rl, -rw, 1.0
     elif kind == "alpha_divergence" and abs(p.alpha_divergence_coef - 1.0) >= 1e-6:  # (e^{aρ_w} − e^{aρ_l})/a

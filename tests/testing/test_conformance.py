@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 
 import pytest
 import torch
@@ -18,11 +19,15 @@ def _dpo_spec(fn, **kw):
 
 
 def test_sound_loss_passes():
+    t0 = time.perf_counter()
     report = check_loss("dpo", max_examples=10)
+    elapsed = time.perf_counter() - t0
     assert report.passed, report.failures_text()
     names = [r.name for r in report.results]
     assert {"finite", "permutation", "monotone", "shift-invariant", "sharded-gather", "reference"} <= set(names)
     assert "PASSED" in report.table()
+    times = [r.seconds for r in report.results]  # each property's own time: the run's elapsed time shared out
+    assert all(t >= 0 for t in times) and 0 < sum(times) <= elapsed, times
 
 
 def test_broken_loss_fails_with_a_readable_report():
