@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -278,3 +279,73 @@ def test_combination_of_a_list_loss_and_a_pair_loss_runs_on_pairs():
     )
     want = -torch.logaddexp(torch.tensor(-1.0), torch.tensor(-3.0)) + 0.5 * 0.5
     assert torch.allclose(combo(pb).losses, want.reshape(1))
+
+
+# --- the LossOutput and state contracts: one line naming the loss, its plugin, the field and what was expected ---
+
+WHO = "loss 'toy' (plugin 'me')"
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "match"),
+    [
+        ({"m": torch.zeros(())}, None, "returned a state but declares none: set LossSpec.initial_state"),
+        (None, {"m": torch.zeros(())},
+         r"returned no state \(LossOutput.state\); a stateful loss returns its next state"),
+        ({"m": torch.zeros(()), "x": torch.zeros(())}, {"m": torch.zeros(()), "n": torch.zeros(())},
+         r"returned state keys \['m', 'x'\]: unknown \['x'\], missing \['n'\]"),
+        ({"m": torch.zeros(2)}, {"m": torch.zeros(())}, r"returned state 'm' of shape \(2,\); expected \(\)"),
+        ({"m": 0.5}, {"m": torch.zeros(())}, r"returned state 'm' of shape float; expected \(\)"),
+    ],
+)  # fmt: skip
+def test_a_state_that_breaks_the_contract_is_named(new, old, match):
+    from prefzoo.spec import check_state
+
+    with pytest.raises(LossOutputError, match=rf"^{re.escape(WHO)} {match}$"):
+        check_state("toy", "me", new, old)
+
+
+def _output(**kw) -> LossOutput:
+    z = torch.zeros(2)
+    return LossOutput(**{"losses": z, "chosen_rewards": z, "rejected_rewards": z, **kw})
+
+
+@pytest.mark.parametrize(
+    ("out", "match"),
+    [
+        ("not an output", r"returned str, expected prefzoo.LossOutput"),
+        (_output(losses=torch.zeros(3)), r"returned losses of shape \(3,\); expected \(2,\), one per pair"),
+        (_output(rejected_rewards=[0.0, 0.0]),
+         r"returned rejected_rewards of shape list; expected \(2,\), one per pair"),
+        (_output(metrics=[("m", 1.0)]), r"returned metrics of type list; expected a dict"),
+        (_output(rewards=torch.zeros(2)), r"returned rewards of shape \(2,\); expected \(2, 2\), one per completion"),
+    ],
+)  # fmt: skip
+def test_an_output_that_breaks_the_contract_is_named(out, match):
+    from prefzoo.spec import check_output
+
+    pb = PreferenceBatch(policy_chosen_logps=torch.zeros(2), policy_rejected_logps=torch.zeros(2))
+    with pytest.raises(LossOutputError, match=rf"^{re.escape(WHO)} {match}$"):
+        check_output("toy", "me", out, pb)
+
+
+def test_tensors_on_another_device_or_of_an_integer_dtype_are_named_with_the_fix():
+    z = torch.zeros(2)
+    with pytest.raises(PreferenceBatchError, match=r"^PreferenceBatch.ref_chosen_logps is on meta but "
+                       r"policy_chosen_logps is on cpu: move it with .to\(\)$"):  # fmt: skip
+        PreferenceBatch(policy_chosen_logps=z, policy_rejected_logps=z, ref_chosen_logps=torch.zeros(2, device="meta"))
+    with pytest.raises(UnpairedBatchError, match=r"^UnpairedBatch.policy_logps must be a floating-point tensor, got "
+                       r"torch.int64$"):  # fmt: skip
+        UnpairedBatch(policy_logps=torch.zeros(2, dtype=torch.long), labels=torch.tensor([True, False]))
+    with pytest.raises(UnpairedBatchError, match=r"^UnpairedBatch.example_ids has 1 ids for N = 2$"):
+        UnpairedBatch(policy_logps=z, labels=torch.tensor([True, False]), example_ids=("a",))
+
+
+def test_restoring_a_state_that_does_not_fit_the_loss_is_one_line():
+    with pytest.raises(ValueError, match=r"^loss 'dpo' has no state, but the checkpoint holds \['delta'\]$"):
+        prefzoo.get_loss("dpo").load_state_dict({"delta": torch.zeros(())})
+    prefzoo.get_loss("dpo").load_state_dict({})  # nothing to restore: fine
+    bco = prefzoo.get_loss("bco")
+    with pytest.raises(ValueError, match=r"^cannot restore the state of loss 'bco': loss 'bco' \(plugin '[^']+'\) "
+                       r"returned state keys \['delta'\]: unknown \[\], missing \['count'\]$"):  # fmt: skip
+        bco.load_state_dict({"delta": torch.zeros(())})
