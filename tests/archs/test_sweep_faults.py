@@ -24,3 +24,21 @@ def test_a_fault_of_the_shared_layout_only_is_checked_on_that_layout(monkeypatch
     assert res.status == "fail" and res.errors["fused"] < 1e-4, res  # the plain layout is still right
     assert res.reason.startswith("shared-prompt layout differs from the plain rows"), res
     assert res.caught and res.reason.endswith("; the self-check catches it"), res
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (ValueError("no tiny config for it\nsecond line"), "cannot be built tiny (ValueError: no tiny config for it)"),
+        (ImportError("needs einops\nsecond line"), "needs a package: needs einops"),
+    ],
+)
+def test_an_architecture_that_cannot_be_built_is_a_skip_with_its_first_error_line(monkeypatch, error, reason):
+    import prefzoo.testing.architectures as arch
+
+    def fails(model_type):
+        raise error
+
+    monkeypatch.setattr(arch, "build_tiny", fails)
+    res = check_architecture("llama")
+    assert (res.status, res.reason) == ("skip", reason), res
