@@ -153,8 +153,7 @@ def tiny_config(model_type: str) -> Any:
             del kw[key]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         cfg = cls(**kw)
-    cfg._attn_implementation = "eager"
-    return cfg
+    return cfg  # the attention implementation is chosen where a model is built (from_config(attn_implementation=...))
 
 
 def build_tiny(model_type: str, seed: int = 0) -> Any:
