@@ -266,6 +266,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
             "chunked": float((chunked.logps - ref_sum).abs().max()),
             "token": float((fused.token_logps - _compact(ref_tok, m, t_c)).abs().max()),
             "entropy": float((fused.token_entropies - _compact(ref_ent, m, t_c)).abs().max()),
+            "chunked-entropy": float((chunked.token_entropies - _compact(ref_ent, m, t_c)).abs().max()),
         }
         if max(res.errors.values()) > TOKEN_TOL * 10:
             res.status = "fail"
