@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.faults._run import cli_args, env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 def start_nodes(cfgs: list[dict[str, Any]], logs: list[Path], **extra_env: str) -> list[subprocess.Popen]:

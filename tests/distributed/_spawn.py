@@ -21,20 +21,15 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from tests.support import free_port
+
 __all__ = ["free_port", "init_gloo", "save_on_main", "shard_accelerator", "spawn"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(target: Callable[..., None], world: int, *args: Any) -> None:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 from typing import Any
 
 import pytest
 
-__all__ = ["FakeEP", "install_entry_points"]
+__all__ = ["FakeEP", "free_port", "install_entry_points"]
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for a gloo or torchrun rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class FakeEP:

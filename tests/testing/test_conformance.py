@@ -276,18 +276,14 @@ def test_gloo_gather_without_a_process_group_is_the_identity():
 def test_gloo_gather_in_a_process_group_returns_a_detached_copy_in_rank_order():
     """In a (one-rank, in-process) gloo group the gather runs: a detached copy, never the input itself (the ranks'
     order and uneven shards are tested on 2 and 4 processes in tests/distributed/test_gather.py)."""
-    import socket
-
     import torch.distributed as dist
 
     from prefzoo.testing import gloo_gather
+    from tests.support import free_port
 
     if dist.is_initialized():
         pytest.skip("a process group is already open in this pytest process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         t = torch.tensor([[1.0, -2.0], [3.0, 4.0], [5.0, 0.5]], requires_grad=True)
         out = gloo_gather(t.T)  # a non-contiguous view

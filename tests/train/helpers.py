@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tests.support import free_port
 
 HERE = Path(__file__).parent
 
@@ -41,12 +42,6 @@ def run_inprocess(cfg: dict[str, Any], callbacks: list[Any] = ()):
     return train(TrainConfig.from_dict(cfg), callbacks=callbacks)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 900, launcher: str = "torchrun") -> dict[str, Any]:
     """Train in ``nproc`` fresh processes (torchrun or accelerate launch; gloo on CPU); returns rank 0's result."""
     env = {
@@ -67,7 +62,7 @@ def run_processes(cfg: dict[str, Any], nproc: int, timeout: int = 900, launcher:
             "--num_machines=1",
             "--mixed_precision=no",
             "--dynamo_backend=no",
-            f"--main_process_port={_free_port()}",
+            f"--main_process_port={free_port()}",
         ]
     else:
         cmd = [
