@@ -116,3 +116,18 @@ def test_silu_mul_backward_is_autograds():
     mine = torch.autograd.grad((SiluMul.apply(g, u) * w).sum(), (g, u))
     theirs = torch.autograd.grad((torch.nn.functional.silu(g) * u * w).sum(), (g, u))
     assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "switched"),
+    [("mistral", {"MistralMLP": 2}), ("qwen2", {"Qwen2MLP": 2}), ("qwen3", {"Qwen3MLP": 2}), ("olmo2", {"Olmo2MLP": 2}),
+     ("granite", {"GraniteMLP": 2}), ("cohere", {"CohereMLP": 2}),
+     ("gemma2", {}), ("phi3", {}), ("qwen3_moe", {})],  # GELU gate, fused gate_up_proj, grouped experts: left alone
+)  # fmt: skip
+def test_other_architectures_give_the_same_bits_or_are_left_alone(model_type, switched):
+    from prefzoo.testing.architectures import build_tiny
+
+    plain = build_tiny(model_type).train()
+    fused = copy.deepcopy(plain)
+    assert fuse_gated_mlps(fused) == switched
+    _same(plain, fused)
