@@ -1,0 +1,42 @@
+"""The kit's simulated ranks (prefzoo.testing.sharding): a whole batch is split by ``sizes`` before the threads run."""
+
+from __future__ import annotations
+
+import torch
+
+import prefzoo
+from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
+
+
+def _batch() -> prefzoo.PreferenceBatch:
+    f = torch.float64
+    return prefzoo.PreferenceBatch(
+        torch.tensor([-1.0, -2.0, -3.0, -4.0], dtype=f), torch.tensor([-5.0, -6.0, -7.0, -8.0], dtype=f),
+        torch.tensor([-1.5, -2.5, -3.5, -4.5], dtype=f), torch.tensor([-5.5, -6.5, -7.5, -8.5], dtype=f),
+    )  # fmt: skip
+
+
+def test_a_whole_batch_is_split_by_sizes_and_each_rank_gathers_all_of_it():
+    seen: list[tuple[int, list[float]]] = []
+
+    def on_rank(shard: prefzoo.PreferenceBatch, gather) -> list[float]:
+        every = gather(shard.policy_chosen_logps)
+        seen.append((shard.batch_size, every.tolist()))
+        return shard.policy_chosen_logps.tolist()
+
+    outs = run_sharded(on_rank, _batch(), sizes=[1, 3])
+    assert outs == [[-1.0], [-2.0, -3.0, -4.0]]  # in rank order, split as asked
+    assert sorted(seen) == [(1, [-1.0, -2.0, -3.0, -4.0]), (3, [-1.0, -2.0, -3.0, -4.0])]
+
+
+def test_a_whole_batch_without_sizes_is_one_rank_and_equals_the_unsharded_loss():
+    spec = prefzoo.loss_spec("mmpo")  # batch-coupled: its min-max normalisation reads the gathered batch
+    loss = prefzoo.Loss(spec, spec.params(beta=0.5))
+    whole = loss(_batch())
+    (alone,) = run_sharded(lambda sh, gather: loss(sh, gather=gather), _batch())
+    assert torch.equal(alone.losses, whole.losses)
+    two = run_sharded(lambda sh, gather: loss(sh, gather=gather), _batch(), sizes=split_sizes(4, 2))
+    by_hand = run_sharded(lambda sh, gather: loss(sh, gather=gather), shard_batch(_batch(), [1, 3]))
+    assert split_sizes(4, 2) == [1, 3]
+    assert all(torch.equal(a.losses, b.losses) for a, b in zip(two, by_hand, strict=True))
+    assert torch.allclose(torch.cat([o.chosen_rewards for o in two]), whole.chosen_rewards, atol=1e-12, rtol=0)
