@@ -47,7 +47,14 @@ FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prefzoo.spec", ("tests/registry", "tests/losses/test_api.py")),
     ("prefzoo.types", ("tests/losses/test_api.py", "tests/losses/test_shapes.py")),
     ("prefzoo.registry", ("tests/registry",)),
-    ("prefzoo.train.distributed", ("tests/train/test_deepspeed_config.py", "tests/properties/test_mmpo_identity.py")),
+    (
+        "prefzoo.train.distributed",
+        (
+            "tests/train/test_deepspeed_config.py",
+            "tests/train/test_accelerator_setup.py",
+            "tests/properties/test_mmpo_identity.py",
+        ),
+    ),
 )
 
 
