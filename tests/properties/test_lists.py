@@ -355,3 +355,20 @@ def test_group_from_pairs_feeds_list_losses_the_pair_gradients():
     gw, gl = torch.autograd.grad(out.losses.sum(), [b.policy_chosen_logps, b.policy_rejected_logps])
     assert gw.item() == pytest.approx(-torch.sigmoid(torch.tensor(-1.0)).item())
     assert gl.item() == pytest.approx(torch.sigmoid(torch.tensor(-1.0)).item())
+
+
+@pytest.mark.parametrize("name", ["mml", "mmpo-list"])
+@pytest.mark.parametrize(("beta", "norm_eps"), [(0.5, 0.01), (0.0, 0.0)])
+def test_equal_scores_everywhere_give_the_references_degenerate_normalisation(name, beta, norm_eps):
+    """Every completion scored the same: the scores' min-max range is 0, so each gets reward 0 (and with β = 0, ε = 0
+    the rewards' range is 0 too, each R̂ = 0): prefzoo and the reference agree, finite, on both."""
+    gen = torch.Generator().manual_seed(5)
+    b = GroupBatch(policy_logps=-20 * torch.rand(2, 3, generator=gen, dtype=F64),
+                   ref_logps=-20 * torch.rand(2, 3, generator=gen, dtype=F64),
+                   scores=torch.full((2, 3), 2.0, dtype=F64), mask=torch.ones(2, 3, dtype=torch.bool))
+    spec = prefzoo.loss_spec(name)
+    p = spec.params(reward_from="score", beta=beta, norm_eps=norm_eps)
+    got = prefzoo.Loss(spec, p)(b).losses.detach()
+    want = LIST_REFERENCES[name](b, p)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
