@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import prefzoo
@@ -40,3 +41,21 @@ def test_a_whole_batch_without_sizes_is_one_rank_and_equals_the_unsharded_loss()
     assert split_sizes(4, 2) == [1, 3]
     assert all(torch.equal(a.losses, b.losses) for a, b in zip(two, by_hand, strict=True))
     assert torch.allclose(torch.cat([o.chosen_rewards for o in two]), whole.chosen_rewards, atol=1e-12, rtol=0)
+
+
+def test_example_ids_are_split_with_their_pairs():
+    b = _batch().replace()
+    b = prefzoo.PreferenceBatch(b.policy_chosen_logps, b.policy_rejected_logps, example_ids=("a", "b", "c", "d"))
+    parts = shard_batch(b, [1, 3])
+    assert [p.example_ids for p in parts] == [("a",), ("b", "c", "d")]
+    assert [p.policy_chosen_logps.tolist() for p in parts] == [[-1.0], [-2.0, -3.0, -4.0]]
+
+
+def test_a_rank_that_raises_is_reported_not_the_barrier_it_broke():
+    def on_rank(shard: prefzoo.PreferenceBatch, gather) -> None:
+        if shard.batch_size == 1:
+            raise ValueError("rank 0 failed")
+        gather(shard.policy_chosen_logps)  # rank 1 waits here until rank 0's failure breaks the barrier
+
+    with pytest.raises(ValueError, match=r"^rank 0 failed$"):
+        run_sharded(on_rank, _batch(), sizes=[1, 3])
