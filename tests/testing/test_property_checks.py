@@ -1,0 +1,116 @@
+"""The kit's generic checks called one by one (prefzoo/testing/properties.py): the failures each one states, the
+losses each one must leave alone, and its helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo.testing import properties as P
+from prefzoo.types import LossOutput
+
+F = torch.float64
+
+
+def _batch(**kw) -> prefzoo.PreferenceBatch:
+    t = lambda *v: torch.tensor(v, dtype=F)  # noqa: E731
+    base = dict(policy_chosen_logps=t(-1.0, -4.0, -2.0), policy_rejected_logps=t(-3.0, -1.5, -2.5),
+                ref_chosen_logps=t(-1.5, -3.0, -2.0), ref_rejected_logps=t(-2.0, -2.0, -3.0))  # fmt: skip
+    return prefzoo.PreferenceBatch(**{**base, **kw})
+
+
+def _loss(fn, base: str = "dpo", **spec_changes) -> prefzoo.Loss:
+    spec = dataclasses.replace(prefzoo.loss_spec(base), name="probe", fn=fn, plugin="tests", **spec_changes)
+    return prefzoo.Loss(spec, spec.params())
+
+
+def _dpo(batch, p, ctx) -> LossOutput:
+    return prefzoo.loss_spec("dpo").fn(batch, p, ctx)
+
+
+def test_shape_fails_when_the_losses_were_cut_from_the_graph():
+    def cut(batch, p, ctx):
+        out = _dpo(batch, p, ctx)
+        return LossOutput(out.losses.detach(), out.chosen_rewards, out.rejected_rewards)
+
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_shape(_loss(cut), _batch())
+    assert str(e.value) == "probe: losses do not require grad although policy log-probs do: the graph was cut"
+    P.check_shape(_loss(_dpo), _batch())
+
+
+def test_detached_rewards_fails_on_a_metric_that_keeps_the_graph():
+    def leaky(batch, p, ctx):
+        out = _dpo(batch, p, ctx)
+        return LossOutput(out.losses, out.chosen_rewards, out.rejected_rewards, metrics={"margin": out.losses.mean()})
+
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_detached_rewards(_loss(leaky), _batch())
+    assert str(e.value) == "probe: metrics['margin'] requires grad; return it .detach()ed"
+
+
+def _not_monotone(batch, p, ctx):
+    out = _dpo(batch, p, ctx)
+    return LossOutput(out.losses + 5.0 * batch.policy_chosen_logps, out.chosen_rewards, out.rejected_rewards)
+
+
+def test_monotone_is_checked_only_where_it_is_declared():
+    with pytest.raises(P.PropertyFailure, match=r"^probe: ∂L/∂log π\(y_w\) = "):
+        P.check_monotone(_loss(_not_monotone), _batch())
+    P.check_monotone(_loss(_not_monotone, monotone=False), _batch())  # declared not monotone: nothing to check
+
+
+def _reads_the_batch_mean(batch, p, ctx):
+    out = _dpo(batch, p, ctx)
+    mean = batch.policy_chosen_logps.detach().mean()
+    return LossOutput(out.losses + 0.1 * torch.tanh(mean), out.chosen_rewards, out.rejected_rewards)
+
+
+def test_batch_decoupled_is_checked_only_for_losses_not_declared_coupled():
+    with pytest.raises(P.PropertyFailure, match=r"^probe: per-example loss in micro-batches"):
+        P.check_batch_decoupled(_loss(_reads_the_batch_mean), _batch())
+    P.check_batch_decoupled(_loss(_reads_the_batch_mean, batch_coupled=True), _batch())
+
+
+def test_grads_is_empty_when_nothing_requires_grad():
+    loss = prefzoo.get_loss("dpo")
+    out, g = P.grads(loss, _batch())
+    assert g == {} and not out.losses.requires_grad
+    out, g = P.grads(loss, P.cast_batch(_batch()))
+    assert sorted(g) == ["policy_chosen_logps", "policy_rejected_logps"]
+    assert torch.equal(g["policy_chosen_logps"], -g["policy_rejected_logps"])  # DPO: ∂L/∂s_w = −∂L/∂s_l
+
+    def constant(batch, p, ctx):
+        return LossOutput(torch.zeros(batch.batch_size, dtype=F), torch.zeros(3, dtype=F), torch.zeros(3, dtype=F))
+
+    out, g = P.grads(_loss(constant), P.cast_batch(_batch()))  # the inputs require grad, the losses do not
+    assert g == {} and torch.equal(out.losses, torch.zeros(3, dtype=F))
+
+
+def test_a_permuted_batch_permutes_its_ids_with_its_pairs():
+    b = _batch(example_ids=("a", "b", "c"))
+    got = P._perm_batch(b, torch.tensor([2, 0, 1]))
+    assert got.example_ids == ("c", "a", "b")
+    assert got.policy_chosen_logps.tolist() == [-2.0, -1.0, -4.0]
+
+
+def test_perturbed_params_scale_the_float_fields_and_keep_anything_else():
+    loss = prefzoo.get_loss("dpo", beta=0.2)
+    p = P._perturbed_params(loss, 0.5)
+    assert p.beta == pytest.approx(0.3) and p.f_divergence == loss.params.f_divergence
+
+    class Plain:  # a params object that is not a dataclass: left as it is
+        beta = 0.1
+
+    plain = Plain()
+    odd = prefzoo.get_loss("dpo")
+    object.__setattr__(odd, "params", plain)
+    assert P._perturbed_params(odd, 0.5) is plain
+
+
+def test_unit_roundoff_of_each_compute_dtype():
+    assert P.unit_roundoff(torch.float64) == 2.0**-53
+    assert P.unit_roundoff(torch.float32) == 2.0**-24 and P.unit_roundoff(torch.bfloat16) == 2.0**-24  # upcast
