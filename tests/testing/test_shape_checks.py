@@ -1,0 +1,102 @@
+"""The kit's checks for lists and unpaired completions called one by one (prefzoo/testing/properties_shapes.py): the
+failures each states, the losses each must leave alone, and its helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo.testing import properties_shapes as S
+from prefzoo.testing.properties import PropertyFailure
+from prefzoo.types import GroupBatch, UnpairedBatch
+
+F = torch.float64
+
+
+def _groups(**kw) -> GroupBatch:
+    g = torch.tensor([[-1.0, -2.0, -3.0], [-2.0, -1.0, -4.0]], dtype=F)
+    scores = torch.tensor([[3.0, 2.0, 1.0], [1.0, 3.0, 2.0]], dtype=F)
+    return GroupBatch(**{"policy_logps": g, "ref_logps": g - 0.5, "scores": scores, **kw})
+
+
+def _unpaired() -> UnpairedBatch:
+    z = torch.tensor([-1.0, -2.0, -3.0, -1.5], dtype=F)
+    return UnpairedBatch(policy_logps=z, labels=torch.tensor([True, False, True, False]), ref_logps=z - 0.5,
+                         kl_policy_logps=z - 1.0, kl_ref_logps=z - 1.2)  # fmt: skip
+
+
+def _loss(fn, base: str, **spec_changes) -> prefzoo.Loss:
+    spec = dataclasses.replace(prefzoo.loss_spec(base), name="probe", fn=fn, plugin="tests", **spec_changes)
+    return prefzoo.Loss(spec, spec.params())
+
+
+def _changed(base: str, **out_changes):
+    """The built-in ``base`` loss with some of its outputs replaced by functions of (batch, output)."""
+
+    def fn(batch, p, ctx):
+        out = prefzoo.loss_spec(base).fn(batch, p, ctx)
+        return dataclasses.replace(out, **{k: f(batch, out) for k, f in out_changes.items()})
+
+    return fn
+
+
+def test_finite_names_the_first_non_finite_entry():
+    both = _changed("dpo-pl", losses=lambda b, o: o.losses.abs() * torch.tensor([float("nan"), float("inf")], dtype=F))
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_finite(_loss(both, "dpo-pl"), _groups())
+    assert str(e.value) == "probe: losses[0] = nan is not finite (dtype torch.float64)"
+
+
+def test_shape_fails_when_the_losses_were_cut_from_the_graph():
+    cut = _changed("dpo-pl", losses=lambda b, o: o.losses.detach())
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_shape(_loss(cut, "dpo-pl"), _groups())
+    assert str(e.value) == "probe: losses do not require grad although policy log-probs do: the graph was cut"
+    S.check_shape_shape(prefzoo.get_loss("dpo-pl"), _groups())
+
+
+def test_detached_fails_on_a_metric_that_keeps_the_graph():
+    leaky = _changed("dpo-pl", metrics=lambda b, o: {"m": o.losses.sum()})
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_detached(_loss(leaky, "dpo-pl"), _groups())
+    assert str(e.value) == "probe: metrics['m'] requires grad; return it .detach()ed"
+
+
+def test_shape_grads_is_empty_when_the_losses_do_not_require_grad():
+    const = _changed("dpo-pl", losses=lambda b, o: torch.zeros(2, dtype=F))
+    out, g = S.shape_grads(_loss(const, "dpo-pl"), S.fresh(_groups()))
+    assert g == {} and torch.equal(out.losses, torch.zeros(2, dtype=F))
+    out, g = S.shape_grads(prefzoo.get_loss("dpo-pl"), S.fresh(_groups()))
+    assert sorted(g) == ["policy_logps"]
+
+
+def test_taking_groups_takes_their_ids_and_taking_completions_keeps_them():
+    b = _groups(example_ids=("g0", "g1"))
+    by_group = S._take(b, torch.tensor([1, 0]))
+    assert by_group.example_ids == ("g1", "g0") and by_group.policy_logps[0].tolist() == [-2.0, -1.0, -4.0]
+    by_slot = S._take(b, torch.tensor([2, 0, 1]), dim=1)
+    assert by_slot.example_ids == ("g0", "g1") and by_slot.policy_logps[0].tolist() == [-3.0, -1.0, -2.0]
+
+
+def test_decoupled_is_checked_only_for_losses_not_declared_coupled():
+    coupled = _changed("dpo-pl", losses=lambda b, o: o.losses + 0.1 * torch.tanh(b.policy_logps.detach().mean()))
+    with pytest.raises(PropertyFailure):
+        S.check_shape_decoupled(_loss(coupled, "dpo-pl"), _groups())
+    S.check_shape_decoupled(_loss(coupled, "dpo-pl", batch_coupled=True), _groups())
+
+
+def test_list_monotone_is_checked_only_where_it_is_declared():
+    wrong_way = _changed("dpo-pl", losses=lambda b, o: o.losses + 5.0 * b.policy_logps[:, 0])  # best pushed down
+    with pytest.raises(PropertyFailure):
+        S.check_list_monotone(_loss(wrong_way, "dpo-pl"), _groups())
+    S.check_list_monotone(_loss(wrong_way, "dpo-pl", monotone=False), _groups())
+
+
+def test_unpaired_monotone_is_checked_only_where_it_is_declared():
+    wrong_way = _changed("kto", losses=lambda b, o: o.losses + 5.0 * b.policy_logps)  # every completion pushed down
+    with pytest.raises(PropertyFailure):
+        S.check_unpaired_monotone(_loss(wrong_way, "kto"), _unpaired())
+    S.check_unpaired_monotone(_loss(wrong_way, "kto", monotone=False), _unpaired())
