@@ -1,0 +1,89 @@
+"""The kit's public helpers and rarely taken branches: the literal logsumexp, the references' own refusals and
+degenerate normalisation, reference_losses, a report's raise_if_failed, the losses' missing-field errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo.testing import check_loss
+from prefzoo.testing.reference import _dpo_family, _simple, naive_lse2, reference_losses
+from prefzoo.types import GroupBatch, GroupBatchError, UnpairedBatch, UnpairedBatchError
+
+F = torch.float64
+
+
+def _pairs() -> prefzoo.PreferenceBatch:
+    t = lambda *v: torch.tensor(v, dtype=F)  # noqa: E731
+    lengths = {"chosen_lengths": torch.tensor([3, 5]), "rejected_lengths": torch.tensor([4, 2])}
+    return prefzoo.PreferenceBatch(t(-1.0, -4.0), t(-3.0, -1.5), t(-1.5, -3.0), t(-2.0, -2.0), **lengths)
+
+
+def test_the_literal_logsumexp_underflows_where_the_stable_one_does_not():
+    a, b = torch.tensor([0.5, -800.0], dtype=F), torch.tensor([-1.0, -800.0], dtype=F)
+    got = naive_lse2(a, b)
+    assert got[0] == torch.logaddexp(a, b)[0] and got[1] == float("-inf")
+    assert torch.logaddexp(a, b)[1] == pytest.approx(-800.0 + 0.6931471805599453)
+
+
+@pytest.mark.parametrize("family", [_dpo_family, _simple])
+def test_a_reference_family_refuses_a_kind_it_does_not_know(family):
+    with pytest.raises(KeyError) as e:
+        family("no-such-kind")({k: getattr(_pairs(), k) for k in ("policy_chosen_logps", "policy_rejected_logps",
+                                "ref_chosen_logps", "ref_rejected_logps", "chosen_lengths", "rejected_lengths")},
+                               prefzoo.loss_spec("dpo").params())  # fmt: skip
+    assert e.value.args == ("no-such-kind",)
+
+
+def test_reference_losses_gives_the_float64_formula_and_whether_only_the_mean_compares():
+    loss = prefzoo.get_loss("dpo", beta=0.3)
+    got, mean_only = reference_losses("dpo", _pairs(), loss.params)
+    assert mean_only is False and got.dtype == F
+    torch.testing.assert_close(got, loss(_pairs()).losses, rtol=1e-12, atol=1e-12)
+
+
+def test_mmpo_with_no_spread_in_its_rewards_normalises_them_to_zero_like_its_reference():
+    """β = 0, ε = 0 and r_ε = r_l: every R is the same, the min-max range is 0 and both normalised rewards are 0."""
+    spec = prefzoo.loss_spec("mmpo")
+    p = spec.params(beta=0.0, norm_eps=0.0, reward_epsilon=0.5, rejected_reward=0.5)
+    got = prefzoo.Loss(spec, p)(_pairs())
+    want, _ = reference_losses("mmpo", _pairs(), p)
+    torch.testing.assert_close(got.losses, want, rtol=1e-12, atol=1e-12)
+    assert got.chosen_rewards.tolist() == _pairs().policy_chosen_logps.tolist()  # s = log π + 0
+
+
+def test_raise_if_failed_raises_with_the_table_only_on_failure():
+    check_loss("dpo", properties=["shape"], max_examples=3, dtypes=["float64"]).raise_if_failed()
+
+    def int_rewards(batch, p, ctx):
+        out = prefzoo.loss_spec("dpo").fn(batch, p, ctx)
+        return dataclasses.replace(out, chosen_rewards=out.chosen_rewards.long())
+
+    broken = dataclasses.replace(prefzoo.loss_spec("dpo"), name="broken", fn=int_rewards, plugin="tests")
+    report = check_loss(broken, properties=["shape"], max_examples=3, dtypes=["float64"])
+    assert not report.passed
+    with pytest.raises(AssertionError) as e:
+        report.raise_if_failed()
+    assert str(e.value) == f"{report.table()}\n{report.failures_text()}" and "FAILED" in str(e.value)
+
+
+def test_list_and_unpaired_losses_name_a_field_they_need_that_is_missing():
+    g = torch.zeros(2, 3, dtype=F)
+    rrhf = prefzoo.loss_spec("rrhf")
+    with pytest.raises(GroupBatchError) as e:
+        rrhf.fn(GroupBatch(policy_logps=g, scores=g), rrhf.params(), None)
+    assert str(e.value).startswith("GroupBatch.") and str(e.value).endswith(" is None but this loss needs it")
+    kto = prefzoo.loss_spec("kto")
+    z = torch.zeros(2, dtype=F)
+    with pytest.raises(UnpairedBatchError) as e:
+        kto.fn(UnpairedBatch(policy_logps=z, labels=torch.tensor([True, False])), kto.params(), None)
+    assert str(e.value) == "UnpairedBatch.kl_policy_logps is None but this loss needs it"
+
+
+def test_a_combination_shows_its_weighted_terms():
+    c = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")])
+    assert repr(c) == f"CombinedLoss({[(w, loss) for w, loss in c.terms]!r})"
+    assert repr(c).startswith("CombinedLoss([(1.0, Loss('dpo', ") and "(0.5, Loss('sft', " in repr(c)
