@@ -4,6 +4,8 @@ catches the fault (checked on the plain rows it would pass, and the sweep would 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -42,3 +44,87 @@ def test_an_architecture_that_cannot_be_built_is_a_skip_with_its_first_error_lin
     monkeypatch.setattr(arch, "build_tiny", fails)
     res = check_architecture("llama")
     assert (res.status, res.reason) == ("skip", reason), res
+
+
+def test_a_multimodal_class_is_a_skip_without_building_it(monkeypatch):
+    import prefzoo.testing.architectures as arch
+
+    monkeypatch.setattr(arch, "build_tiny", lambda model_type: pytest.fail("a multimodal model was built"))
+    res = check_architecture("mllama")
+    assert (res.status, res.reason) == ("skip", "MllamaForCausalLM: needs a vision/audio/encoder input, not a text "
+                                                "decoder"), res  # fmt: skip
+
+
+def test_a_model_that_shrinks_too_little_is_a_skip_naming_its_size(monkeypatch):
+    import prefzoo.testing.architectures as arch
+
+    monkeypatch.setattr(arch, "MAX_PARAMS", 1000)
+    res = check_architecture("llama")
+    assert res.status == "skip", res
+    assert re.fullmatch(r"cannot be built tiny \(TinyBuildError: \d+\.\dM parameters after shrinking the known size "
+                        r"fields \(limit 1,000\)\)", res.reason), res  # fmt: skip
+
+
+def test_a_model_whose_own_forward_fails_is_a_skip(monkeypatch):
+    import prefzoo.testing.architectures as arch
+
+    def fails(model, batch):
+        raise RuntimeError("no padded batches\nmore")
+
+    monkeypatch.setattr(arch, "_model_logits", fails)
+    res = check_architecture("llama")
+    assert (res.status, res.reason) == ("skip", "its own forward fails on a padded batch (RuntimeError)"), res
+
+
+def _nth_call_raises(monkeypatch, n: int, error: Exception) -> None:
+    """The sweep's ``n``-th call of sequence_logps (1 fused, 2 chunked, 3 the shared layout) raises ``error``."""
+    sound, calls = logps.sequence_logps, []
+
+    def counted(*args, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise error
+        return sound(*args, **kw)
+
+    monkeypatch.setattr(logps, "sequence_logps", counted)
+
+
+def test_a_fast_path_that_cannot_run_fails_with_its_first_line(monkeypatch):
+    _nth_call_raises(monkeypatch, 1, RuntimeError("shapes cannot be multiplied\nmore"))
+    res = check_architecture("llama")
+    assert res.status == "fail", res
+    # only the sweep's copy of the fast path was broken: the self-check runs the real one, which is right
+    assert res.reason == "fast path cannot run: RuntimeError: shapes cannot be multiplied; THE SELF-CHECK MISSES IT"
+
+
+def test_refused_prompt_sharing_passes_with_the_reason_and_a_crash_in_it_fails(monkeypatch):
+    from prefzoo.train.fastpath_prompt import SharedPromptError
+
+    _nth_call_raises(monkeypatch, 3, SharedPromptError("shared prompt: this model's rotary positions cannot restart"))
+    res = check_architecture("llama")
+    assert (res.status, res.reason) == ("pass", "sharing refused: this model's rotary positions cannot restart"), res
+    monkeypatch.undo()
+    _nth_call_raises(monkeypatch, 3, ValueError("bad mask"))
+    res = check_architecture("llama")
+    assert res.status == "fail" and res.reason.startswith("shared layout crashed: ValueError: bad mask; "), res
+
+
+def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
+    from prefzoo.testing.architectures import main
+
+    assert main(["llama"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"llama {24}pass  \[.+; .+\] fused=\S+ chunked=\S+ token=\S+ entropy=\S+ chunked-entropy=\S+ "
+                        r"shared=\S+  \(\d+\.\ds\)", out[0]), out  # fmt: skip
+    assert out[-1] == "counts: {'pass': 1}; prompt sharing refused (with its reason) for 0 of the passing ones"
+    assert main(["llama", "--markdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["| model type | result | logit transform | layer types | max error (fused / shared) | notes |",
+                       "|---|---|---|---|---|---|"]  # fmt: skip
+    assert re.fullmatch(r"\| llama \| pass \| .+ \| .+ \| \de-\d\d / \de-\d\d \|  \|", out[2]), out
+    from prefzoo.train.fastpath_prompt import SharedPromptError
+
+    _nth_call_raises(monkeypatch, 3, SharedPromptError("shared prompt: refused here"))
+    assert main(["llama"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "counts: {'pass': 1}; prompt sharing refused (with its reason) for 1 of the passing ones"

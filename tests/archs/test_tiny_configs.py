@@ -16,3 +16,11 @@ def test_tiny_configs_mix_full_and_sliding_attention(model_type):
     cfg = tiny_config(model_type)
     assert cfg.num_hidden_layers == 2 and set(cfg.layer_types) == {"full_attention", "sliding_attention"}, (
         cfg.num_hidden_layers, cfg.layer_types)
+
+
+def test_a_sliding_window_switched_off_by_default_is_switched_on_for_one_of_the_two_layers():
+    """Qwen2's default config has ``use_sliding_window=False``: the tiny one turns it on past layer 0, so the sweep
+    tests the window it would otherwise never reach."""
+    cfg = tiny_config("qwen2")
+    assert cfg.use_sliding_window is True and cfg.max_window_layers == 1
+    assert cfg.layer_types == ["full_attention", "sliding_attention"]
