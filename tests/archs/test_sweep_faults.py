@@ -43,7 +43,7 @@ def test_an_architecture_that_cannot_be_built_is_a_skip_with_its_first_error_lin
 
     monkeypatch.setattr(arch, "build_tiny", fails)
     res = check_architecture("llama")
-    assert (res.status, res.reason) == ("skip", reason), res
+    assert (res.model_type, res.status, res.reason) == ("llama", "skip", reason), res
 
 
 def test_a_multimodal_class_is_a_skip_without_building_it(monkeypatch):
@@ -51,8 +51,8 @@ def test_a_multimodal_class_is_a_skip_without_building_it(monkeypatch):
 
     monkeypatch.setattr(arch, "build_tiny", lambda model_type: pytest.fail("a multimodal model was built"))
     res = check_architecture("mllama")
-    assert (res.status, res.reason) == ("skip", "MllamaForCausalLM: needs a vision/audio/encoder input, not a text "
-                                                "decoder"), res  # fmt: skip
+    reason = "MllamaForCausalLM: needs a vision/audio/encoder input, not a text decoder"
+    assert (res.model_type, res.status, res.reason) == ("mllama", "skip", reason), res
 
 
 def test_a_model_that_shrinks_too_little_is_a_skip_naming_its_size(monkeypatch):
@@ -60,7 +60,7 @@ def test_a_model_that_shrinks_too_little_is_a_skip_naming_its_size(monkeypatch):
 
     monkeypatch.setattr(arch, "MAX_PARAMS", 1000)
     res = check_architecture("llama")
-    assert res.status == "skip", res
+    assert (res.model_type, res.status) == ("llama", "skip"), res
     assert re.fullmatch(r"cannot be built tiny \(TinyBuildError: \d+\.\dM parameters after shrinking the known size "
                         r"fields \(limit 1,000\)\)", res.reason), res  # fmt: skip
 
@@ -73,7 +73,8 @@ def test_a_model_whose_own_forward_fails_is_a_skip(monkeypatch):
 
     monkeypatch.setattr(arch, "_model_logits", fails)
     res = check_architecture("llama")
-    assert (res.status, res.reason) == ("skip", "its own forward fails on a padded batch (RuntimeError)"), res
+    assert res.model_type == "llama" and res.status == "skip", res
+    assert res.reason == "its own forward fails on a padded batch (RuntimeError)", res
 
 
 def _nth_call_raises(monkeypatch, n: int, error: Exception) -> None:
