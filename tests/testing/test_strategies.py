@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import typing
+
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prefzoo
 from prefzoo.spec import param_infos
-from prefzoo.testing import batches_for, loss_params, preference_batches
+from prefzoo.testing import batches_for, group_batches, loss_params, preference_batches, unpaired_batches
 from prefzoo.testing.strategies import LOGP_MIN, MAX_LENGTH
 
 
@@ -76,3 +79,131 @@ def test_an_int_param_with_an_exclusive_upper_bound_is_drawn_below_it(k):
     from prefzoo.testing.strategies import param_strategy
 
     assert 1 <= k.draw(param_strategy(_int_info())) < 4
+
+
+@given(batch=preference_batches(dtypes=("float64",), token_level=None, min_size=2, max_size=4))
+def test_token_level_fields_are_drawn_or_not_when_left_open(batch):
+    """token_level=None: a drawn switch; when on, each response gets (B, T) log-probs zero past its mask."""
+    if batch.policy_chosen_token_logps is None:
+        assert batch.chosen_mask is None
+        return
+    assert batch.chosen_mask is not None and bool(batch.chosen_mask[:, 0].all())
+    assert bool((batch.policy_chosen_token_logps.masked_fill(batch.chosen_mask, 0.0) == 0).all())
+
+
+def test_token_level_none_reaches_both_outcomes():
+    seen = set()
+
+    @settings(max_examples=50, derandomize=True, database=None)  # the same draws in every run
+    @given(batch=preference_batches(dtypes=("float64",), token_level=None, max_size=3))
+    def run(batch):
+        seen.add(batch.policy_chosen_token_logps is not None)
+
+    run()
+    assert seen == {True, False}
+
+
+def _token_fields_agree(logps, ents, mask, lead: tuple[int, ...]) -> None:
+    assert mask.dtype == torch.bool and tuple(mask.shape[:-1]) == lead and logps.shape == ents.shape == mask.shape
+    counts = mask.sum(-1)
+    assert bool((counts >= 1).all()) and bool((counts <= mask.shape[-1]).all())
+    assert bool(mask[..., 0].all())  # each completion's tokens come first, then padding
+    assert bool((logps.masked_fill(mask, 0.0) == 0).all()) and bool((ents.masked_fill(mask, 0.0) == 0).all())
+    assert bool((logps <= 0).all()) and bool((ents >= 0).all()) and bool((ents <= math.log(50_000)).all())
+
+
+@given(batch=group_batches(dtypes=("float64",), token_level=True, max_size=3, max_k=3, requires_grad=True))
+def test_group_batches_draw_token_fields_per_completion(batch):
+    g, k = batch.policy_logps.shape
+    _token_fields_agree(batch.policy_token_logps, batch.token_entropies, batch.token_mask, (g, k))
+    assert batch.policy_token_logps.requires_grad and batch.token_entropies.requires_grad
+
+
+@given(batch=unpaired_batches(dtypes=("float64",), token_level=True, max_size=5, requires_grad=True))
+def test_unpaired_batches_draw_token_fields_per_completion(batch):
+    _token_fields_agree(batch.policy_token_logps, batch.token_entropies, batch.token_mask, (batch.batch_size,))
+    assert batch.policy_token_logps.requires_grad
+
+
+def test_unpaired_reference_none_reaches_both_outcomes():
+    seen = set()
+
+    @settings(max_examples=50, derandomize=True, database=None)  # the same draws in every run
+    @given(batch=unpaired_batches(dtypes=("float64",), reference=None, max_size=3))
+    def run(batch):
+        seen.add(batch.ref_logps is not None)
+
+    run()
+    assert seen == {True, False}
+
+
+def _infos():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, kw_only=True)
+    class Mixed(prefzoo.LossParams):
+        flag: bool = prefzoo.param(False, "a switch")
+        name: str = prefzoo.param("x", "free text: not drawn")
+        cap: float | None = prefzoo.param(None, "optional", gt=0.0, le=2.0)
+        mode: typing.Literal["a", "b"] = prefzoo.param("a", "a choice")
+
+    return {i.name: i for i in param_infos(Mixed)}, Mixed
+
+
+@given(data=st.data())
+def test_bool_text_optional_and_choice_params_are_drawn_as_declared(data):
+    from prefzoo.testing.strategies import param_strategy
+
+    infos, _ = _infos()
+    assert isinstance(data.draw(param_strategy(infos["flag"])), bool)
+    assert data.draw(param_strategy(infos["name"])) == "x"  # a type without a range: its default
+    cap = data.draw(param_strategy(infos["cap"]))
+    assert cap is None or 0.0 < cap <= 2.0
+    assert data.draw(param_strategy(infos["mode"])) in ("a", "b")
+
+
+def test_params_whose_cross_check_always_fails_fall_back_to_the_defaults():
+    """loss_params retries a draw the params' check refuses; a spec whose non-default draws all fail gets defaults."""
+    import dataclasses as dc
+
+    @dc.dataclass(frozen=True, kw_only=True)
+    class OnlyDefault(prefzoo.LossParams):
+        beta: float = prefzoo.param(0.1, "β", gt=0.0, le=1.0)
+
+        def check(self) -> None:
+            if self.beta != 0.1:
+                self.fail("beta must stay 0.1")
+
+    spec = dc.replace(prefzoo.loss_spec("dpo"), name="only-default", params_cls=OnlyDefault)
+    seen = []
+
+    @given(p=loss_params(spec, defaults_weight=0.0))
+    def run(p):
+        seen.append(p.beta)
+
+    run()
+    assert seen and set(seen) == {0.1}
+
+
+def test_open_switches_and_short_completions_reach_every_outcome():
+    """Each drawn switch is seen both ways, and one-token completions are drawn beside longer rows (a mask built
+    with ``<=`` instead of ``<`` would never give one token where T > 1)."""
+    seen: dict[str, set] = {"flag": set(), "group_tokens": set(), "group_one": set(), "unpaired_one": set()}
+    from prefzoo.testing.strategies import param_strategy
+
+    infos, _ = _infos()
+
+    @settings(max_examples=50, derandomize=True, database=None)  # the same draws in every run
+    @given(data=st.data())
+    def run(data):
+        seen["flag"].add(data.draw(param_strategy(infos["flag"])))
+        g = data.draw(group_batches(dtypes=("float64",), token_level=None, max_size=3, max_k=3))
+        seen["group_tokens"].add(g.token_mask is not None)
+        if g.token_mask is not None:
+            seen["group_one"].add(bool(((g.token_mask.sum(-1) == 1) & (g.token_mask.shape[-1] > 1)).any()))
+        u = data.draw(unpaired_batches(dtypes=("float64",), token_level=True, max_size=4))
+        seen["unpaired_one"].add(bool(((u.token_mask.sum(-1) == 1) & (u.token_mask.shape[-1] > 1)).any()))
+
+    run()
+    assert seen["flag"] == {True, False} and seen["group_tokens"] == {True, False}
+    assert True in seen["group_one"] and True in seen["unpaired_one"]
