@@ -98,3 +98,14 @@ def test_error_summary_is_the_type_and_the_first_line_cut_to_the_limit():
     assert error_summary(RuntimeError("")) == "RuntimeError: "
     padded = RuntimeError("  padded  \nx")  # the message is stripped, not its first line
     assert error_summary(padded) == "RuntimeError: padded  "
+
+
+def test_a_pairwise_output_is_checked_against_the_batch_size_alone():
+    from prefzoo.spec import LossOutputError, check_output
+    from prefzoo.types import LossOutput
+
+    z = torch.zeros(3, dtype=F)
+    check_output("toy", "me", LossOutput(z, z, z), 3)  # B = 3 given as a number: one per pair
+    with pytest.raises(LossOutputError) as e:
+        check_output("toy", "me", LossOutput(torch.zeros(2, dtype=F), z, z), 3)
+    assert str(e.value) == "loss 'toy' (plugin 'me') returned losses of shape (2,); expected (3,), one per pair"
