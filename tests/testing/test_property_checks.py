@@ -114,3 +114,14 @@ def test_perturbed_params_scale_the_float_fields_and_keep_anything_else():
 def test_unit_roundoff_of_each_compute_dtype():
     assert P.unit_roundoff(torch.float64) == 2.0**-53
     assert P.unit_roundoff(torch.float32) == 2.0**-24 and P.unit_roundoff(torch.bfloat16) == 2.0**-24  # upcast
+
+
+def test_the_reference_property_of_a_plugin_loss_without_a_formula_is_skipped_with_the_fix():
+    from prefzoo.testing import conformance_tests
+
+    spec = dataclasses.replace(prefzoo.loss_spec("dpo"), name="no-formula", plugin="tests")
+    test = conformance_tests(spec)
+    with pytest.raises(pytest.skip.Exception) as e:
+        test("reference")
+    assert str(e.value) == "no reference formula given (pass reference=fn to conformance_tests)"
+    conformance_tests(spec, reference=lambda b, p: prefzoo.Loss(spec, p)(b).losses, max_examples=3)("reference")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 
 import hypothesis._settings
+import hypothesis.errors
 import pytest
 
 FOREIGN_TEST = '''
@@ -51,3 +52,17 @@ def test_prefzoo_own_tests_run_under_the_selected_profile() -> None:
         pytest.skip(f"this session runs under --hypothesis-profile {settings.get_current_profile_name()}")
     assert {settings.get_profile(n).max_examples for n in ("dev", "ci", "thorough")} == {30, 100, 1000}
     assert settings.default.deadline is None
+
+
+def test_without_hypothesis_registering_profiles_is_a_no_op(monkeypatch) -> None:
+    import sys
+
+    from prefzoo.testing.pytest_plugin import register_profiles
+
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # importing it raises ImportError, as when not installed
+    assert register_profiles(prefix="absent-") is None
+    monkeypatch.undo()
+    from hypothesis import settings
+
+    with pytest.raises(hypothesis.errors.InvalidArgument):
+        settings.get_profile("absent-dev")  # nothing was registered
