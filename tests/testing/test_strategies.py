@@ -91,16 +91,22 @@ def test_token_level_fields_are_drawn_or_not_when_left_open(batch):
     assert bool((batch.policy_chosen_token_logps.masked_fill(batch.chosen_mask, 0.0) == 0).all())
 
 
-def test_token_level_none_reaches_both_outcomes():
+def _outcomes(strategy, of) -> set:
+    """Every value of ``of(x)`` over 50 derandomized draws ``x`` of ``strategy`` (the same draws in every run)."""
     seen = set()
 
-    @settings(max_examples=50, derandomize=True, database=None)  # the same draws in every run
-    @given(batch=preference_batches(dtypes=("float64",), token_level=None, max_size=3))
-    def run(batch):
-        seen.add(batch.policy_chosen_token_logps is not None)
+    @settings(max_examples=50, derandomize=True, database=None)
+    @given(x=strategy)
+    def run(x):
+        seen.add(of(x))
 
     run()
-    assert seen == {True, False}
+    return seen
+
+
+def test_token_level_none_reaches_both_outcomes():
+    batches = preference_batches(dtypes=("float64",), token_level=None, max_size=3)
+    assert _outcomes(batches, lambda b: b.policy_chosen_token_logps is not None) == {True, False}
 
 
 def _token_fields_agree(logps, ents, mask, lead: tuple[int, ...]) -> None:
@@ -126,15 +132,8 @@ def test_unpaired_batches_draw_token_fields_per_completion(batch):
 
 
 def test_unpaired_reference_none_reaches_both_outcomes():
-    seen = set()
-
-    @settings(max_examples=50, derandomize=True, database=None)  # the same draws in every run
-    @given(batch=unpaired_batches(dtypes=("float64",), reference=None, max_size=3))
-    def run(batch):
-        seen.add(batch.ref_logps is not None)
-
-    run()
-    assert seen == {True, False}
+    batches = unpaired_batches(dtypes=("float64",), reference=None, max_size=3)
+    assert _outcomes(batches, lambda b: b.ref_logps is not None) == {True, False}
 
 
 def _infos():
