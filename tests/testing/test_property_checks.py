@@ -129,3 +129,17 @@ def test_the_reference_property_of_a_plugin_loss_without_a_formula_is_skipped_wi
         with_formula("reference")  # given a formula, the property runs (and this one holds)
     except pytest.skip.Exception as skipped:
         pytest.fail(f"skipped although a reference was given: {skipped}")
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "compared"),
+    [(["bfloat16"], (torch.bfloat16,)), (["float32", "bfloat16"], (torch.float32, torch.bfloat16)),
+     (["float64"], (torch.float32,))],  # only float64 asked for: float32 is still compared against it
+)  # fmt: skip
+def test_low_precision_compares_the_dtypes_asked_for(monkeypatch, dtypes, compared):
+    from prefzoo.testing import check_loss, conformance
+
+    seen = set()
+    monkeypatch.setattr(conformance, "check_low_precision", lambda loss, b, low: seen.add(low))
+    report = check_loss("dpo", properties=["low-precision"], dtypes=dtypes, max_examples=2)
+    assert report.passed and seen == {compared}

@@ -59,3 +59,27 @@ def test_a_rank_that_raises_is_reported_not_the_barrier_it_broke():
 
     with pytest.raises(ValueError, match=r"^rank 0 failed$"):
         run_sharded(on_rank, _batch(), sizes=[1, 3])
+
+
+def test_each_rank_finds_its_offset_in_the_gathered_batch():
+    from prefzoo.types import LossContext
+
+    def on_rank(shard: prefzoo.PreferenceBatch, gather) -> int:
+        return LossContext(gather=gather).offset(shard.batch_size)
+
+    assert run_sharded(on_rank, _batch(), sizes=[1, 2, 1]) == [0, 1, 3]
+    assert LossContext().offset(5) == 0  # one process: no gather, no offset
+
+
+def test_the_offset_token_is_made_on_the_device_asked_for_not_the_default_one():
+    from prefzoo.types import LossContext
+
+    seen = []
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t.device.type)
+        return t
+
+    with torch.device("meta"):  # a default device other than the one asked for
+        assert LossContext(gather=gather).offset(4, device="cpu") == 0
+    assert seen == ["cpu"]
