@@ -100,3 +100,23 @@ def test_unpaired_monotone_is_checked_only_where_it_is_declared():
     with pytest.raises(PropertyFailure):
         S.check_unpaired_monotone(_loss(wrong_way, "kto"), _unpaired())
     S.check_unpaired_monotone(_loss(wrong_way, "kto", monotone=False), _unpaired())
+
+
+def test_permutation_is_compared_in_float64_so_float32_rounding_of_a_coupled_sum_is_not_a_failure():
+    """A sound batch-coupled loss adding a running sum over the batch, in batch order: in float32 the sum of
+    (−1, 1e8, −1e8, 0) is 0 in this order and −1 in the check's permutation of 4 groups (2, 1, 3, 0) (−1 + 1e8 rounds
+    to 1e8), in float64 −1 in both.  The check casts to float64, so a float32 batch of this loss passes; compared in
+    float32 it would fail by 1e-3."""
+
+    def coupled(batch, p, ctx):
+        out = prefzoo.loss_spec("dpo-pl").fn(batch, p, ctx)
+        x = (batch.policy_logps[:, 0] - batch.policy_logps[:, 1]).detach()
+        total = x[0]
+        for v in x[1:]:  # in the batch's order, on purpose
+            total = total + v
+        return dataclasses.replace(out, losses=out.losses + 1e-3 * total)
+
+    loss = _loss(coupled, "dpo-pl", batch_coupled=True)
+    g = torch.tensor([[-1.0, 0.0], [0.0, -1e8], [-1e8, 0.0], [0.0, 0.0]], dtype=torch.float32)
+    assert torch.randperm(4, generator=torch.Generator().manual_seed(4)).tolist() == [2, 1, 3, 0]  # the check's
+    S.check_shape_permutation(loss, GroupBatch(policy_logps=g, ref_logps=g.clone()))
