@@ -126,6 +126,11 @@ def test_only_literal_types_give_choices():
     assert [i.choices for i in param_infos(prefzoo.loss_spec("mmpo").params_cls)] == [None] * 4
 
 
+@dataclasses.dataclass(frozen=True)
+class _NotParams:
+    beta: float = 0.1
+
+
 def _spec(**kw) -> LossSpec:
     base = dict(name="x", fn=lambda b, p, c: None, params_cls=prefzoo.loss_spec("dpo").params_cls, family="x",
                 formula="x", paper="x", scores="x")  # fmt: skip
@@ -136,6 +141,8 @@ def _spec(**kw) -> LossSpec:
     ("kw", "message"),
     [
         ({"params_cls": dict}, "loss 'x': params_cls must be a LossParams dataclass, got <class 'dict'>"),
+        ({"params_cls": _NotParams}, "loss 'x': params_cls must be a LossParams dataclass, got <class "
+                                     "'tests.registry.test_param_text._NotParams'>"),  # a dataclass, not a LossParams
         ({"fn": 3}, "loss 'x': fn is not callable"),
         ({"needs": frozenset({"reference"})}, "loss 'x': needs must hold prefzoo.Need values, got 'reference'"),
         ({"shapes": frozenset()}, "loss 'x': shapes must be a non-empty set of prefzoo.Shape, got frozenset()"),
@@ -162,3 +169,9 @@ def test_a_need_the_batch_kind_cannot_carry_is_named():
     with pytest.raises(prefzoo.PreferenceBatchError) as e:
         loss.check_inputs(batch)
     assert str(e.value) == "loss 'kto' needs scores, which a UnpairedBatch cannot carry"
+
+
+def test_a_modifier_whose_params_are_a_dataclass_but_not_loss_params_is_refused():
+    with pytest.raises(TypeError) as e:
+        dataclasses.replace(modifier_spec("ld-dpo"), params_cls=_NotParams)
+    assert str(e.value) == "modifier 'ld-dpo': params_cls must be a LossParams dataclass"
