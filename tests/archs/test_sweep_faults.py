@@ -129,3 +129,16 @@ def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
     assert main(["llama"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "counts: {'pass': 1}; prompt sharing refused (with its reason) for 1 of the passing ones"
+
+
+def test_a_fast_path_that_gives_other_log_probs_fails(monkeypatch):
+    sound = logps.sequence_logps
+
+    def off(*args, **kw):  # every fast path 1% off
+        out = sound(*args, **kw)
+        out["logps"] = out["logps"] * 1.01  # a CompletionLogps is a dict
+        return out
+
+    monkeypatch.setattr(logps, "sequence_logps", off)
+    res = check_architecture("llama")
+    assert res.status == "fail" and res.reason.startswith("fast path differs from the model's logits; "), res

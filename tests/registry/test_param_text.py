@@ -175,3 +175,22 @@ def test_a_modifier_whose_params_are_a_dataclass_but_not_loss_params_is_refused(
     with pytest.raises(TypeError) as e:
         dataclasses.replace(modifier_spec("ld-dpo"), params_cls=_NotParams)
     assert str(e.value) == "modifier 'ld-dpo': params_cls must be a LossParams dataclass"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Checked(LossParams):
+    beta: float = 0.1
+
+    def check(self) -> None:
+        if self.beta > 1:
+            raise ValueError("beta above 1 is not supported here")
+
+
+def test_a_value_error_from_the_params_is_one_line_naming_the_loss_or_modifier_and_the_values():
+    with pytest.raises(LossParamError) as e:
+        _spec(params_cls=_Checked).params(beta=2.0)
+    assert str(e.value) == "loss 'x': invalid parameters {'beta': 2.0}: beta above 1 is not supported here"
+    mod = dataclasses.replace(modifier_spec("ld-dpo"), params_cls=_Checked)
+    with pytest.raises(ModifierError) as e:
+        mod.params(beta=2.0)
+    assert str(e.value) == "modifier 'ld-dpo': invalid parameters {'beta': 2.0}: beta above 1 is not supported here"

@@ -120,3 +120,10 @@ def test_permutation_is_compared_in_float64_so_float32_rounding_of_a_coupled_sum
     g = torch.tensor([[-1.0, 0.0], [0.0, -1e8], [-1e8, 0.0], [0.0, 0.0]], dtype=torch.float32)
     assert torch.randperm(4, generator=torch.Generator().manual_seed(4)).tolist() == [2, 1, 3, 0]  # the check's
     S.check_shape_permutation(loss, GroupBatch(policy_logps=g, ref_logps=g.clone()))
+
+
+def test_shape_reports_an_output_of_the_wrong_shape_as_the_contracts_message():
+    one_short = _changed("dpo-pl", losses=lambda b, o: o.losses[:1])
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_shape(_loss(one_short, "dpo-pl"), _groups())
+    assert str(e.value) == "loss 'probe' (plugin 'tests') returned losses of shape (1,); expected (2,), one per group"
