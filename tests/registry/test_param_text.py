@@ -141,8 +141,7 @@ def _spec(**kw) -> LossSpec:
     ("kw", "message"),
     [
         ({"params_cls": dict}, "loss 'x': params_cls must be a LossParams dataclass, got <class 'dict'>"),
-        ({"params_cls": _NotParams}, "loss 'x': params_cls must be a LossParams dataclass, got <class "
-                                     "'tests.registry.test_param_text._NotParams'>"),  # a dataclass, not a LossParams
+        ({"params_cls": _NotParams}, f"loss 'x': params_cls must be a LossParams dataclass, got {_NotParams!r}"),
         ({"fn": 3}, "loss 'x': fn is not callable"),
         ({"needs": frozenset({"reference"})}, "loss 'x': needs must hold prefzoo.Need values, got 'reference'"),
         ({"shapes": frozenset()}, "loss 'x': shapes must be a non-empty set of prefzoo.Shape, got frozenset()"),
