@@ -11,6 +11,7 @@ import torch
 import prefzoo
 from prefzoo.testing import properties as P
 from prefzoo.types import LossOutput
+from tests.testing._probes import changed, probe_loss
 
 F = torch.float64
 
@@ -22,57 +23,39 @@ def _batch(**kw) -> prefzoo.PreferenceBatch:
     return prefzoo.PreferenceBatch(**{**base, **kw})
 
 
-def _loss(fn, base: str = "dpo", **spec_changes) -> prefzoo.Loss:
-    spec = dataclasses.replace(prefzoo.loss_spec(base), name="probe", fn=fn, plugin="tests", **spec_changes)
-    return prefzoo.Loss(spec, spec.params())
-
-
-def _dpo(batch, p, ctx) -> LossOutput:
-    return prefzoo.loss_spec("dpo").fn(batch, p, ctx)
-
-
 def test_shape_fails_when_the_losses_were_cut_from_the_graph():
-    def cut(batch, p, ctx):
-        out = _dpo(batch, p, ctx)
-        return LossOutput(out.losses.detach(), out.chosen_rewards, out.rejected_rewards)
-
+    cut = changed("dpo", losses=lambda b, o: o.losses.detach())
     with pytest.raises(P.PropertyFailure) as e:
-        P.check_shape(_loss(cut), _batch())
+        P.check_shape(probe_loss(cut), _batch())
     assert str(e.value) == "probe: losses do not require grad although policy log-probs do: the graph was cut"
-    P.check_shape(_loss(_dpo), _batch())
+    P.check_shape(probe_loss(prefzoo.loss_spec("dpo").fn), _batch())
 
 
 def test_detached_rewards_fails_on_a_metric_that_keeps_the_graph():
-    def leaky(batch, p, ctx):
-        out = _dpo(batch, p, ctx)
-        return LossOutput(out.losses, out.chosen_rewards, out.rejected_rewards, metrics={"margin": out.losses.mean()})
-
+    leaky = changed("dpo", metrics=lambda b, o: {"margin": o.losses.mean()})
     with pytest.raises(P.PropertyFailure) as e:
-        P.check_detached_rewards(_loss(leaky), _batch())
+        P.check_detached_rewards(probe_loss(leaky), _batch())
     assert str(e.value) == "probe: metrics['margin'] requires grad; return it .detach()ed"
 
 
-def _not_monotone(batch, p, ctx):
-    out = _dpo(batch, p, ctx)
-    return LossOutput(out.losses + 5.0 * batch.policy_chosen_logps, out.chosen_rewards, out.rejected_rewards)
+_not_monotone = changed("dpo", losses=lambda b, o: o.losses + 5.0 * b.policy_chosen_logps)
 
 
 def test_monotone_is_checked_only_where_it_is_declared():
     with pytest.raises(P.PropertyFailure, match=r"^probe: ∂L/∂log π\(y_w\) = "):
-        P.check_monotone(_loss(_not_monotone), _batch())
-    P.check_monotone(_loss(_not_monotone, monotone=False), _batch())  # declared not monotone: nothing to check
+        P.check_monotone(probe_loss(_not_monotone), _batch())
+    P.check_monotone(probe_loss(_not_monotone, monotone=False), _batch())  # declared not monotone: nothing to check
 
 
-def _reads_the_batch_mean(batch, p, ctx):
-    out = _dpo(batch, p, ctx)
-    mean = batch.policy_chosen_logps.detach().mean()
-    return LossOutput(out.losses + 0.1 * torch.tanh(mean), out.chosen_rewards, out.rejected_rewards)
+_reads_the_batch_mean = changed(
+    "dpo", losses=lambda b, o: o.losses + 0.1 * torch.tanh(b.policy_chosen_logps.detach().mean())
+)
 
 
 def test_batch_decoupled_is_checked_only_for_losses_not_declared_coupled():
     with pytest.raises(P.PropertyFailure, match=r"^probe: per-example loss in micro-batches"):
-        P.check_batch_decoupled(_loss(_reads_the_batch_mean), _batch())
-    P.check_batch_decoupled(_loss(_reads_the_batch_mean, batch_coupled=True), _batch())
+        P.check_batch_decoupled(probe_loss(_reads_the_batch_mean), _batch())
+    P.check_batch_decoupled(probe_loss(_reads_the_batch_mean, batch_coupled=True), _batch())
 
 
 def test_grads_is_empty_when_nothing_requires_grad():
@@ -86,7 +69,7 @@ def test_grads_is_empty_when_nothing_requires_grad():
     def constant(batch, p, ctx):
         return LossOutput(torch.zeros(batch.batch_size, dtype=F), torch.zeros(3, dtype=F), torch.zeros(3, dtype=F))
 
-    out, g = P.grads(_loss(constant), P.cast_batch(_batch()))  # the inputs require grad, the losses do not
+    out, g = P.grads(probe_loss(constant), P.cast_batch(_batch()))  # the inputs require grad, the losses do not
     assert g == {} and torch.equal(out.losses, torch.zeros(3, dtype=F))
 
 

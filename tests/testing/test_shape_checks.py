@@ -12,6 +12,7 @@ import prefzoo
 from prefzoo.testing import properties_shapes as S
 from prefzoo.testing.properties import PropertyFailure
 from prefzoo.types import GroupBatch, UnpairedBatch
+from tests.testing._probes import changed, probe_loss
 
 F = torch.float64
 
@@ -28,46 +29,31 @@ def _unpaired() -> UnpairedBatch:
                          kl_policy_logps=z - 1.0, kl_ref_logps=z - 1.2)  # fmt: skip
 
 
-def _loss(fn, base: str, **spec_changes) -> prefzoo.Loss:
-    spec = dataclasses.replace(prefzoo.loss_spec(base), name="probe", fn=fn, plugin="tests", **spec_changes)
-    return prefzoo.Loss(spec, spec.params())
-
-
-def _changed(base: str, **out_changes):
-    """The built-in ``base`` loss with some of its outputs replaced by functions of (batch, output)."""
-
-    def fn(batch, p, ctx):
-        out = prefzoo.loss_spec(base).fn(batch, p, ctx)
-        return dataclasses.replace(out, **{k: f(batch, out) for k, f in out_changes.items()})
-
-    return fn
-
-
 def test_finite_names_the_first_non_finite_entry():
-    both = _changed("dpo-pl", losses=lambda b, o: o.losses.abs() * torch.tensor([float("nan"), float("inf")], dtype=F))
+    both = changed("dpo-pl", losses=lambda b, o: o.losses.abs() * torch.tensor([float("nan"), float("inf")], dtype=F))
     with pytest.raises(PropertyFailure) as e:
-        S.check_shape_finite(_loss(both, "dpo-pl"), _groups())
+        S.check_shape_finite(probe_loss(both, "dpo-pl"), _groups())
     assert str(e.value) == "probe: losses[0] = nan is not finite (dtype torch.float64)"
 
 
 def test_shape_fails_when_the_losses_were_cut_from_the_graph():
-    cut = _changed("dpo-pl", losses=lambda b, o: o.losses.detach())
+    cut = changed("dpo-pl", losses=lambda b, o: o.losses.detach())
     with pytest.raises(PropertyFailure) as e:
-        S.check_shape_shape(_loss(cut, "dpo-pl"), _groups())
+        S.check_shape_shape(probe_loss(cut, "dpo-pl"), _groups())
     assert str(e.value) == "probe: losses do not require grad although policy log-probs do: the graph was cut"
     S.check_shape_shape(prefzoo.get_loss("dpo-pl"), _groups())
 
 
 def test_detached_fails_on_a_metric_that_keeps_the_graph():
-    leaky = _changed("dpo-pl", metrics=lambda b, o: {"m": o.losses.sum()})
+    leaky = changed("dpo-pl", metrics=lambda b, o: {"m": o.losses.sum()})
     with pytest.raises(PropertyFailure) as e:
-        S.check_shape_detached(_loss(leaky, "dpo-pl"), _groups())
+        S.check_shape_detached(probe_loss(leaky, "dpo-pl"), _groups())
     assert str(e.value) == "probe: metrics['m'] requires grad; return it .detach()ed"
 
 
 def test_shape_grads_is_empty_when_the_losses_do_not_require_grad():
-    const = _changed("dpo-pl", losses=lambda b, o: torch.zeros(2, dtype=F))
-    out, g = S.shape_grads(_loss(const, "dpo-pl"), S.fresh(_groups()))
+    const = changed("dpo-pl", losses=lambda b, o: torch.zeros(2, dtype=F))
+    out, g = S.shape_grads(probe_loss(const, "dpo-pl"), S.fresh(_groups()))
     assert g == {} and torch.equal(out.losses, torch.zeros(2, dtype=F))
     out, g = S.shape_grads(prefzoo.get_loss("dpo-pl"), S.fresh(_groups()))
     assert sorted(g) == ["policy_logps"]
@@ -82,24 +68,24 @@ def test_taking_groups_takes_their_ids_and_taking_completions_keeps_them():
 
 
 def test_decoupled_is_checked_only_for_losses_not_declared_coupled():
-    coupled = _changed("dpo-pl", losses=lambda b, o: o.losses + 0.1 * torch.tanh(b.policy_logps.detach().mean()))
+    coupled = changed("dpo-pl", losses=lambda b, o: o.losses + 0.1 * torch.tanh(b.policy_logps.detach().mean()))
     with pytest.raises(PropertyFailure):
-        S.check_shape_decoupled(_loss(coupled, "dpo-pl"), _groups())
-    S.check_shape_decoupled(_loss(coupled, "dpo-pl", batch_coupled=True), _groups())
+        S.check_shape_decoupled(probe_loss(coupled, "dpo-pl"), _groups())
+    S.check_shape_decoupled(probe_loss(coupled, "dpo-pl", batch_coupled=True), _groups())
 
 
 def test_list_monotone_is_checked_only_where_it_is_declared():
-    wrong_way = _changed("dpo-pl", losses=lambda b, o: o.losses + 5.0 * b.policy_logps[:, 0])  # best pushed down
+    wrong_way = changed("dpo-pl", losses=lambda b, o: o.losses + 5.0 * b.policy_logps[:, 0])  # best pushed down
     with pytest.raises(PropertyFailure):
-        S.check_list_monotone(_loss(wrong_way, "dpo-pl"), _groups())
-    S.check_list_monotone(_loss(wrong_way, "dpo-pl", monotone=False), _groups())
+        S.check_list_monotone(probe_loss(wrong_way, "dpo-pl"), _groups())
+    S.check_list_monotone(probe_loss(wrong_way, "dpo-pl", monotone=False), _groups())
 
 
 def test_unpaired_monotone_is_checked_only_where_it_is_declared():
-    wrong_way = _changed("kto", losses=lambda b, o: o.losses + 5.0 * b.policy_logps)  # every completion pushed down
+    wrong_way = changed("kto", losses=lambda b, o: o.losses + 5.0 * b.policy_logps)  # every completion pushed down
     with pytest.raises(PropertyFailure):
-        S.check_unpaired_monotone(_loss(wrong_way, "kto"), _unpaired())
-    S.check_unpaired_monotone(_loss(wrong_way, "kto", monotone=False), _unpaired())
+        S.check_unpaired_monotone(probe_loss(wrong_way, "kto"), _unpaired())
+    S.check_unpaired_monotone(probe_loss(wrong_way, "kto", monotone=False), _unpaired())
 
 
 def test_permutation_is_compared_in_float64_so_float32_rounding_of_a_coupled_sum_is_not_a_failure():
@@ -116,14 +102,14 @@ def test_permutation_is_compared_in_float64_so_float32_rounding_of_a_coupled_sum
             total = total + v
         return dataclasses.replace(out, losses=out.losses + 1e-3 * total)
 
-    loss = _loss(coupled, "dpo-pl", batch_coupled=True)
+    loss = probe_loss(coupled, "dpo-pl", batch_coupled=True)
     g = torch.tensor([[-1.0, 0.0], [0.0, -1e8], [-1e8, 0.0], [0.0, 0.0]], dtype=torch.float32)
     assert torch.randperm(4, generator=torch.Generator().manual_seed(4)).tolist() == [2, 1, 3, 0]  # the check's
     S.check_shape_permutation(loss, GroupBatch(policy_logps=g, ref_logps=g.clone()))
 
 
 def test_shape_reports_an_output_of_the_wrong_shape_as_the_contracts_message():
-    one_short = _changed("dpo-pl", losses=lambda b, o: o.losses[:1])
+    one_short = changed("dpo-pl", losses=lambda b, o: o.losses[:1])
     with pytest.raises(PropertyFailure) as e:
-        S.check_shape_shape(_loss(one_short, "dpo-pl"), _groups())
+        S.check_shape_shape(probe_loss(one_short, "dpo-pl"), _groups())
     assert str(e.value) == "loss 'probe' (plugin 'tests') returned losses of shape (1,); expected (2,), one per group"
