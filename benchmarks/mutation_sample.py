@@ -94,14 +94,14 @@ def mutant_names(workdir: Path) -> list[str]:
     return sorted(names)
 
 
-def selection(workdir: Path, name: str) -> list[str]:
+def selection(workdir: Path, name: str, first_only: bool = False) -> list[str]:
     cfg = mutmut_config(workdir)
     first = next((tests for prefix, tests in FIRST if name.startswith(prefix)), ())
-    rest = [t for t in cfg["pytest_add_cli_args_test_selection"] if t not in first]
+    rest = [] if first_only else [t for t in cfg["pytest_add_cli_args_test_selection"] if t not in first]
     return [*cfg.get("pytest_add_cli_args", []), "-x", "-q", *first, *rest]
 
 
-def run_one(workdir: Path, name: str, timeout: float) -> dict:
+def run_one(workdir: Path, name: str, timeout: float, first_only: bool = False) -> dict:
     env = {
         **os.environ,
         "MUTANT_UNDER_TEST": name,
@@ -111,7 +111,7 @@ def run_one(workdir: Path, name: str, timeout: float) -> dict:
         "PREFZOO_GENERIC_EXAMPLES": "5",
     }
     t0 = time.monotonic()
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", *selection(workdir, name)]
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", *selection(workdir, name, first_only)]
     try:
         proc = subprocess.run(cmd, cwd=workdir / "mutants", env=env, capture_output=True, text=True, timeout=timeout)
         code, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
@@ -165,21 +165,40 @@ def summarize(rows: list[dict], equivalent: set[str] = frozenset()) -> str:
     return "\n".join(lines)
 
 
-def run(workdir: Path, seed: int, n: int, minutes: float, jobs: int, timeout: float, out: Path) -> list[dict]:
+def run(
+    workdir: Path,
+    seed: int,
+    n: int,
+    minutes: float,
+    jobs: int,
+    timeout: float,
+    out: Path,
+    chosen: list[str] | None = None,
+    first_only: bool = False,
+) -> list[dict]:
+    """Run a seeded draw of ``n`` mutants, or the ``chosen`` ones; ``first_only``: only each module's FIRST tests
+    (a screen for candidates, not a score: a survivor there may still die in the rest of the selection)."""
     names = mutant_names(workdir)
     if not names:
         raise SystemExit(f"mutation_sample: no mutants in {workdir / 'mutants'}: run `generate` first")
-    sample = random.Random(seed).sample(names, min(n, len(names)))
+    if chosen is not None:
+        unknown = sorted(set(chosen) - set(names))
+        if unknown:
+            raise SystemExit(f"mutation_sample: --names: no such mutant {unknown[0]!r} in {workdir / 'mutants'}")
+        sample = list(chosen)
+    else:
+        sample = random.Random(seed).sample(names, min(n, len(names)))
     deadline = time.monotonic() + 60 * minutes
     done = {json.loads(ln)["mutant"] for ln in out.read_text().splitlines()} if out.exists() else set()
     todo = [m for m in sample if m not in done]
-    print(f"{len(names)} mutants; seed {seed}: {len(sample)} drawn, {len(todo)} to run, {jobs} at a time", flush=True)
+    how = f"{len(sample)} named" if chosen is not None else f"seed {seed}: {len(sample)} drawn"
+    print(f"{len(names)} mutants; {how}, {len(todo)} to run, {jobs} at a time", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def work(name: str) -> dict | None:
         if time.monotonic() > deadline:
             return None
-        row = run_one(workdir, name, timeout)
+        row = run_one(workdir, name, timeout, first_only)
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{row['status']:8} {row['seconds']:7.1f}s {name}  {row['first_failure'][:100]}", flush=True)
@@ -204,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant (counts as killed, reported)")
     r.add_argument("--out", type=Path, required=True, help="JSON lines, one per mutant; a rerun skips those in it")
+    r.add_argument("--names", type=Path, help="run these mutants (one name per line) instead of a seeded draw")
+    r.add_argument("--first-only", action="store_true", help="only each module's FIRST tests: a screen, not a score")
     s = sub.add_parser("summary")
     s.add_argument("results", type=Path)
     s.add_argument("--equivalent", nargs="*", default=[], help="survivors judged equivalent (names)")
@@ -213,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "generate":
         generate(a.workdir, a.only)
     elif a.cmd == "run":
-        rows = run(a.workdir, a.seed, a.n, a.minutes, a.jobs, a.timeout, a.out)
+        chosen = a.names.read_text().split() if a.names else None
+        rows = run(a.workdir, a.seed, a.n, a.minutes, a.jobs, a.timeout, a.out, chosen, a.first_only)
         print(summarize(rows))
     elif a.cmd == "summary":
         rows = [json.loads(ln) for ln in a.results.read_text().splitlines()]
