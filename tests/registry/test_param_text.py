@@ -83,6 +83,15 @@ def test_an_integer_for_a_float_parameter_is_stored_as_a_float():
     assert p.beta == 1.0 and type(p.beta) is float
 
 
+def test_an_optional_parameter_set_is_range_checked_and_none_is_only_for_optional_ones():
+    # entropy_beta defaults to None (use β); a value given must still be in range, and β (default 0.1) is no option
+    assert prefzoo.get_loss("mmpo-entropy", entropy_beta=None).params.entropy_beta is None
+    with pytest.raises(LossParamError, match=r"'entropy_beta' = -1.0 must be >= 0.0 \(weight of the entropy bonus"):
+        prefzoo.get_loss("mmpo-entropy", entropy_beta=-1.0)
+    with pytest.raises(LossParamError, match=r"'beta' = None must be a number, got NoneType None"):
+        prefzoo.get_loss("mmpo-entropy", beta=None)
+
+
 def test_loss_params_errors_name_the_class_and_the_loss():
     spec = prefzoo.loss_spec("dpo")
     with pytest.raises(LossParamError) as e:
