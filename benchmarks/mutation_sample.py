@@ -44,8 +44,16 @@ FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prefzoo.losses.", ("tests/losses", "tests/properties/test_reference_values.py")),
     ("prefzoo.testing.architectures", ("tests/archs/test_tiny_configs.py",)),
     ("prefzoo.testing.", ("tests/testing", "tests/properties/test_lists.py", "tests/properties/test_unpaired.py")),
-    ("prefzoo.spec", ("tests/registry", "tests/losses/test_api.py")),
-    ("prefzoo.types", ("tests/losses/test_api.py", "tests/losses/test_shapes.py")),
+    (
+        "prefzoo.spec",
+        (
+            "tests/registry",
+            "tests/losses/test_api.py",
+            "tests/losses/test_shapes.py",
+            "tests/losses/test_loss_state.py",
+        ),
+    ),
+    ("prefzoo.types", ("tests/losses/test_api.py", "tests/losses/test_shapes.py", "tests/losses/test_batch_errors.py")),
     ("prefzoo.registry", ("tests/registry",)),
     (
         "prefzoo.train.distributed",
