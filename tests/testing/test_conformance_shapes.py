@@ -151,6 +151,20 @@ def test_padding_gradient_tolerance_is_1e_12_relative():
         check_padding_invariance(_list_loss(fn), _groups())
 
 
+def test_any_gradient_on_the_padding_slot_fails_however_small():
+    """A straight-through term on the padding slots only: the value and the real slots' gradients are untouched, but
+    the padding slot gets ∂L = 1e-3; the property allows it no gradient at all (tolerance 0, not a relative one)."""
+
+    def fn(b, p, c):
+        x = b.policy_logps
+        leak = 1e-3 * (x - x.detach()).masked_fill(b.valid, 0.0).sum(1)
+        return _list_out(-_lse(b) + leak, b)
+
+    message = r"^toy-list: ∂ΣL/∂policy_logps on the padding slot at index 0: got 0.001"
+    with pytest.raises(PropertyFailure, match=message):
+        check_padding_invariance(_list_loss(fn), _groups())
+
+
 def test_a_field_the_loss_ignores_gets_a_zero_gradient_and_the_gradient_checks_still_run():
     """A list loss given token-level log-probs it does not read: their gradient is zero (not a crash), so the
     padding property, which compares every field's gradient, passes it."""
