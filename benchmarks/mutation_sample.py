@@ -53,7 +53,15 @@ FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tests/losses/test_loss_state.py",
         ),
     ),
-    ("prefzoo.types", ("tests/losses/test_api.py", "tests/losses/test_shapes.py", "tests/losses/test_batch_errors.py")),
+    (
+        "prefzoo.types",
+        (
+            "tests/losses/test_api.py",
+            "tests/losses/test_shapes.py",
+            "tests/losses/test_batch_errors.py",
+            "tests/losses/test_pairs_as_groups.py",
+        ),
+    ),
     ("prefzoo.registry", ("tests/registry",)),
     (
         "prefzoo.train.distributed",

@@ -41,3 +41,7 @@ def test_a_field_only_one_response_has_is_left_out():
     z = torch.zeros(2, dtype=F)
     g = group_from_pairs(prefzoo.PreferenceBatch(z, z, ref_chosen_logps=z, chosen_lengths=torch.tensor([1, 2])))
     assert g.ref_logps is None and g.lengths is None and g.policy_token_logps is None
+    t = torch.zeros(2, 3, dtype=F)  # token-level fields of the chosen response only
+    g = group_from_pairs(prefzoo.PreferenceBatch(z, z, policy_chosen_token_logps=t, chosen_token_entropies=t,
+                                                 chosen_mask=torch.ones(2, 3, dtype=torch.bool)))  # fmt: skip
+    assert g.policy_token_logps is None and g.token_entropies is None and g.token_mask is None
