@@ -29,6 +29,19 @@ def _unpaired() -> UnpairedBatch:
                          kl_policy_logps=z - 1.0, kl_ref_logps=z - 1.2)  # fmt: skip
 
 
+def test_fresh_gives_leaves_and_only_the_differentiable_fields_require_grad():
+    """ref_logps and scores are inputs, not parameters: fresh() makes every float field a new leaf of the dtype
+    asked for, and only the GRAD_FIELDS require grad (none with requires_grad=False)."""
+    for batch in (_groups(), _unpaired()):
+        given = {n for n in type(batch).FLOAT_FIELDS if getattr(batch, n) is not None}
+        for requires_grad in (True, False):
+            f = S.fresh(batch, torch.float32, requires_grad=requires_grad)
+            tensors = {n: getattr(f, n) for n in given}
+            assert all(t.dtype == torch.float32 and t.grad_fn is None for t in tensors.values())
+            assert {"ref_logps", "policy_logps"} <= given  # scores (groups) and KL fields (unpaired) besides
+            assert {n for n, t in tensors.items() if t.requires_grad} == ({"policy_logps"} if requires_grad else set())
+
+
 def test_finite_names_the_first_non_finite_entry():
     both = changed("dpo-pl", losses=lambda b, o: o.losses.abs() * torch.tensor([float("nan"), float("inf")], dtype=F))
     with pytest.raises(PropertyFailure) as e:
