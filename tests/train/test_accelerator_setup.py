@@ -125,3 +125,13 @@ def test_accelerates_own_fsdp_flag_is_refused_where_it_would_be_ignored(monkeypa
     with pytest.raises(ConfigError) as e:
         distributed._refuse_ignored_fsdp(cfg, no_gpu)
     assert str(e.value) == message
+
+
+def test_no_gpu_means_cpu_asked_for_or_no_cuda(tmp_path, monkeypatch):
+    """--use_fsdp is refused without a GPU: with --cpu on any machine, and without --cpu where CUDA is absent."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    refusal = r"^accelerate launch --use_fsdp \(ACCELERATE_USE_FSDP=true\): without a GPU"
+    for cpu, cuda in ((True, True), (False, False)):
+        monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        with pytest.raises(ConfigError, match=refusal):
+            build_accelerator(dataclasses.replace(TrainConfig(), cpu=cpu), None, str(tmp_path))
