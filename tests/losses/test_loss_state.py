@@ -125,6 +125,23 @@ def test_combination_keeps_each_terms_state():
     torch.testing.assert_close(combo.state["0.delta"], alone.state["delta"], atol=0, rtol=0)
 
 
+def test_a_stateless_term_beside_a_stateful_one_sees_no_state():
+    """In a combination that carries state (bco's), a stateless term's context holds None, as when it runs alone:
+    a loss that forwards ``ctx.state`` keeps working inside a combination."""
+    kto = prefzoo.loss_spec("kto")
+    seen = []
+
+    def records(b, p, ctx):
+        seen.append(ctx.state)
+        return kto.fn(b, p, ctx)
+
+    probe = prefzoo.Loss(dataclasses.replace(kto, name="z", fn=records, plugin="test"), kto.params())
+    x = batch([1.0, 3.0]).replace(kl_policy_logps=torch.zeros(2, dtype=F64), kl_ref_logps=torch.zeros(2, dtype=F64))
+    probe(x)
+    prefzoo.combine([(1.0, "bco"), (0.5, probe)])(x)
+    assert seen == [None, None]
+
+
 def test_a_combination_inside_a_combination_keeps_the_inner_terms_state():
     """State keys nest as "<outer term>.<inner term>.<key>": each level strips only its own index."""
     inner = prefzoo.combine([(0.5, "kto"), (1.0, "bco")])
