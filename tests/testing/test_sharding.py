@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import prefzoo
-from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
+from prefzoo.testing.sharding import run_sharded, run_threads, shard_batch, split_sizes
 
 
 def _batch() -> prefzoo.PreferenceBatch:
@@ -59,6 +61,18 @@ def test_a_rank_that_raises_is_reported_not_the_barrier_it_broke():
 
     with pytest.raises(ValueError, match=r"^rank 0 failed$"):
         run_sharded(on_rank, _batch(), sizes=[1, 3])
+
+
+def test_a_broken_barrier_with_no_other_error_still_fails_the_run():
+    """A barrier that breaks with no rank raising anything else (its 30 s timeout, or an abort) is raised, not
+    swallowed into a list of missing results."""
+
+    def abort(rank, ex):
+        ex.barrier.abort()
+        ex.barrier.wait()
+
+    with pytest.raises(threading.BrokenBarrierError):
+        run_threads(abort, 2)
 
 
 def test_each_rank_finds_its_offset_in_the_gathered_batch():
