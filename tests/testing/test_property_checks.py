@@ -36,6 +36,21 @@ def test_detached_rewards_fails_on_a_metric_that_keeps_the_graph():
     with pytest.raises(P.PropertyFailure) as e:
         P.check_detached_rewards(probe_loss(leaky), _batch())
     assert str(e.value) == "probe: metrics['margin'] requires grad; return it .detach()ed"
+    detached = changed("dpo", metrics=lambda b, o: {"margin": o.losses.mean().detach()})
+    P.check_detached_rewards(probe_loss(detached), _batch())  # a detached tensor metric is what the check asks for
+
+
+def test_cast_batch_gives_leaves_and_only_the_policy_fields_require_grad():
+    """The reference log-probs are constants: cast_batch makes every float field a new leaf of the dtype asked for,
+    and only the policy log-probs require grad (none with requires_grad=False)."""
+    b = _batch()
+    for requires_grad in (True, False):
+        c = P.cast_batch(b, torch.float32, requires_grad=requires_grad)
+        given = {n: getattr(c, n) for n in ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps",
+                                            "ref_rejected_logps")}  # fmt: skip
+        assert all(t.dtype == torch.float32 and t.grad_fn is None for t in given.values())
+        want = {"policy_chosen_logps", "policy_rejected_logps"} if requires_grad else set()
+        assert {n for n, t in given.items() if t.requires_grad} == want
 
 
 _not_monotone = changed("dpo", losses=lambda b, o: o.losses + 5.0 * b.policy_chosen_logps)
