@@ -114,6 +114,11 @@ def test_refused_prompt_sharing_passes_with_the_reason_and_a_crash_in_it_fails(m
     assert res.status == "fail" and res.reason.startswith("shared layout crashed: ValueError: bad mask; "), res
 
 
+def test_without_shared_the_prompt_sharing_layout_is_not_checked():
+    res = check_architecture("llama", shared=False)
+    assert res.status == "pass" and "shared" not in res.errors and "fused" in res.errors, res
+
+
 def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
     from prefzoo.testing.architectures import main
 

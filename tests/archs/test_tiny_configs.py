@@ -24,3 +24,9 @@ def test_a_sliding_window_switched_off_by_default_is_switched_on_for_one_of_the_
     cfg = tiny_config("qwen2")
     assert cfg.use_sliding_window is True and cfg.max_window_layers == 1
     assert cfg.layer_types == ["full_attention", "sliding_attention"]
+
+
+def test_grouped_query_attention_is_kept_where_the_config_has_it():
+    """Two key/value heads for four query heads: the sweep exercises GQA's repeated heads, not plain multi-head."""
+    cfg = tiny_config("llama")
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 2)
