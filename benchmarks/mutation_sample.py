@@ -110,6 +110,35 @@ def mutant_names(workdir: Path) -> list[str]:
     return sorted(names)
 
 
+def boolean_ops(workdir: Path) -> list[str]:
+    """The mutants whose only change is one ``and`` turned into ``or`` or the reverse (found by comparing each
+    mutant's source with its ``__mutmut_orig``, line by line): the class ``run --names`` screens."""
+    import ast
+
+    names = set(mutant_names(workdir))
+    found: list[str] = []
+    for meta in sorted((workdir / "mutants").rglob("*.py.meta")):
+        path = meta.with_suffix("")
+        module = ".".join(path.relative_to(workdir / "mutants").with_suffix("").parts)
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        defs += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, ast.FunctionDef)]
+        body = {d.name: lines[d.lineno : d.end_lineno] for d in defs}  # without the def line, which names it
+        for name, text in body.items():
+            stem, _, k = name.rpartition("__mutmut_")
+            orig = body.get(f"{stem}__mutmut_orig")
+            if not k.isdigit() or orig is None or len(orig) != len(text) or f"{module}.{name}" not in names:
+                continue
+            diff = [(a, b) for a, b in zip(orig, text, strict=True) if a != b]
+            if len(diff) == 1 and diff[0][1] in (
+                diff[0][0].replace(" and ", " or "),
+                diff[0][0].replace(" or ", " and "),
+            ):
+                found.append(f"{module}.{name}")
+    return sorted(found)
+
+
 def selection(workdir: Path, name: str, first_only: bool = False) -> list[str]:
     cfg = mutmut_config(workdir)
     first = next((tests for prefix, tests in FIRST if name.startswith(prefix)), ())
@@ -244,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summary")
     s.add_argument("results", type=Path)
     s.add_argument("--equivalent", nargs="*", default=[], help="survivors judged equivalent (names)")
+    b = sub.add_parser("boolean-ops", help="print the mutants that only swap one 'and' / 'or' (for run --names)")
+    b.add_argument("--workdir", type=Path, required=True)
     q = sub.add_parser("quick", help="the bench env's smoke: one small module, two mutants")
     q.add_argument("--workdir", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -253,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = a.names.read_text().split() if a.names else None
         rows = run(a.workdir, a.seed, a.n, a.minutes, a.jobs, a.timeout, a.out, chosen, a.first_only)
         print(summarize(rows))
+    elif a.cmd == "boolean-ops":
+        print("\n".join(boolean_ops(a.workdir)))
     elif a.cmd == "summary":
         rows = [json.loads(ln) for ln in a.results.read_text().splitlines()]
         print(summarize(rows, set(a.equivalent)))

@@ -101,3 +101,39 @@ def test_the_table_counts_timeouts_as_killed_and_leaves_equivalent_survivors_out
 def test_wilson_intervals(ms, k, n, lo, hi):
     got = ms.wilson(k, n)
     assert got == pytest.approx((lo, hi), abs=1e-3)
+
+
+def test_boolean_ops_lists_only_the_mutants_that_swap_one_and_or(ms, tmp_path):
+    """A module with its original function and four mutants (one 'and' -> 'or', one 'or' -> 'and', one other
+    change, one swap not in the meta file) and a class method's swap: the two swaps in the meta file, the method's."""
+    src = '''
+def x_f__mutmut_orig(a, b):
+    return a and b or a
+
+def x_f__mutmut_1(a, b):
+    return a or b or a
+
+def x_f__mutmut_2(a, b):
+    return a and b and a
+
+def x_f__mutmut_3(a, b):
+    return a and b or None
+
+def x_f__mutmut_4(a, b):
+    return a or b or a
+
+class C:
+    def xǁCǁg__mutmut_orig(self, a):
+        if a is None and self:
+            return 1
+
+    def xǁCǁg__mutmut_1(self, a):
+        if a is None or self:
+            return 1
+'''
+    path = tmp_path / "mutants" / "pkg" / "m.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(src)
+    keys = ["pkg.m.x_f__mutmut_1", "pkg.m.x_f__mutmut_2", "pkg.m.x_f__mutmut_3", "pkg.m.xǁCǁg__mutmut_1"]
+    (tmp_path / "mutants" / "pkg" / "m.py.meta").write_text(json.dumps({"exit_code_by_key": dict.fromkeys(keys)}))
+    assert ms.boolean_ops(tmp_path) == ["pkg.m.x_f__mutmut_1", "pkg.m.x_f__mutmut_2", "pkg.m.xǁCǁg__mutmut_1"]
