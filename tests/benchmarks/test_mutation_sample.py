@@ -106,7 +106,7 @@ def test_wilson_intervals(ms, k, n, lo, hi):
 def test_boolean_ops_lists_only_the_mutants_that_swap_one_and_or(ms, tmp_path):
     """A module with its original function and four mutants (one 'and' -> 'or', one 'or' -> 'and', one other
     change, one swap not in the meta file) and a class method's swap: the two swaps in the meta file, the method's."""
-    src = '''
+    src = """
 def x_f__mutmut_orig(a, b):
     return a and b or a
 
@@ -130,7 +130,7 @@ class C:
     def xǁCǁg__mutmut_1(self, a):
         if a is None or self:
             return 1
-'''
+"""
     path = tmp_path / "mutants" / "pkg" / "m.py"
     path.parent.mkdir(parents=True)
     path.write_text(src)
