@@ -120,17 +120,17 @@ def boolean_ops(workdir: Path) -> list[str]:
     for meta in sorted((workdir / "mutants").rglob("*.py.meta")):
         path = meta.with_suffix("")
         module = ".".join(path.relative_to(workdir / "mutants").with_suffix("").parts)
-        lines = path.read_text().splitlines()
-        tree = ast.parse("\n".join(lines))
+        text = path.read_text()
+        lines, tree = text.splitlines(), ast.parse(text)
         defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         defs += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, ast.FunctionDef)]
         body = {d.name: lines[d.lineno : d.end_lineno] for d in defs}  # without the def line, which names it
-        for name, text in body.items():
+        for name, mutant in body.items():
             stem, _, k = name.rpartition("__mutmut_")
             orig = body.get(f"{stem}__mutmut_orig")
-            if not k.isdigit() or orig is None or len(orig) != len(text) or f"{module}.{name}" not in names:
+            if not k.isdigit() or orig is None or len(orig) != len(mutant) or f"{module}.{name}" not in names:
                 continue
-            diff = [(a, b) for a, b in zip(orig, text, strict=True) if a != b]
+            diff = [(a, b) for a, b in zip(orig, mutant, strict=True) if a != b]
             if len(diff) == 1 and diff[0][1] in (
                 diff[0][0].replace(" and ", " or "),
                 diff[0][0].replace(" or ", " and "),
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "generate":
         generate(a.workdir, a.only)
     elif a.cmd == "run":
+        if a.names is not None and not a.names.is_file():
+            raise SystemExit(f"mutation_sample: --names {a.names}: no such file (one mutant name per line)")
         chosen = a.names.read_text().split() if a.names else None
         rows = run(a.workdir, a.seed, a.n, a.minutes, a.jobs, a.timeout, a.out, chosen, a.first_only)
         print(summarize(rows))

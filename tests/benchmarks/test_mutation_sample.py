@@ -59,6 +59,30 @@ def test_a_mutants_own_tests_run_first_then_the_rest_of_the_selection_once(ms, t
     ]
 
 
+def test_first_only_keeps_the_mutants_own_tests_and_drops_the_rest(ms, tmp_path):
+    args = ms.selection(_workdir(tmp_path), "prefzoo.losses.dpo.x_a__mutmut_1", first_only=True)
+    assert args == ["-p", "no:cacheprovider", "-x", "-q", "tests/losses", "tests/properties/test_reference_values.py"]
+
+
+def test_named_mutants_run_instead_of_a_draw_and_an_unknown_name_is_one_line(ms, tmp_path, monkeypatch):
+    wd = _workdir(tmp_path)
+    ran = []
+
+    def fake_run(cmd, cwd, env, capture_output, text, timeout):
+        ran.append((env["MUTANT_UNDER_TEST"], "tests/properties" in cmd))  # in the selection, not spec's first
+        return ms.subprocess.CompletedProcess(cmd, 1, "FAILED tests/x.py::t\n", "")
+
+    monkeypatch.setattr(ms.subprocess, "run", fake_run)
+    rows = ms.run(wd, 0, 60, 5, 1, 9, tmp_path / "n.jsonl", chosen=["prefzoo.spec.x_b__mutmut_1"], first_only=True)
+    assert ran == [("prefzoo.spec.x_b__mutmut_1", False)] and [r["status"] for r in rows] == ["killed"]
+    with pytest.raises(SystemExit, match=r"^mutation_sample: --names: no such mutant 'prefzoo.x_c__mutmut_1' in "):
+        ms.run(wd, 0, 60, 5, 1, 9, tmp_path / "m.jsonl", chosen=["prefzoo.x_c__mutmut_1"])
+    with pytest.raises(SystemExit, match=r"^mutation_sample: --names \S+missing.txt: no such file"):
+        ms.main(
+            ["run", "--workdir", str(wd), "--out", str(tmp_path / "o.jsonl"), "--names", str(tmp_path / "missing.txt")]
+        )
+
+
 def test_a_run_draws_a_seeded_sample_and_resumes_from_its_results(ms, tmp_path, monkeypatch):
     wd = _workdir(tmp_path)
     verdict = {
