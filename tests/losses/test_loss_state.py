@@ -11,6 +11,7 @@ import torch
 
 import prefzoo
 from prefzoo.spec import LossOutputError
+from tests.testing._probes import probe_loss
 
 F64 = torch.float64
 
@@ -20,6 +21,12 @@ def batch(rewards, labels=None, beta: float = 1.0) -> prefzoo.UnpairedBatch:
     labels = torch.tensor(labels if labels is not None else [i % 2 == 0 for i in range(len(rewards))])
     return prefzoo.UnpairedBatch(policy_logps=(r - 1.0).requires_grad_(), ref_logps=torch.full_like(r, -1.0),
                                  labels=labels)
+
+
+def with_kl(b: prefzoo.UnpairedBatch) -> prefzoo.UnpairedBatch:
+    """``b`` with zero KL-sample log-probs, which kto (the stateless term of the combinations below) needs."""
+    z = torch.zeros(b.batch_size, dtype=F64)
+    return b.replace(kl_policy_logps=z, kl_ref_logps=z.clone())
 
 
 def test_stateless_losses_have_no_state():
@@ -116,8 +123,7 @@ def test_output_state_is_checked():
 def test_combination_keeps_each_terms_state():
     combo = prefzoo.combine([(1.0, "bco"), (0.5, "kto")])
     assert combo.spec.stateful and set(combo.state) == {"0.delta", "0.count"}
-    x = batch([1.0, 3.0])
-    x = x.replace(kl_policy_logps=torch.zeros(2, dtype=F64), kl_ref_logps=torch.zeros(2, dtype=F64))
+    x = with_kl(batch([1.0, 3.0]))
     out = combo(x)
     alone = prefzoo.get_loss("bco")
     want = alone(batch([1.0, 3.0])).losses + 0.5 * prefzoo.get_loss("kto")(x).losses
@@ -135,8 +141,8 @@ def test_a_stateless_term_beside_a_stateful_one_sees_no_state():
         seen.append(ctx.state)
         return kto.fn(b, p, ctx)
 
-    probe = prefzoo.Loss(dataclasses.replace(kto, name="z", fn=records, plugin="test"), kto.params())
-    x = batch([1.0, 3.0]).replace(kl_policy_logps=torch.zeros(2, dtype=F64), kl_ref_logps=torch.zeros(2, dtype=F64))
+    probe = probe_loss(records, "kto")
+    x = with_kl(batch([1.0, 3.0]))
     probe(x)
     prefzoo.combine([(1.0, "bco"), (0.5, probe)])(x)
     assert seen == [None, None]
@@ -149,9 +155,7 @@ def test_a_combination_inside_a_combination_keeps_the_inner_terms_state():
     assert set(outer.state) == {"1.1.delta", "1.1.count"}
     alone = prefzoo.get_loss("bco")
     for rewards in ([1.0, 3.0], [5.0, 2.0, 0.5]):  # the second call must start from the first call's state
-        y = batch(rewards)
-        y = y.replace(kl_policy_logps=torch.zeros(len(rewards), dtype=F64),
-                      kl_ref_logps=torch.zeros(len(rewards), dtype=F64))
+        y = with_kl(batch(rewards))
         out = outer(y)
         want = alone(batch(rewards)).losses + 1.5 * prefzoo.get_loss("kto")(y).losses
         torch.testing.assert_close(out.losses, want, atol=1e-14, rtol=0)

@@ -34,11 +34,11 @@ def test_fresh_gives_leaves_and_only_the_differentiable_fields_require_grad():
     asked for, and only the GRAD_FIELDS require grad (none with requires_grad=False)."""
     for batch in (_groups(), _unpaired()):
         given = {n for n in type(batch).FLOAT_FIELDS if getattr(batch, n) is not None}
+        assert {"ref_logps", "policy_logps"} <= given  # scores (groups) and KL fields (unpaired) besides
         for requires_grad in (True, False):
             f = S.fresh(batch, torch.float32, requires_grad=requires_grad)
             tensors = {n: getattr(f, n) for n in given}
             assert all(t.dtype == torch.float32 and t.grad_fn is None for t in tensors.values())
-            assert {"ref_logps", "policy_logps"} <= given  # scores (groups) and KL fields (unpaired) besides
             assert {n for n, t in tensors.items() if t.requires_grad} == ({"policy_logps"} if requires_grad else set())
 
 
