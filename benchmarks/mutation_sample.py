@@ -16,7 +16,10 @@ over all the mutants rather than the cheapest first.  The price: every survivor 
         --out benchmarks/results/mutation_sample_s8.jsonl
     python benchmarks/mutation_sample.py summary benchmarks/results/mutation_sample_s8.jsonl
 
-``quick`` generates the mutants of one small module (orpo.py) and runs two of them: a smoke of the machinery.
+``one-change --kind {boolean,comparison,number}`` lists the mutants whose only change is one token of that class
+(``boolean-ops`` is ``--kind boolean``), for ``run --names FILE --first-only``: a screen of a whole class against each
+module's first tests.  ``quick`` generates the mutants of one small module (orpo.py) and runs two of them: a smoke of
+the machinery.
 """
 
 from __future__ import annotations
@@ -110,9 +113,76 @@ def mutant_names(workdir: Path) -> list[str]:
     return sorted(names)
 
 
-def boolean_ops(workdir: Path) -> list[str]:
-    """The mutants whose only change is one ``and`` turned into ``or`` or the reverse (found by comparing each
-    mutant's source with its ``__mutmut_orig``, line by line): the class ``run --names`` screens."""
+# the classes ``one-change`` lists: a mutant belongs to one when its only change, token by token, replaces one
+# member of the class with another (``is`` -> ``is not`` counts: the tokens are compared joined)
+CLASSES: dict[str, frozenset[str]] = {
+    "boolean": frozenset({"and", "or"}),
+    "comparison": frozenset({"==", "!=", "<", "<=", ">", ">=", "is", "is not", "in", "not in"}),
+}
+
+
+def _tokens(line: str) -> list[tuple[int, str]]:
+    """(type, text) of one source line's tokens; a line inside a bracket that closes later still tokenizes up to
+    its end (tokenize's error at the missing close is expected)."""
+    import io
+    import tokenize
+
+    skip = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    out: list[tuple[int, str]] = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if tok.type not in skip:
+                out.append((tok.type, tok.string))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return out
+
+
+def _in_class(old: str, new: str, kind: str) -> bool:
+    """Whether one changed line ``old`` -> ``new`` is a single change of class ``kind``."""
+    import difflib
+    import tokenize
+
+    a, b = _tokens(old), _tokens(new)
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if len(ops) != 1:
+        return False
+    _, i1, i2, j1, j2 = ops[0]
+    was, now = a[i1:i2], b[j1:j2]
+    if kind == "number":
+        return len(was) == len(now) == 1 and was[0][0] == now[0][0] == tokenize.NUMBER
+    members = CLASSES[kind]
+    if len(was) == len(now) == 1 and was[0][0] == now[0][0] == tokenize.STRING:
+        return _middle(was[0][1], now[0][1]) in {(m, n) for m in members for n in members}
+    # a word added or dropped ('is' -> 'is not', 'not in' -> 'in') is read with its neighbour on either side
+    spans = [(i1, i2, j1, j2)] if was and now else [(i1 - 1, i2, j1 - 1, j2), (i1, i2 + 1, j1, j2 + 1)]
+    return any(
+        " ".join(t for _, t in a[p:q]) in members and " ".join(t for _, t in b[r:s]) in members
+        for p, q, r, s in spans
+        if p >= 0 and r >= 0
+    )
+
+
+def _middle(old: str, new: str) -> tuple[str, str]:
+    """The changed words of two strings (an f-string is one token before Python 3.12): the common prefix and suffix
+    removed, each cut back to a space or bracket so that a shared first character stays in the words."""
+    i = 0
+    while i < min(len(old), len(new)) and old[i] == new[i]:
+        i += 1
+    while i > 0 and old[i - 1] not in " ([{":
+        i -= 1
+    j = 0
+    while j < min(len(old), len(new)) - i and old[-1 - j] == new[-1 - j]:
+        j += 1
+    while j > 0 and old[-j] not in " )]}":
+        j -= 1
+    return old[i : len(old) - j].strip(), new[i : len(new) - j].strip()
+
+
+def one_change(workdir: Path, kind: str) -> list[str]:
+    """The mutants whose only change is one token of class ``kind`` (``boolean``: ``and`` <-> ``or``;
+    ``comparison``: one comparison operator for another; ``number``: one numeric literal for another), found by
+    comparing each mutant's source with its ``__mutmut_orig`` line by line: the classes ``run --names`` screens."""
     import ast
 
     names = set(mutant_names(workdir))
@@ -131,12 +201,14 @@ def boolean_ops(workdir: Path) -> list[str]:
             if not k.isdigit() or orig is None or len(orig) != len(mutant) or f"{module}.{name}" not in names:
                 continue
             diff = [(a, b) for a, b in zip(orig, mutant, strict=True) if a != b]
-            if len(diff) == 1 and diff[0][1] in (
-                diff[0][0].replace(" and ", " or "),
-                diff[0][0].replace(" or ", " and "),
-            ):
+            if len(diff) == 1 and _in_class(*diff[0], kind):
                 found.append(f"{module}.{name}")
     return sorted(found)
+
+
+def boolean_ops(workdir: Path) -> list[str]:
+    """``one_change(workdir, "boolean")``: the class session 11 screened whole."""
+    return one_change(workdir, "boolean")
 
 
 def selection(workdir: Path, name: str, first_only: bool = False) -> list[str]:
@@ -275,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--equivalent", nargs="*", default=[], help="survivors judged equivalent (names)")
     b = sub.add_parser("boolean-ops", help="print the mutants that only swap one 'and' / 'or' (for run --names)")
     b.add_argument("--workdir", type=Path, required=True)
+    o = sub.add_parser("one-change", help="print the mutants whose only change is one token of a class (run --names)")
+    o.add_argument("--workdir", type=Path, required=True)
+    o.add_argument("--kind", choices=[*CLASSES, "number"], required=True)
     q = sub.add_parser("quick", help="the bench env's smoke: one small module, two mutants")
     q.add_argument("--workdir", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -288,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         print(summarize(rows))
     elif a.cmd == "boolean-ops":
         print("\n".join(boolean_ops(a.workdir)))
+    elif a.cmd == "one-change":
+        print("\n".join(one_change(a.workdir, a.kind)))
     elif a.cmd == "summary":
         rows = [json.loads(ln) for ln in a.results.read_text().splitlines()]
         print(summarize(rows, set(a.equivalent)))

@@ -161,3 +161,77 @@ class C:
     keys = ["pkg.m.x_f__mutmut_1", "pkg.m.x_f__mutmut_2", "pkg.m.x_f__mutmut_3", "pkg.m.xǁCǁg__mutmut_1"]
     (tmp_path / "mutants" / "pkg" / "m.py.meta").write_text(json.dumps({"exit_code_by_key": dict.fromkeys(keys)}))
     assert ms.boolean_ops(tmp_path) == ["pkg.m.x_f__mutmut_1", "pkg.m.x_f__mutmut_2", "pkg.m.xǁCǁg__mutmut_1"]
+
+
+def test_one_change_sorts_mutants_by_the_class_of_their_single_changed_token(ms, tmp_path):
+    """One original and eight mutants: a comparison swap, 'is' -> 'is not', a number changed, a string changed, two
+    changes on one line, an 'and' -> 'or' inside an f-string (one token before Python 3.12) and one beside another
+    'or', and a comparison swap on a line inside an open bracket. Each class lists exactly its own."""
+    src = """
+def x_f__mutmut_orig(a, b):
+    if a < 2 and b is None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_1(a, b):
+    if a <= 2 and b is None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_2(a, b):
+    if a < 2 and b is not None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_3(a, b):
+    if a < 3 and b is None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_4(a, b):
+    if a < 2 and b is None or a:
+        return f"{a and 'XXxXX'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_5(a, b):
+    if a <= 3 and b is None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_6(a, b):
+    if a < 2 and b is None or a:
+        return f"{a or 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_7(a, b):
+    if a < 2 or b is None or a:
+        return f"{a and 'x'}", (a == 1,
+                                b or 0)
+
+def x_f__mutmut_8(a, b):
+    if a < 2 and b is None or a:
+        return f"{a and 'x'}", (a != 1,
+                                b or 0)
+"""
+    path = tmp_path / "mutants" / "pkg" / "m.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(src)
+    keys = [f"pkg.m.x_f__mutmut_{k}" for k in range(1, 9)]
+    (tmp_path / "mutants" / "pkg" / "m.py.meta").write_text(json.dumps({"exit_code_by_key": dict.fromkeys(keys)}))
+    assert ms.one_change(tmp_path, "comparison") == [f"pkg.m.x_f__mutmut_{k}" for k in (1, 2, 8)]
+    assert ms.one_change(tmp_path, "number") == ["pkg.m.x_f__mutmut_3"]
+    assert ms.one_change(tmp_path, "boolean") == ["pkg.m.x_f__mutmut_6", "pkg.m.x_f__mutmut_7"]
+    assert ms.boolean_ops(tmp_path) == ms.one_change(tmp_path, "boolean")
+
+
+def test_one_change_lists_a_class_on_the_command_line_and_refuses_an_unknown_one(ms, tmp_path, capsys):
+    path = tmp_path / "mutants" / "pkg" / "m.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("def x_f__mutmut_orig(a):\n    return a > 1\n\ndef x_f__mutmut_1(a):\n    return a >= 1\n")
+    meta = {"exit_code_by_key": {"pkg.m.x_f__mutmut_1": 0}}
+    (tmp_path / "mutants" / "pkg" / "m.py.meta").write_text(json.dumps(meta))
+    assert ms.main(["one-change", "--workdir", str(tmp_path), "--kind", "comparison"]) == 0
+    assert capsys.readouterr().out.split() == ["pkg.m.x_f__mutmut_1"]
+    with pytest.raises(SystemExit):
+        ms.main(["one-change", "--workdir", str(tmp_path), "--kind", "strings"])
+    assert "invalid choice: 'strings'" in capsys.readouterr().err
