@@ -205,3 +205,38 @@ def test_a_shared_property_reads_the_same_in_every_shapes_report(kit, name):
     pair = {p.name: p.guarantee for p in GENERIC_PROPERTIES}
     shaped = {p.name.split("-", 1)[1]: p.guarantee for p in kit}
     assert shaped[name] == pair[name]
+
+
+def _peeks_at_reference(shape: str, declared: bool) -> prefzoo.LossSpec:
+    """A list or unpaired loss that adds 0.01·(reference log-prob of the first completion) when reference log-probs
+    are given (none is read as zeros): reference-dependent, declared as needing the reference or not."""
+
+    def fn(b, p, ctx):
+        ref = b.ref_logps if b.ref_logps is not None else torch.zeros_like(b.policy_logps)
+        s = b.policy_logps + 0.01 * ref.detach()
+        if shape == "list":
+            losses = -torch.log_softmax(s.masked_fill(~b.valid, -torch.inf), dim=1)[:, 0]
+            sd = s.detach()
+            return prefzoo.LossOutput(losses, sd[:, 0], sd[:, -1], rewards=sd)
+        losses = -F.logsigmoid(torch.where(b.labels, s, -s))
+        sd = s.detach()
+        return prefzoo.LossOutput(losses, sd, torch.zeros_like(sd), rewards=sd)
+
+    needs = frozenset({prefzoo.Need.REFERENCE}) if declared else frozenset()
+    kind = prefzoo.Shape.LIST if shape == "list" else prefzoo.Shape.UNPAIRED
+    return prefzoo.LossSpec(name=f"toy-{shape}-peeks", fn=fn, params_cls=_NoParams, family="t", formula="", paper="",
+                            scores="", needs=needs, shapes=frozenset({kind}), plugin="tests")
+
+
+@pytest.mark.parametrize("shape", ["list", "unpaired"])
+def test_reference_free_fails_a_shaped_loss_that_reads_the_reference_unless_it_declares_it(shape):
+    """Not declared: the property runs and fails with its message. Declared (Need.REFERENCE): it does not apply."""
+    name = f"{shape}-reference-free"
+    undeclared = check_loss(_peeks_at_reference(shape, False), properties=[name], dtypes=["float64"],
+                            max_examples=5, derandomize=True)
+    (res,) = undeclared.results
+    assert res.status == "failed", undeclared.table() + undeclared.failures_text()
+    assert res.message.startswith(f"toy-{shape}-peeks: losses changed when reference log-probs were supplied")
+    declared = check_loss(_peeks_at_reference(shape, True), properties=[name], dtypes=["float64"], max_examples=5,
+                          derandomize=True)
+    assert [r.status for r in declared.results] == ["n/a"], declared.table()
