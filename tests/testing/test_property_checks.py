@@ -4,6 +4,7 @@ losses each one must leave alone, and its helpers."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -60,6 +61,21 @@ def test_monotone_is_checked_only_where_it_is_declared():
     with pytest.raises(P.PropertyFailure, match=r"^probe: ∂L/∂log π\(y_w\) = "):
         P.check_monotone(probe_loss(_not_monotone), _batch())
     P.check_monotone(probe_loss(_not_monotone, monotone=False), _batch())  # declared not monotone: nothing to check
+
+
+@pytest.mark.parametrize("side", ["chosen", "rejected"])
+def test_monotone_names_the_first_pair_with_a_wrong_sign(side):
+    """A wrong sign of 5 on pairs 1 and 2, none on pair 0: the failure names pair 1 with its gradient, ±(5 − β·σ(0.15))
+    (DPO's own −β·σ(−β·margin) on y_w, margin (−4 + 3) − (−1.5 + 2) = −1.5, β = 0.1)."""
+    w = torch.tensor([0.0, 1.0, 1.0], dtype=F)
+    sign = 1.0 if side == "chosen" else -1.0
+    wrong = changed("dpo", losses=lambda b, o: o.losses + sign * 5.0 * w * getattr(b, f"policy_{side}_logps"))
+    value = sign * (5.0 - 0.1 / (1.0 + math.exp(-0.15)))
+    y, op = ("y_w", ">") if side == "chosen" else ("y_l", "<")
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_monotone(probe_loss(wrong), _batch())
+    pair_1 = "policy_chosen_logps=-4.0, policy_rejected_logps=-1.5, ref_chosen_logps=-3.0, ref_rejected_logps=-2.0"
+    assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {value:.6g} {op} 0 at example 1 ({pair_1}) with ")
 
 
 _reads_the_batch_mean = changed(
