@@ -30,3 +30,20 @@ def test_grouped_query_attention_is_kept_where_the_config_has_it():
     """Two key/value heads for four query heads: the sweep exercises GQA's repeated heads, not plain multi-head."""
     cfg = tiny_config("llama")
     assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [
+        ("lfm2_moe", "layer_types settable but None by default: left for the config to derive"),
+        ("jamba", "layer_types a read-only property: derived from the config's own periods"),
+        ("falcon_mamba", "layer_types a read-only property of a model without attention layers"),
+    ],
+)
+def test_layer_types_are_only_rebuilt_where_the_config_lists_them_and_lets_them_be_set(model_type, why):
+    """The mixed full/sliding pattern is written only into a non-empty, settable list: elsewhere the tiny config is the
+    config's own, shrunk to two layers, and it builds."""
+    cfg = tiny_config(model_type)
+    assert cfg.num_hidden_layers == 2, why
+    types = getattr(cfg, "layer_types", None)
+    assert types is None or len(types) == 2, (why, types)
