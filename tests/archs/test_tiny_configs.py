@@ -43,6 +43,10 @@ def test_grouped_query_attention_is_kept_where_the_config_has_it():
 def test_layer_types_are_only_rebuilt_where_the_config_lists_them_and_lets_them_be_set(model_type, why):
     """The mixed full/sliding pattern is written only into a non-empty, settable list: elsewhere the tiny config is the
     config's own, shrunk to two layers, and it builds."""
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type!r} config")
     cfg = tiny_config(model_type)
     assert cfg.num_hidden_layers == 2, why
     types = getattr(cfg, "layer_types", None)
