@@ -167,52 +167,12 @@ def test_one_change_sorts_mutants_by_the_class_of_their_single_changed_token(ms,
     """One original and eight mutants: a comparison swap, 'is' -> 'is not', a number changed, a string changed, two
     changes on one line, an 'and' -> 'or' inside an f-string (one token before Python 3.12) and one beside another
     'or', and a comparison swap on a line inside an open bracket. Each class lists exactly its own."""
-    src = """
-def x_f__mutmut_orig(a, b):
-    if a < 2 and b is None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_1(a, b):
-    if a <= 2 and b is None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_2(a, b):
-    if a < 2 and b is not None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_3(a, b):
-    if a < 3 and b is None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_4(a, b):
-    if a < 2 and b is None or a:
-        return f"{a and 'XXxXX'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_5(a, b):
-    if a <= 3 and b is None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_6(a, b):
-    if a < 2 and b is None or a:
-        return f"{a or 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_7(a, b):
-    if a < 2 or b is None or a:
-        return f"{a and 'x'}", (a == 1,
-                                b or 0)
-
-def x_f__mutmut_8(a, b):
-    if a < 2 and b is None or a:
-        return f"{a and 'x'}", (a != 1,
-                                b or 0)
-"""
+    body = "    if a < 2 and b is None or a:\n        return f\"{a and 'x'}\", (a == 1,\n                b or 0)\n"
+    changes = [("a < 2", "a <= 2"), ("is None", "is not None"), ("a < 2", "a < 3"), ("'x'", "'XXxXX'"),
+               ("a < 2", "a <= 3"), ("{a and", "{a or"), ("2 and b", "2 or b"), ("a == 1", "a != 1")]  # fmt: skip
+    src = f"def x_f__mutmut_orig(a, b):\n{body}\n" + "".join(
+        f"def x_f__mutmut_{k}(a, b):\n{body.replace(old, new, 1)}\n" for k, (old, new) in enumerate(changes, 1)
+    )
     path = tmp_path / "mutants" / "pkg" / "m.py"
     path.parent.mkdir(parents=True)
     path.write_text(src)
