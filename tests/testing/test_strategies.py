@@ -81,6 +81,21 @@ def test_an_int_param_with_an_exclusive_upper_bound_is_drawn_below_it(k):
     assert 1 <= k.draw(param_strategy(_int_info())) < 4
 
 
+def test_an_int_param_with_an_exclusive_lower_bound_is_drawn_above_it_up_to_its_upper_bound():
+    """k > 0.5 and k ≤ 3: the integers 1, 2 and 3, each drawn, and nothing else (no int parameter of a built-in loss
+    has an exclusive lower bound, so only this test reaches that branch)."""
+    from dataclasses import dataclass
+
+    from prefzoo.testing.strategies import param_strategy
+
+    @dataclass(frozen=True, kw_only=True)
+    class GtParams(prefzoo.LossParams):
+        k: int = prefzoo.param(2, "k", gt=0.5, le=3)
+
+    (info,) = param_infos(GtParams)
+    assert _outcomes(param_strategy(info), lambda k: k) == {1, 2, 3}
+
+
 @given(batch=preference_batches(dtypes=("float64",), token_level=None, min_size=2, max_size=4))
 def test_token_level_fields_are_drawn_or_not_when_left_open(batch):
     """token_level=None: a drawn switch; when on, each response gets (B, T) log-probs zero past its mask."""
