@@ -25,6 +25,9 @@ the machinery.
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
+import io
 import json
 import math
 import os
@@ -33,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tokenize
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -124,9 +128,6 @@ CLASSES: dict[str, frozenset[str]] = {
 def _tokens(line: str) -> list[tuple[int, str]]:
     """(type, text) of one source line's tokens; a line inside a bracket that closes later still tokenizes up to
     its end (tokenize's error at the missing close is expected)."""
-    import io
-    import tokenize
-
     skip = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
     out: list[tuple[int, str]] = []
     try:
@@ -140,9 +141,6 @@ def _tokens(line: str) -> list[tuple[int, str]]:
 
 def _in_class(old: str, new: str, kind: str) -> bool:
     """Whether one changed line ``old`` -> ``new`` is a single change of class ``kind``."""
-    import difflib
-    import tokenize
-
     a, b = _tokens(old), _tokens(new)
     ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
     if len(ops) != 1:
@@ -183,8 +181,6 @@ def one_change(workdir: Path, kind: str) -> list[str]:
     """The mutants whose only change is one token of class ``kind`` (``boolean``: ``and`` <-> ``or``;
     ``comparison``: one comparison operator for another; ``number``: one numeric literal for another), found by
     comparing each mutant's source with its ``__mutmut_orig`` line by line: the classes ``run --names`` screens."""
-    import ast
-
     names = set(mutant_names(workdir))
     found: list[str] = []
     for meta in sorted((workdir / "mutants").rglob("*.py.meta")):

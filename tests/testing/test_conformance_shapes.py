@@ -208,19 +208,16 @@ def test_a_shared_property_reads_the_same_in_every_shapes_report(kit, name):
 
 
 def _peeks_at_reference(shape: str, declared: bool) -> prefzoo.LossSpec:
-    """A list or unpaired loss that adds 0.01·(reference log-prob of the first completion) when reference log-probs
-    are given (none is read as zeros): reference-dependent, declared as needing the reference or not."""
+    """A list or unpaired loss whose scores are log π + 0.01·log π_ref when reference log-probs are given (none is
+    read as zeros): reference-dependent, declared as needing the reference or not."""
 
     def fn(b, p, ctx):
         ref = b.ref_logps if b.ref_logps is not None else torch.zeros_like(b.policy_logps)
-        s = b.policy_logps + 0.01 * ref.detach()
+        s = b.policy_logps + 0.01 * ref
         if shape == "list":
-            losses = -torch.log_softmax(s.masked_fill(~b.valid, -torch.inf), dim=1)[:, 0]
-            sd = s.detach()
-            return prefzoo.LossOutput(losses, sd[:, 0], sd[:, -1], rewards=sd)
-        losses = -F.logsigmoid(torch.where(b.labels, s, -s))
+            return _list_out(-torch.log_softmax(s.masked_fill(~b.valid, -torch.inf), dim=1)[:, 0], b)
         sd = s.detach()
-        return prefzoo.LossOutput(losses, sd, torch.zeros_like(sd), rewards=sd)
+        return prefzoo.LossOutput(-F.logsigmoid(torch.where(b.labels, s, -s)), sd, torch.zeros_like(sd), rewards=sd)
 
     needs = frozenset({prefzoo.Need.REFERENCE}) if declared else frozenset()
     kind = prefzoo.Shape.LIST if shape == "list" else prefzoo.Shape.UNPAIRED
