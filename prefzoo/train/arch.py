@@ -54,6 +54,7 @@ __all__ = [
     "router_loss",
     "shared_prompt_refusal",
     "text_config",
+    "varlen_attention",
 ]
 
 _MUL, _DIV = "mul", "div"
@@ -251,12 +252,20 @@ def router_loss(config: Any) -> bool:
     return bool(getattr(text_config(config), "output_router_logits", False))
 
 
+def varlen_attention(config: Any) -> bool:
+    """The model attends through a flash-attention kernel (transformers' ``flash_attention_2``/``_3``/``_4`` or a hub
+    flash-attn kernel): packed sequences go to it by their boundaries, not by a 4-D mask."""
+    impl = str(getattr(config, "_attn_implementation", None) or "")
+    return impl.startswith("flash_attention") or "flash-attn" in impl or "flash_attn" in impl
+
+
 @dataclass(frozen=True)
 class ModelCapabilities:
     """What a causal LM declares that decides how prefzoo may lay out its batches (read once, at setup)."""
 
     router_loss: bool  # the objective holds the MoE router loss over the plain batch's tokens
-    custom_mask_refusal: str | None  # why a shared-prompt or packed 4-D mask cannot reproduce its attention, or None
+    custom_mask_refusal: str | None  # why a shared-prompt 4-D mask cannot reproduce its attention, or None
+    packing_refusal: str | None  # why packing cannot (a 4-D mask, or flash's sequence boundaries), or None
 
     def fast_path_block(self) -> str | None:
         """Why the automatic fast paths stay off for this model whatever the data (None: the data decides)."""
@@ -270,6 +279,9 @@ def model_capabilities(causal: Any, feature: str = "the fast paths") -> ModelCap
     config = causal.config
     impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
     refusal = shared_prompt_refusal(causal.get_decoder(), config, feature)
+    pack_refusal = refusal
     if impl not in ("sdpa", "eager"):
         refusal = f"{impl} attention takes no 4-D mask"
-    return ModelCapabilities(router_loss=router_loss(config), custom_mask_refusal=refusal)
+        if not varlen_attention(config):
+            pack_refusal = refusal
+    return ModelCapabilities(router_loss(config), custom_mask_refusal=refusal, packing_refusal=pack_refusal)

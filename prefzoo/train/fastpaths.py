@@ -101,12 +101,14 @@ def choose_fast_paths(
     batch_coupled: bool = False,
     unavailable: str | None = None,
     refusal: str | None = None,
+    share_refusal: str | None = None,
 ) -> FastPaths:
     """The fast paths to use: forced switches as given, ``auto`` ones from ``stats`` (None: no pair statistics).
 
     ``unavailable`` (a reason) turns every ``auto`` off: e.g. lists or unpaired batches, on-policy data, sharded
     engines the fast paths are not tested under.  ``refusal`` (the model's attention cannot take the custom mask)
-    turns an ``auto`` prompt sharing or packing off; forced on, the run stops with that reason later.
+    turns an ``auto`` prompt sharing or packing off, ``share_refusal`` prompt sharing only (a flash kernel packs
+    by sequence boundaries but cannot express y_l ↛ y_w); forced on, the run stops with that reason later.
     """
 
     def forced(value: str) -> tuple[bool] | None:
@@ -117,8 +119,8 @@ def choose_fast_paths(
     got = forced(share_prompt)
     if got is not None:
         share, share_why = got[0], "forced"
-    elif blocked or stats is None or refusal:
-        share, share_why = False, f"auto: {blocked or refusal}"
+    elif blocked or stats is None or refusal or share_refusal:
+        share, share_why = False, f"auto: {blocked or refusal or share_refusal}"
     else:
         share = stats.prompt_saving >= SHARE_MIN_SAVING
         cmp = "≥" if share else "<"
@@ -161,12 +163,17 @@ def pair_triples(tokenized: Any) -> list[tuple[int, int, int]]:
 
 
 def fast_paths_for_run(
-    cfg: Any, batch_coupled: bool, pairs: Any | None, unavailable: str | None, refusal: str | None = None
+    cfg: Any,
+    batch_coupled: bool,
+    pairs: Any | None,
+    unavailable: str | None,
+    refusal: str | None = None,
+    share_refusal: str | None = None,
 ) -> FastPaths:
     """:func:`choose_fast_paths` for a run's TrainConfig: ``pairs`` its tokenized training pairs (None: not pairs)."""
     stats = None
     if pairs is not None and unavailable is None and AUTO in (getattr(cfg, k) for k in SWITCHES):
         stats = length_stats(pair_triples(pairs), cfg.per_device_batch_size, cfg.seed)
     return choose_fast_paths(
-        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable, refusal
+        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable, refusal, share_refusal
     )

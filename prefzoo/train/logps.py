@@ -20,7 +20,7 @@ from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, rou
 from prefzoo.train.fastpath_head import fusable_head, head_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
-from prefzoo.train.packing import pack_rows, packed_forward
+from prefzoo.train.packing import pack_rows, packed_forward, varlen_attention
 
 __all__ = [
     "CompletionLogps",
@@ -225,7 +225,8 @@ def sequence_logps(
         kw: dict[str, Any] = {"output_router_logits": True} if router else {}
         shared = is_shared_layout(completion_mask)
         if packing:  # padding-free rows; hidden states come back in the collated layout
-            packed = pack_rows(input_ids, attention_mask, completion_mask, shared)
+            one_row = varlen_attention(causal.config)  # flash kernels: one row, sequence boundaries
+            packed = pack_rows(input_ids, attention_mask, completion_mask, shared, one_row)
             out, hidden = packed_forward(backbone, causal.config, packed, **kw)
             if shared:
                 h_sel, targets, row, col, lengths = shared_select(hidden, input_ids, completion_mask)

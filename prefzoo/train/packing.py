@@ -13,6 +13,13 @@ to it within float tolerance.
 Transformers' own packed-sequence detection (restarted position ids, no mask) builds the same block-causal mask for
 SDPA/eager, but it cannot express the shared layout's y_l → y_w block; the explicit mask serves both.  An
 architecture whose attention a 4-D mask cannot express is refused with one line (:func:`packing_refusal`).
+
+Flash attention (``flash_attention_2``/``_3``/``_4`` or a hub flash-attn kernel: :func:`varlen_attention`) takes no
+4-D mask; there the sequences go end to end into **one** row with no padding at all, and the decoder gets their
+boundaries as ``cu_seq_lens_q``/``cu_seq_lens_k`` and ``max_length_q``/``max_length_k``: transformers hands them to
+``flash_attn_varlen_func``, which keeps each sequence causal and applies sliding windows and soft-capping within
+it (no mask of T² entries is built).  A sequence boundary cannot say "y_l sees x but not y_w", so the shared-prompt
+layout is refused there with one line (:func:`varlen_shared_refusal`); plain rows pack.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import shared_prompt_refusal
+from prefzoo.train.arch import shared_prompt_refusal, varlen_attention
 from prefzoo.train.fastpath_prompt import (
     CHOSEN,
     PAD,
@@ -33,7 +40,15 @@ from prefzoo.train.fastpath_prompt import (
     shared_position_ids,
 )
 
-__all__ = ["PackedRows", "PackingError", "pack_rows", "packed_forward", "packing_refusal"]
+__all__ = [
+    "PackedRows",
+    "PackingError",
+    "pack_rows",
+    "packed_forward",
+    "packing_refusal",
+    "varlen_attention",
+    "varlen_shared_refusal",
+]
 
 
 class PackingError(SharedPromptError):
@@ -45,6 +60,16 @@ def packing_refusal(backbone: nn.Module, config: Any) -> str | None:
     return shared_prompt_refusal(backbone, config, "packing")
 
 
+def varlen_shared_refusal(config: Any) -> str:
+    """The one-line refusal of the shared-prompt layout under a flash-attention kernel."""
+    impl = getattr(config, "_attn_implementation", None)
+    return (
+        f"share_prompt: {impl} attention separates packed sequences by their boundaries only and cannot keep the "
+        f"rejected completion from seeing the chosen one: turn share_prompt off (packing still works) or load the "
+        f"model with attn_implementation='sdpa'"
+    )
+
+
 class PackedRows:
     """Where each collated token went: ``src_row``/``src_col`` (K,) → ``dst_row``/``dst_col`` (K,), K real tokens.
 
@@ -52,10 +77,14 @@ class PackedRows:
     shared layout, else 1) are (R, T_pack) packed rows, R ≤ N.
     """
 
-    def __init__(self, input_ids: Tensor, valid: Tensor, position_ids: Tensor, kind: Tensor) -> None:
+    def __init__(
+        self, input_ids: Tensor, valid: Tensor, position_ids: Tensor, kind: Tensor, one_row: bool = False
+    ) -> None:
         n, t = valid.shape
         lengths = valid.sum(1)  # (N,) real tokens per collated row
         t_pack = max(int(lengths.max()), 1) if n else 1
+        if one_row:  # flash varlen: every sequence in one row, no padding at all
+            t_pack = max(int(lengths.sum()), 1)
         bins: list[int] = []  # tokens used per packed row
         dst = [0] * n
         offset = [0] * n
@@ -97,24 +126,50 @@ class PackedRows:
         allowed = allowed | (eye & (dq == 0))  # a padding query keeps its own key: no all-masked softmax row
         return allowed[:, None]
 
+    def varlen_kwargs(self) -> dict[str, Any]:
+        """Sequence boundaries of a one-row packing as transformers' flash path takes them (``cu_seq_lens_q``/``_k``
+        int32 (S + 1,), ``max_length_q``/``_k``)."""
+        if self.rows != 1 or bool((self.doc == 0).any()):
+            raise PackingError("packing: sequence boundaries need every sequence in one row without padding")
+        doc = self.doc[0]  # (K,)
+        starts = torch.ones_like(doc, dtype=torch.bool)
+        starts[1:] = doc[1:] != doc[:-1]
+        cu = torch.cat([starts.nonzero().flatten(), doc.new_tensor([doc.numel()])]).to(torch.int32)  # (S + 1,)
+        longest = int((cu[1:] - cu[:-1]).max())
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
     def unpack(self, packed: Tensor) -> Tensor:
         """(R, T_pack, ...) packed states → (N, T, ...) in the collated layout, zeros at padding (differentiable)."""
         out = packed.new_zeros(*self.shape, *packed.shape[2:])
         return out.index_put((self.src_row, self.src_col), packed[self.dst_row, self.dst_col])
 
 
-def pack_rows(input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, shared: bool) -> PackedRows:
-    """Pack collated rows: plain rows by ``attention_mask``, shared-layout rows by their segment ids."""
+def pack_rows(
+    input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, shared: bool, one_row: bool = False
+) -> PackedRows:
+    """Pack collated rows: plain rows by ``attention_mask``, shared-layout rows by their segment ids; ``one_row``
+    puts every sequence in a single row (the flash varlen layout)."""
     if shared:
         valid = completion_mask != PAD  # (B, T)
-        return PackedRows(input_ids, valid, shared_position_ids(completion_mask), completion_mask)
+        return PackedRows(input_ids, valid, shared_position_ids(completion_mask), completion_mask, one_row)
     valid = attention_mask.bool()  # (N, T)
     position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)  # (N, T) restart per row
-    return PackedRows(input_ids, valid, position_ids, valid.long())
+    return PackedRows(input_ids, valid, position_ids, valid.long(), one_row)
 
 
 def packed_forward(backbone: nn.Module, config: Any, packed: PackedRows, **forward_kw: Any) -> tuple[Any, Tensor]:
     """Run the decoder on packed rows; (its output, last hidden state back in the collated layout (N, T, H))."""
+    if varlen_attention(config):  # one row, boundaries instead of a mask
+        refusal = packing_refusal(backbone, config)
+        if refusal is None and bool((packed.kind == REJECTED).any()):
+            refusal = varlen_shared_refusal(config)
+        if refusal is not None:
+            raise PackingError(refusal)
+        out = backbone(
+            input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids, use_cache=False,
+            **packed.varlen_kwargs(), **forward_kw,
+        )  # fmt: skip
+        return out, packed.unpack(out.last_hidden_state)
     dev = packed.input_ids.device
     embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(dev.type):

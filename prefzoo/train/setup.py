@@ -343,8 +343,8 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
 
     caps = model_capabilities(unwrap_causal_lm(lm))  # declared by the architecture (prefzoo.train.arch)
     unavailable = unavailable or caps.fast_path_block()
-    refusal = caps.custom_mask_refusal
-    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal)
+    refusal, share_refusal = caps.packing_refusal, caps.custom_mask_refusal  # flash: packs, does not share
+    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal)
 
 
 def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:

@@ -137,7 +137,7 @@ def test_unsupported_attention_is_a_one_line_error():
     from tests.support.tiny import build_model, build_tokenizer
 
     m = build_model(build_tokenizer(), seed=4)
-    m.config._attn_implementation = "flash_attention_2"
+    m.config._attn_implementation = "flex_attention"  # neither a 4-D mask nor varlen boundaries
     b = PreferenceCollator(0)(EXAMPLES)
     with pytest.raises(PackingError, match="packing needs an attention implementation") as e:
         sequence_logps(m, b["input_ids"], b["attention_mask"], b["completion_mask"], packing=True)
