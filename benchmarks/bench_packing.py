@@ -1,6 +1,7 @@
 """Packing against the unpacked path, and LoRA's dropout and reference pass, in one process with sides alternating.
 
     python benchmarks/bench_packing.py            # the table in docs/results/performance.md (issue 17 section)
+    python benchmarks/bench_packing.py --flex     # and SDPA against FlexAttention on the packed rows' masks
     python benchmarks/bench_packing.py --quick    # smoke: smaller model, 1 repeat
 
 Timings are in-process forward + backward through :func:`prefzoo.sequence_logps` (the trainer's own log-prob
@@ -15,11 +16,13 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.train.logps import PolicyLogps, sequence_logps
 from prefzoo.train.model import apply_lora
+from prefzoo.train.packing import pack_rows
 from prefzoo.train.reference import AdapterDisabledReference
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -98,15 +101,66 @@ def lora_rows(hidden: int, layers: int, repeats: int) -> list[str]:
     ]
 
 
+def flex_rows(hidden: int, repeats: int) -> list[str]:
+    """SDPA with prefzoo's packed 4-D mask against compiled FlexAttention with the same mask as a BlockMask (which
+    skips whole masked blocks), attention alone on the packed rows' shapes; forward only when torch's CPU
+    FlexAttention has no backward (then only the no-grad reference pass could use it)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention)
+    heads, rows = 4, []
+    for share in (False, True):
+        b = PreferenceCollator(0, share_prompt=share)(_pairs(8, 300))
+        packed = pack_rows(b["input_ids"], b["attention_mask"], b["completion_mask"], share)
+        doc, kind = packed.doc, packed.kind
+        r, t = doc.shape
+        additive = torch.zeros(r, 1, t, t).masked_fill_(~packed.mask(), float("-inf"))
+
+        def allowed(b_, h_, q_, k_, doc=doc, kind=kind):  # PackedRows.mask(), index by index
+            own = (q_ >= k_) & (doc[b_, q_] == doc[b_, k_]) & (doc[b_, k_] != 0)
+            return (own & ~((kind[b_, q_] == 3) & (kind[b_, k_] == 2))) | ((q_ == k_) & (doc[b_, q_] == 0))
+
+        block = create_block_mask(allowed, r, None, t, t, device="cpu")
+        q, k, v = (torch.randn(r, heads, t, hidden // heads, generator=torch.Generator().manual_seed(i))
+                   for i in range(3))  # fmt: skip
+        try:  # eager, not the compiled function: an error inside it would leave that function uncompiled
+            flex_attention(q.clone().requires_grad_(), k, v, block_mask=block).sum().backward()
+            backward = "has a backward"
+        except NotImplementedError:
+            backward = "has **no backward on CPU**"
+        times: dict[str, list[float]] = {"sdpa": [], "flex": []}
+        with torch.no_grad():
+            diff = float(
+                (flex(q, k, v, block_mask=block) - F.scaled_dot_product_attention(q, k, v, additive)).abs().amax()
+            )
+            # (the call above also compiled this shape: the timed calls below run the compiled kernel)
+            for rep in range(repeats + 1):
+                for side in ("sdpa", "flex") if rep % 2 == 0 else ("flex", "sdpa"):
+                    t0 = time.perf_counter()
+                    if side == "sdpa":
+                        F.scaled_dot_product_attention(q, k, v, additive)
+                    else:
+                        flex(q, k, v, block_mask=block)
+                    times[side].append(time.perf_counter() - t0)
+        sd, fx = _median(times["sdpa"]), _median(times["flex"])
+        rows.append(f"| attention forward on packed rows ({r} × {t}, share_prompt={share}, {block.sparsity():.0f}% "
+                    f"of blocks skipped by Flex; max diff {diff:.1e}; Flex {backward}) | SDPA + 4-D mask "
+                    f"{sd * 1e3:.1f} ms | FlexAttention {fx * 1e3:.1f} ms | {sd / fx:.2f}× |")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke: hidden 64, 2 layers, 1 repeat")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--flex", action="store_true", help="add SDPA against FlexAttention (compiles: ~15-30 s a shape)")
     a = p.parse_args(argv)
     hidden, layers, repeats = (64, 2, 1) if a.quick else (256, 4, a.repeats)
     lines = ["| what | A | B | A / B |", "| --- | --- | --- | --- |"]
     lines += packing_rows(_model(hidden, layers), repeats)
     lines += lora_rows(hidden, layers, repeats)
+    if a.flex:
+        lines += flex_rows(hidden, max(repeats, 5))
     print("\n".join(lines))
     return 0
 
