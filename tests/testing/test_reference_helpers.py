@@ -10,7 +10,7 @@ import torch
 
 import prefzoo
 from prefzoo.testing import check_loss
-from prefzoo.testing.reference import _dpo_family, _simple, naive_lse2, reference_losses
+from prefzoo.testing.reference import _dpo_family, _simple, naive_lse2, reference_losses, to_float64
 from prefzoo.types import GroupBatch, GroupBatchError, UnpairedBatch, UnpairedBatchError
 
 F = torch.float64
@@ -87,3 +87,47 @@ def test_a_combination_shows_its_weighted_terms():
     c = prefzoo.combine([(1.0, "dpo"), (0.5, "sft")])
     assert repr(c) == f"CombinedLoss({[(w, loss) for w, loss in c.terms]!r})"
     assert repr(c).startswith("CombinedLoss([(1.0, Loss('dpo', ") and "(0.5, Loss('sft', " in repr(c)
+
+
+# f-divergences on both sides of the kit's capped-exponential branch (a·ρ > 1 and ≤ 1 with a = coef − 1 of ±)
+F_DIVERGENCES = [{"f_divergence": "alpha_divergence", "alpha_divergence_coef": c} for c in (0.3, 3.0)] + [
+    {"f_divergence": "forward_kl"}, {"f_divergence": "js_divergence"}]  # fmt: skip
+
+
+def test_the_kits_references_agree_with_the_independent_transcriptions():
+    """prefzoo.testing.reference (the property suite's float64 oracle) against tests/losses/reference.py (formulas
+    transcribed from the papers and TRL apart from it), for every loss both have, with test_formulas' parameter cases
+    and every f-divergence for the DPO family: a slip in either oracle fails here on fixed inputs, whatever the
+    property suite's example budget draws."""
+    from prefzoo.testing.reference import REFERENCES as KIT
+    from tests.losses.reference import REFERENCES as TRANSCRIBED
+    from tests.losses.reference import mean_only
+    from tests.losses.test_formulas import PARAM_CASES, random_inputs
+
+    names = sorted(set(KIT) & set(TRANSCRIBED))
+    assert len(names) >= 30, names
+    x = random_inputs(seed=0, b=16)
+    rho = torch.cat([x["pw"] - x["rw"], x["pl"] - x["rl"]])
+    for a in (0.3 - 1, 3.0 - 1):  # both branches of the kit's f'(ρ) = (e^{aρ} − 1)/a are taken
+        assert bool((a * rho > 1).any()) and bool((a * rho <= 1).any())
+    batch = prefzoo.PreferenceBatch(x["pw"], x["pl"], x["rw"], x["rl"], chosen_lengths=x["lw"],
+                                    rejected_lengths=x["ll"])  # fmt: skip
+    checked = compared = total = 0
+    for name in names:
+        spec = prefzoo.loss_spec(name)
+        cases = PARAM_CASES.get(name, [{}])
+        if "f_divergence" in {f.name for f in dataclasses.fields(spec.params())}:
+            cases = [*cases, *F_DIVERGENCES]
+        for params in cases:
+            kit, kit_mean = KIT[name]
+            got = kit(to_float64(batch), spec.params(**params))
+            want = TRANSCRIBED[name](dict(x), params)
+            if kit_mean or mean_only(name, params):
+                got, want = got.mean(), want.mean()
+            ok = want.isfinite()  # the transcriptions' naive exps overflow where the kit's stay finite (e^{−z}·σ(z/τ))
+            torch.testing.assert_close(
+                got[ok], want[ok], rtol=1e-7, atol=1e-9, msg=lambda m, n=name, p=params: f"{n} {p}: {m}"
+            )
+            checked, compared = checked + 1, compared + int(ok.sum())
+            total += ok.numel()
+    assert checked >= 60 and compared >= 0.95 * total, (checked, compared, total)
