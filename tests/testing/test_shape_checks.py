@@ -49,6 +49,21 @@ def test_finite_names_the_first_non_finite_entry():
     assert str(e.value) == "probe: losses[0] = nan is not finite (dtype torch.float64)"
 
 
+def test_finite_names_a_non_finite_per_completion_reward_as_rewards():
+    """Losses and the chosen/rejected scores finite, one entry of the per-completion ``rewards`` not: the failure
+    names that field and index."""
+
+    def one_inf(b, o):
+        r = o.rewards.clone()
+        r[1, 1] = float("inf")
+        return r
+
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_finite(probe_loss(changed("dpo-pl", rewards=one_inf), "dpo-pl"), _groups())
+    assert str(e.value) == "probe: rewards[1, 1] = inf is not finite (dtype torch.float64)"
+    S.check_shape_finite(prefzoo.get_loss("dpo-pl"), _groups())
+
+
 def test_shape_fails_when_the_losses_were_cut_from_the_graph():
     cut = changed("dpo-pl", losses=lambda b, o: o.losses.detach())
     with pytest.raises(PropertyFailure) as e:
