@@ -128,10 +128,11 @@ def run_trl(spec: dict[str, Any], rec: _Recorder, workdir: Path) -> dict[str, An
     peft_config = None
     if spec.get("lora"):
         from peft import LoraConfig
+        from trainbench_setup import LORA_RANK
 
         peft_config = LoraConfig(
-            r=64,
-            lora_alpha=64,
+            r=LORA_RANK,
+            lora_alpha=LORA_RANK,
             lora_dropout=0.01,
             task_type="CAUSAL_LM",
             bias="none",

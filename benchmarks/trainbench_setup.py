@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "LORA_RANK",
     "WORKLOADS",
     "ModelShape",
     "Workload",
@@ -24,6 +25,9 @@ __all__ = [
     "step_peak_rss_mb",
     "step_timer",
 ]
+
+
+LORA_RANK = 64  # both sides' LoRA in the benchmark (prefzoo's default --lora-r, the paper's r; α = r)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class ModelShape:
         """Parameters applied per token by the decoder layers (attention + MLP matrices, norms ignored)."""
         h, i = self.hidden_size, self.intermediate_size
         return self.num_hidden_layers * (4 * h * h + 3 * h * i)
+
+    def adapter_params(self, rank: int) -> int:
+        """Parameters of rank-``rank`` LoRA adapters on every attention and MLP matrix (r·(in + out) each)."""
+        h, i = self.hidden_size, self.intermediate_size
+        return self.num_hidden_layers * rank * (4 * (h + h) + 3 * (h + i))
 
 
 TINY_SHAPE = ModelShape(
@@ -151,11 +160,16 @@ def matmul_rate(threads: int, n: int = 1536, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def flop_bound(shape: ModelShape, pairs: list[dict[str, int]], reference: str, lora: bool = False) -> float:
+def flop_bound(
+    shape: ModelShape, pairs: list[dict[str, int]], reference: str, lora: bool = False, lora_rank: int = LORA_RANK
+) -> float:
     """Lower bound on the FLOPs of one step over ``pairs`` (dicts of prompt / chosen / rejected token counts).
 
     Backbone: forward 2·P·tokens, backward 4·P·tokens (2·P with LoRA: activation gradients only), the prompt counted
     once; LM head only at the completion positions: forward 2·H·V, backward 4·H·V (2·H·V with a frozen head).
+    LoRA's adapters (rank r on every attention and MLP matrix, A = r·(in + out) parameters): 4·A·tokens on the
+    policy pass, the least any implementation does (u = A·x, which ∂B needs; ∂B = ∂y·uᵀ; ∂u = Bᵀ·∂y; ∂A = ∂u·xᵀ),
+    even one that merges B·A into the weights for the forward and the input gradient.
     ``reference``: "forward" (one no-grad forward per step), "none" (reference-free or precomputed: counted apart).
     Attention score FLOPs are left out, which only lowers the bound.
     """
@@ -164,6 +178,8 @@ def flop_bound(shape: ModelShape, pairs: list[dict[str, int]], reference: str, l
     p_bb, hv = shape.backbone_params, shape.head_params
     backward = 2 if lora else 4
     flops = (2 + backward) * p_bb * tokens + (2 + backward) * hv * completions
+    if lora:
+        flops += 4 * shape.adapter_params(lora_rank) * tokens
     if reference == "forward":
         flops += 2 * p_bb * tokens + 2 * hv * completions
     return float(flops)

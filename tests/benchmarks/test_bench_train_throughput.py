@@ -27,7 +27,22 @@ def test_flop_bound_by_hand(bench):
     pairs = [{"prompt": 5, "chosen": 2, "rejected": 3}]  # 10 tokens (prompt once), 5 completion positions
     assert flop_bound(shape, pairs, "none") == 6 * p_bb * 10 + 6 * hv * 5
     assert flop_bound(shape, pairs, "forward") == 8 * p_bb * 10 + 8 * hv * 5
-    assert flop_bound(shape, pairs, "forward", lora=True) == 6 * p_bb * 10 + 6 * hv * 5
+    # LoRA: no weight gradients of the base or the head; rank-2 adapters on the 4 attention (2 → 2) and 3 MLP
+    # (2 → 3, 3 → 2) matrices hold 2·(4·4 + 3·5) = 62 parameters, 4 FLOPs each per token
+    assert shape.adapter_params(2) == 62
+    assert flop_bound(shape, pairs, "forward", lora=True, lora_rank=2) == 6 * p_bb * 10 + 6 * hv * 5 + 4 * 62 * 10
+
+
+def test_the_bound_counts_the_adapters_prefzoo_trains_by_default(bench):
+    """prefzoo's side runs its default LoRA (no rank passed), TRL's side LORA_RANK: the bound's rank is both."""
+    from trainbench_setup import LORA_RANK
+
+    from prefzoo.train import TrainConfig
+
+    defaults = TrainConfig()
+    assert defaults.lora_r == defaults.lora_alpha == LORA_RANK
+    assert set(defaults.lora_target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"}  # fmt: skip
 
 
 def test_write_page_replaces_only_the_bench_block(bench, tmp_path):
