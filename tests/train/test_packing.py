@@ -74,16 +74,20 @@ def _fields(model, loss, share, packing):
 @pytest.mark.parametrize(("name", "mods"), TOKEN_LOSSES, ids=["+".join((n, *m)) for n, m in TOKEN_LOSSES])
 def test_packed_equals_unpacked(model, share, name, mods):
     loss = get_loss(name, modifiers=list(mods))
-    plain, v_plain, g_plain = _fields(model, loss, share, packing=False)
-    packed, v_packed, g_packed = _fields(model, loss, share, packing=True)
-    assert plain.keys() == packed.keys()
-    for k, v in plain.items():
+    assert_same_step(_fields(model, loss, share, packing=True), _fields(model, loss, share, packing=False))
+
+
+def assert_same_step(packed, plain):
+    """Two :func:`_fields` results agree: every batch field, the loss value and every parameter's gradient."""
+    (fields, value, grads), (want_fields, want_value, want_grads) = packed, plain
+    assert fields.keys() == want_fields.keys()
+    for k, v in want_fields.items():
         if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(packed[k], v, atol=1e-5, rtol=1e-5, msg=k)
-    torch.testing.assert_close(v_packed, v_plain, atol=1e-6, rtol=1e-5)
-    assert g_packed.keys() == g_plain.keys() and g_plain
-    for n in g_plain:
-        torch.testing.assert_close(g_packed[n], g_plain[n], atol=1e-5, rtol=1e-4, msg=n)
+            torch.testing.assert_close(fields[k], v, atol=1e-5, rtol=1e-5, msg=k)
+    torch.testing.assert_close(value, want_value, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == want_grads.keys() and want_grads
+    for n in want_grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
 def test_list_rows_pack_too(model):
