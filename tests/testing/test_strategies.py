@@ -151,6 +151,15 @@ def test_unpaired_reference_none_reaches_both_outcomes():
     assert _outcomes(batches, lambda b: b.ref_logps is not None) == {True, False}
 
 
+def test_unpaired_batches_for_a_density_ratio_loss_come_with_and_without_the_weights():
+    """bco declares density_ratio_weights: its batches reach both outcomes (the weights are optional input);
+    a loss that does not declare them never gets any."""
+    bco = batches_for(prefzoo.loss_spec("bco"), prefzoo.Shape.UNPAIRED, dtypes=("float64",), max_size=3)
+    assert _outcomes(bco, lambda b: b.density_ratio_weights is not None) == {True, False}
+    kto = batches_for(prefzoo.loss_spec("kto"), prefzoo.Shape.UNPAIRED, dtypes=("float64",), max_size=3)
+    assert _outcomes(kto, lambda b: b.density_ratio_weights is not None) == {False}
+
+
 def _infos():
     from dataclasses import dataclass
 
