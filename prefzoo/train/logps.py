@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config
+from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
 from prefzoo.train.fastpath_head import fusable_head, head_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
-from prefzoo.train.packing import pack_rows, packed_forward, varlen_attention
+from prefzoo.train.packing import pack_rows, packed_forward
 
 __all__ = [
     "CompletionLogps",

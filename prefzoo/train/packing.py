@@ -46,7 +46,6 @@ __all__ = [
     "pack_rows",
     "packed_forward",
     "packing_refusal",
-    "varlen_attention",
     "varlen_shared_refusal",
 ]
 
