@@ -278,10 +278,7 @@ def model_capabilities(causal: Any, feature: str = "the fast paths") -> ModelCap
     """The :class:`ModelCapabilities` of a transformers CausalLM (unwrapped: no peft or DDP wrapper)."""
     config = causal.config
     impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
-    refusal = shared_prompt_refusal(causal.get_decoder(), config, feature)
-    pack_refusal = refusal
-    if impl not in ("sdpa", "eager"):
-        refusal = f"{impl} attention takes no 4-D mask"
-        if not varlen_attention(config):
-            pack_refusal = refusal
-    return ModelCapabilities(router_loss(config), custom_mask_refusal=refusal, packing_refusal=pack_refusal)
+    layout = shared_prompt_refusal(causal.get_decoder(), config, feature)  # what the architecture allows
+    no_mask = None if impl in ("sdpa", "eager") else f"{impl} attention takes no 4-D mask"
+    pack = layout if varlen_attention(config) else no_mask or layout  # flash packs by sequence boundaries
+    return ModelCapabilities(router_loss(config), custom_mask_refusal=no_mask or layout, packing_refusal=pack)

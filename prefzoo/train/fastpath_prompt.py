@@ -25,6 +25,7 @@ from prefzoo.train.arch import ATTENTION_TYPES, attention_layer_types, shared_pr
 
 __all__ = [
     "SharedPromptError",
+    "decoder_masks",
     "shared_position_ids",
     "shared_prompt_mask",
     "shared_prompt_select",
@@ -110,6 +111,20 @@ def layer_masks(
     return masks.popitem()[1] if len(masks) == 1 else masks
 
 
+def decoder_masks(
+    backbone: nn.Module, config: Any, allowed: Tensor, position_ids: Tensor, feature: str = "share_prompt"
+) -> Tensor | dict[str, Tensor]:
+    """The additive mask(s) every layer of the decoder shares, from ``allowed`` (B, 1, T, T) (True = attend): one
+    tensor, or {layer type: tensor} for mixed layers, in the embeddings' dtype (autocast's when it is on)."""
+    dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
+    if torch.is_autocast_enabled(allowed.device.type):
+        dtype = torch.get_autocast_dtype(allowed.device.type)
+    bool_masks = layer_masks(backbone, config, allowed, position_ids, feature)
+    if isinstance(bool_masks, dict):
+        return {k: _attention_mask_for(config, v, dtype, feature) for k, v in bool_masks.items()}
+    return _attention_mask_for(config, bool_masks, dtype, feature)
+
+
 def shared_prompt_select(
     backbone: nn.Module, config: Any, input_ids: Tensor, segments: Tensor, **forward_kw: Any
 ) -> tuple[Any, tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
@@ -120,14 +135,7 @@ def shared_prompt_select(
     completion, the same conventions as the plain (2B, T) layout.
     """
     position_ids = shared_position_ids(segments)  # (B, T)
-    embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
-    if torch.is_autocast_enabled(input_ids.device.type):
-        embed_dtype = torch.get_autocast_dtype(input_ids.device.type)
-    bool_masks = layer_masks(backbone, config, shared_prompt_mask(segments), position_ids)
-    if isinstance(bool_masks, dict):
-        mask: Any = {k: _attention_mask_for(config, v, embed_dtype) for k, v in bool_masks.items()}
-    else:
-        mask = _attention_mask_for(config, bool_masks, embed_dtype)
+    mask = decoder_masks(backbone, config, shared_prompt_mask(segments), position_ids)
     out = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw)
     return out, shared_select(out.last_hidden_state, input_ids, segments)
 

@@ -24,7 +24,7 @@ layout is refused there with one line (:func:`varlen_shared_refusal`); plain row
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,8 +35,7 @@ from prefzoo.train.fastpath_prompt import (
     PAD,
     REJECTED,
     SharedPromptError,
-    _attention_mask_for,
-    layer_masks,
+    decoder_masks,
     shared_position_ids,
 )
 
@@ -81,9 +80,7 @@ class PackedRows:
     ) -> None:
         n, t = valid.shape
         lengths = valid.sum(1)  # (N,) real tokens per collated row
-        t_pack = max(int(lengths.max()), 1) if n else 1
-        if one_row:  # flash varlen: every sequence in one row, no padding at all
-            t_pack = max(int(lengths.sum()), 1)
+        t_pack = max(int(lengths.sum() if one_row else lengths.max()), 1) if n else 1  # one_row: flash varlen
         bins: list[int] = []  # tokens used per packed row
         dst = [0] * n
         offset = [0] * n
@@ -158,30 +155,25 @@ def pack_rows(
 
 def packed_forward(backbone: nn.Module, config: Any, packed: PackedRows, **forward_kw: Any) -> tuple[Any, Tensor]:
     """Run the decoder on packed rows; (its output, last hidden state back in the collated layout (N, T, H))."""
-    if varlen_attention(config):  # one row, boundaries instead of a mask
+    if varlen_attention(config):  # one row: the flash kernel gets the sequence boundaries instead of a mask
         refusal = packing_refusal(backbone, config)
         if refusal is None and bool((packed.kind == REJECTED).any()):
             refusal = varlen_shared_refusal(config)
         if refusal is not None:
             raise PackingError(refusal)
-        out = backbone(
-            input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids, use_cache=False,
-            **packed.varlen_kwargs(), **forward_kw,
-        )  # fmt: skip
-        return out, packed.unpack(out.last_hidden_state)
-    dev = packed.input_ids.device
-    embed_dtype = cast(Any, backbone).get_input_embeddings().weight.dtype
-    if torch.is_autocast_enabled(dev.type):
-        embed_dtype = torch.get_autocast_dtype(dev.type)
+        mask, extra = None, packed.varlen_kwargs()
+    else:
+        mask, extra = _packed_masks(backbone, config, packed), {}
+    out = backbone(
+        input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
+        **extra, **forward_kw,
+    )  # fmt: skip
+    return out, packed.unpack(out.last_hidden_state)
+
+
+def _packed_masks(backbone: nn.Module, config: Any, packed: PackedRows) -> Any:
+    """The additive block-diagonal mask (or {layer type: mask}) that every layer of the decoder shares."""
     try:
-        bool_masks = layer_masks(backbone, config, packed.mask(), packed.position_ids, "packing")
-        if isinstance(bool_masks, dict):
-            mask: Any = {k: _attention_mask_for(config, v, embed_dtype, "packing") for k, v in bool_masks.items()}
-        else:
-            mask = _attention_mask_for(config, bool_masks, embed_dtype, "packing")
+        return decoder_masks(backbone, config, packed.mask(), packed.position_ids, "packing")
     except SharedPromptError as e:
         raise PackingError(str(e)) from None
-    out = backbone(
-        input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False, **forward_kw
-    )
-    return out, packed.unpack(out.last_hidden_state)

@@ -208,7 +208,7 @@ def test_a_shared_property_reads_the_same_in_every_shapes_report(kit, name):
 
 
 def _peeks_at_reference(shape: str, declared: bool) -> prefzoo.LossSpec:
-    """A list or unpaired loss whose scores are log π + 0.01·log π_ref when reference log-probs are given (none is
+    """A list or unpaired loss computed from log π + 0.01·log π_ref when reference log-probs are given (none is
     read as zeros): reference-dependent, declared as needing the reference or not."""
 
     def fn(b, p, ctx):
