@@ -201,6 +201,7 @@ def _disk_full(
     latest = find_latest_checkpoint(output_dir)
     written = _bytes(tmp)
     needed = max(_bytes(latest), written)  # the previous checkpoint's size; at least what this one had written
+    accelerator.wait_for_everyone()  # every process has measured the folder before its writer removes it
     if writer:
         shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(tmp.parent).free

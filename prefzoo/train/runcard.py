@@ -73,6 +73,7 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
     accelerator.wait_for_everyone()
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()  # a leftover folder is gone before any process writes into it
     defaults = getattr(result, "model_defaults", None)
     saved: list[str] = []
 
@@ -96,10 +97,11 @@ def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None)
     from prefzoo.train.checkpoint import DiskFullError, _bytes, find_latest_checkpoint
 
     written = _bytes(tmp)
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
     latest = find_latest_checkpoint(cfg.output_dir)
     needed = max(written, _bytes(latest / "model.safetensors") if latest else 0)
+    accelerator.wait_for_everyone()  # every process has measured the folder before the main process removes it
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(tmp.parent).free
     where = (err.filename if err is not None and err.filename else None) or tmp
     kept = f"the last checkpoint {latest} is intact" if latest else "no checkpoint was written"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from prefzoo.cli.main import main
@@ -68,3 +70,107 @@ def test_enospc_while_saving_the_final_model_is_one_line_and_resume_writes_it(
     assert res.global_step == 6 and res.history == [] and (out / "final" / "run_card.json").is_file()
     run_inprocess(base_config(tiny_dir, pairs_file, tmp_path / "full", **KW))
     assert max_diff(final_weights(tmp_path / "full"), final_weights(out)) == 0
+
+
+class _ThreadRanks:
+    """Two 'processes' as two threads: a barrier for ``wait_for_everyone``, a sum over both for ``reduce``."""
+
+    num_processes = 2
+    device = "cpu"
+
+    def __init__(self, rank: int, barrier, flags: dict):
+        self.rank, self._barrier, self._flags = rank, barrier, flags
+        self.is_main_process = self.is_local_main_process = rank == 0
+
+    def wait_for_everyone(self):
+        self._barrier.wait(timeout=30)
+
+    def reduce(self, tensor, reduction):
+        import torch
+
+        self._flags[self.rank] = float(tensor.item())
+        self.wait_for_everyone()
+        total = sum(self._flags.values())
+        self.wait_for_everyone()  # nobody overwrites a flag before both have summed
+        return torch.tensor([total])
+
+
+def _on_two_thread_ranks(save) -> dict[int, str]:
+    """``save(accelerator)`` on two thread ranks; each rank's error message (a DiskFullError's, or any other)."""
+    import threading
+
+    barrier, flags, errors = threading.Barrier(2), {}, {}
+
+    def rank_main(rank):
+        try:
+            save(_ThreadRanks(rank, barrier, flags))
+        except BaseException as e:  # reported with the rank
+            errors[rank] = str(e) if type(e).__name__ == "DiskFullError" else f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank{r}") for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return errors
+
+
+def _checkpoint_on_thread_ranks(out, monkeypatch):
+    from prefzoo.train.checkpoint import save_checkpoint
+
+    def write_for(rank):
+        def write(tmp):
+            if rank == 0:
+                (tmp / "model.safetensors").write_bytes(b"x" * 300_000)
+            else:
+                raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "random_states_1.pkl"))
+
+        return write
+
+    errors = _on_two_thread_ranks(lambda acc: save_checkpoint(acc, out, 4, {}, keep=2, write=write_for(acc.rank)))
+    return errors, out / "checkpoints" / ".tmp-step-00000004"
+
+
+def _final_model_on_thread_ranks(out, monkeypatch):
+    from types import SimpleNamespace
+
+    from prefzoo.train import runcard
+
+    def save_model_folder(acc, policy, tokenizer, tmp, defaults, merge, fsdp):
+        tmp.mkdir(parents=True, exist_ok=True)
+        if acc.is_main_process:
+            (tmp / "model.safetensors").write_bytes(b"x" * 300_000)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+
+    monkeypatch.setattr(runcard, "save_model_folder", save_model_folder)
+    cfg = SimpleNamespace(output_dir=str(out), merge_lora=False)
+    errors = _on_two_thread_ranks(lambda acc: runcard.write_final_model(acc, None, None, cfg, SimpleNamespace()))
+    return errors, out / ".tmp-final"
+
+
+@pytest.mark.parametrize(
+    "save", [_checkpoint_on_thread_ranks, _final_model_on_thread_ranks], ids=["checkpoint", "final"]
+)
+def test_enospc_on_one_rank_every_rank_measures_the_partial_folder_before_it_is_removed(tmp_path, monkeypatch, save):
+    """The writer removes the partial folder only after every process has measured it for the error's size. CI once
+    failed here: rank 1 was walking ``.tmp-step-N`` while rank 0 removed it (FileNotFoundError from ``rglob``). Rank
+    1's measurement is slowed so that a removal without a barrier always lands before or inside it."""
+    import re
+    import threading
+    import time
+
+    from prefzoo.train import checkpoint as ckpt
+
+    measure = ckpt._bytes
+
+    def slow_on_rank_1(folder):
+        if threading.current_thread().name == "rank1":
+            time.sleep(0.5)
+        return measure(folder)
+
+    monkeypatch.setattr(ckpt, "_bytes", slow_on_rank_1)
+    errors, tmp = save(tmp_path / "run", monkeypatch)
+    sizes = {r: re.search(r"needs about ([0-9.]+) MB", m) for r, m in errors.items()}
+    assert set(sizes) == {0, 1} and all(sizes.values()), errors
+    assert sizes[0].group(1) == sizes[1].group(1) == "0.3", errors  # both saw rank 0's 300 kB before the removal
+    assert not tmp.exists()
