@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -151,3 +152,18 @@ def test_a_fast_path_that_gives_other_log_probs_fails(monkeypatch):
     monkeypatch.setattr(logps, "sequence_logps", off)
     res = check_architecture("llama")
     assert res.status == "fail" and res.reason.startswith("fast path differs from the model's logits; "), res
+
+
+def test_a_fault_past_the_first_chunk_of_the_chunked_head_fails_the_architecture(monkeypatch):
+    """The sweep cuts the tiny rows into head chunks of 5 positions, so that a fault at a chunk boundary shows: with
+    the default chunk (1,024 positions) every tiny row is one chunk and this fault would pass unseen."""
+    sound = logps._chunked_head_logps
+
+    def off_past_the_first_chunk(head, h, targets, chunk_size, want_entropy, transform=None):
+        lp, ent = sound(head, h, targets, chunk_size, want_entropy, transform)
+        return torch.cat([lp[:chunk_size], lp[chunk_size:] + 0.01]), ent  # (M,) wrong after position chunk_size
+
+    monkeypatch.setattr(logps, "_chunked_head_logps", off_past_the_first_chunk)
+    res = check_architecture("llama", shared=False)
+    assert res.status == "fail" and res.reason.startswith("fast path differs from the model's logits"), res
+    assert res.errors["fused"] < 1e-4 and res.errors["chunked"] > 1e-3, res  # only the chunked path is off
