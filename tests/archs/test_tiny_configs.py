@@ -51,3 +51,26 @@ def test_layer_types_are_only_rebuilt_where_the_config_lists_them_and_lets_them_
     assert cfg.num_hidden_layers == 2, why
     types = getattr(cfg, "layer_types", None)
     assert types is None or len(types) == 2, (why, types)
+
+
+def test_a_model_that_writes_to_stdout_while_it_is_built_is_built_quietly(monkeypatch, capsys):
+    """Some model classes print while they are built; the sweep's report is on stdout, so build_tiny catches their
+    output (``print`` and ``sys.stdout.write`` alike) in both of its builds, the size check on the meta device and the
+    real one."""
+    import sys
+
+    from transformers import LlamaForCausalLM
+
+    from prefzoo.testing.architectures import build_tiny
+
+    init, builds = LlamaForCausalLM.__init__, []
+
+    def chatty(self, *args, **kw):
+        builds.append(1)
+        print("building", end="; ")
+        sys.stdout.write("built\n")
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(LlamaForCausalLM, "__init__", chatty)
+    model = build_tiny("llama")
+    assert capsys.readouterr().out == "" and len(builds) == 2 and not model.training
