@@ -53,7 +53,8 @@ def group(g=3, k=4, *, scores=None, mask=None, seed=0):
         ({"lengths": torch.ones(3, 2, dtype=torch.complex64)}, r"GroupBatch.lengths must hold whole token counts"),
         ({"mask": torch.ones(3, 2)}, r"GroupBatch.mask must be a bool tensor"),
         ({"mask": torch.tensor([[True, True], [True, False], [True, True]])}, r"GroupBatch.mask\[1\] leaves 1"),
-        ({"token_mask": torch.ones(3, 2)}, r"GroupBatch.token_mask must have shape \(G, K, T\)"),
+        ({"token_mask": torch.ones(3, 2)}, r"^GroupBatch.token_mask must have shape \(G, K, T\) .*, got \(3, 2\)$"),
+        ({"token_entropies": [[[0.0]]] * 3}, r"^GroupBatch.token_entropies must have shape \(G, K, T\) .*, got list$"),
         ({"example_ids": ("a",)}, r"GroupBatch.example_ids has 1 ids for G = 3"),
     ],
 )
@@ -79,7 +80,7 @@ def test_group_batch_padding_may_hold_zero_lengths():
         ({"labels": torch.tensor([True])}, r"UnpairedBatch.labels has shape \(1,\) but policy_logps implies \(2,\)"),
         ({"kl_ref_logps": torch.tensor([0.0, float("inf")])}, r"UnpairedBatch.kl_ref_logps\[1\] is inf"),
         ({"policy_logps": torch.zeros(2, 2)}, r"UnpairedBatch.policy_logps must have shape \(N,\)"),
-        ({"token_entropies": torch.zeros(3, 4)}, r"UnpairedBatch.token_entropies must have shape \(N, T\) with N = 2"),
+        ({"token_entropies": torch.zeros(3, 4)}, r"^UnpairedBatch.token_entropies must have shape \(N, T\) with N = 2, got \(3, 4\)"),
     ],
 )
 def test_unpaired_batch_errors_name_the_field(kw, match):

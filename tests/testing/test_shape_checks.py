@@ -64,6 +64,16 @@ def test_finite_names_a_non_finite_per_completion_reward_as_rewards():
     S.check_shape_finite(prefzoo.get_loss("dpo-pl"), _groups())
 
 
+
+def test_finite_passes_a_loss_that_reports_no_per_completion_rewards():
+    """``rewards`` is optional: a list or unpaired loss that leaves it out (a plugin's may) passes when the rest is
+    finite, and a non-finite loss is still named."""
+    S.check_shape_finite(probe_loss(changed("dpo-pl", rewards=lambda b, o: None), "dpo-pl"), _groups())
+    S.check_shape_finite(probe_loss(changed("kto", rewards=lambda b, o: None), "kto"), _unpaired())
+    nan = changed("dpo-pl", rewards=lambda b, o: None, losses=lambda b, o: o.losses * float("nan"))
+    with pytest.raises(PropertyFailure, match=r"^probe: losses\[0\] = nan is not finite"):
+        S.check_shape_finite(probe_loss(nan, "dpo-pl"), _groups())
+
 def test_shape_fails_when_the_losses_were_cut_from_the_graph():
     cut = changed("dpo-pl", losses=lambda b, o: o.losses.detach())
     with pytest.raises(PropertyFailure) as e:
