@@ -80,7 +80,8 @@ def test_group_batch_padding_may_hold_zero_lengths():
         ({"labels": torch.tensor([True])}, r"UnpairedBatch.labels has shape \(1,\) but policy_logps implies \(2,\)"),
         ({"kl_ref_logps": torch.tensor([0.0, float("inf")])}, r"UnpairedBatch.kl_ref_logps\[1\] is inf"),
         ({"policy_logps": torch.zeros(2, 2)}, r"UnpairedBatch.policy_logps must have shape \(N,\)"),
-        ({"token_entropies": torch.zeros(3, 4)}, r"^UnpairedBatch.token_entropies must have shape \(N, T\) with N = 2, got \(3, 4\)"),
+        ({"token_entropies": torch.zeros(3, 4)},
+         r"^UnpairedBatch.token_entropies must have shape \(N, T\) with N = 2, got \(3, 4\)$"),
     ],
 )
 def test_unpaired_batch_errors_name_the_field(kw, match):
