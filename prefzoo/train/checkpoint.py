@@ -194,16 +194,23 @@ def _bytes(folder: Path | None) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def _measure_and_remove(accelerator: Any, tmp: Path, writer: bool) -> int:
+    """Bytes in the partial folder ``tmp``, measured on every process; then, after a barrier, its writer removes it
+    (without the barrier a process still walking the folder meets the removal)."""
+    written = _bytes(tmp)
+    accelerator.wait_for_everyone()
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return written
+
+
 def _disk_full(
     accelerator: Any, output_dir: str | Path, step: int, tmp: Path, err: OSError | None, writer: bool
 ) -> DiskFullError:
     """Remove the half-written folder and say what is kept, how much space a checkpoint needs, and how to go on."""
     latest = find_latest_checkpoint(output_dir)
-    written = _bytes(tmp)
+    written = _measure_and_remove(accelerator, tmp, writer)
     needed = max(_bytes(latest), written)  # the previous checkpoint's size; at least what this one had written
-    accelerator.wait_for_everyone()  # every process has measured the folder before its writer removes it
-    if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(tmp.parent).free
     where = (err.filename if err is not None and err.filename else None) or tmp
     kept = f"the newest complete checkpoint {latest} is kept" if latest else "no earlier checkpoint exists"

@@ -94,14 +94,11 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
 
 
 def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:
-    from prefzoo.train.checkpoint import DiskFullError, _bytes, find_latest_checkpoint
+    from prefzoo.train.checkpoint import DiskFullError, _bytes, _measure_and_remove, find_latest_checkpoint
 
-    written = _bytes(tmp)
+    written = _measure_and_remove(accelerator, tmp, accelerator.is_main_process)
     latest = find_latest_checkpoint(cfg.output_dir)
     needed = max(written, _bytes(latest / "model.safetensors") if latest else 0)
-    accelerator.wait_for_everyone()  # every process has measured the folder before the main process removes it
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(tmp.parent).free
     where = (err.filename if err is not None and err.filename else None) or tmp
     kept = f"the last checkpoint {latest} is intact" if latest else "no checkpoint was written"

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import errno
+import re
+import threading
+import time
 
 import pytest
 
 from prefzoo.cli.main import main
-from prefzoo.train.checkpoint import complete_checkpoints, find_latest_checkpoint
+from prefzoo.testing.sharding import run_threads
+from prefzoo.train.checkpoint import DiskFullError, complete_checkpoints, find_latest_checkpoint
 from tests.faults._run import cli_args, final_weights, max_diff
 from tests.faults.injector import SPEC as INJECTOR
+from tests.properties._helpers import ThreadAccelerator
 from tests.train.helpers import base_config, run_inprocess, run_processes
 
 KW = dict(loss="dpo", max_steps=6, save_steps=2)
@@ -72,62 +77,34 @@ def test_enospc_while_saving_the_final_model_is_one_line_and_resume_writes_it(
     assert max_diff(final_weights(tmp_path / "full"), final_weights(out)) == 0
 
 
-class _ThreadRanks:
-    """Two 'processes' as two threads: a barrier for ``wait_for_everyone``, a sum over both for ``reduce``."""
-
-    num_processes = 2
-    device = "cpu"
-
-    def __init__(self, rank: int, barrier, flags: dict):
-        self.rank, self._barrier, self._flags = rank, barrier, flags
-        self.is_main_process = self.is_local_main_process = rank == 0
-
-    def wait_for_everyone(self):
-        self._barrier.wait(timeout=30)
-
-    def reduce(self, tensor, reduction):
-        import torch
-
-        self._flags[self.rank] = float(tensor.item())
-        self.wait_for_everyone()
-        total = sum(self._flags.values())
-        self.wait_for_everyone()  # nobody overwrites a flag before both have summed
-        return torch.tensor([total])
+_RANK = threading.local()  # which thread rank is running: set in each rank's thread
 
 
-def _on_two_thread_ranks(save) -> dict[int, str]:
-    """``save(accelerator)`` on two thread ranks; each rank's error message (a DiskFullError's, or any other)."""
-    import threading
+def _on_two_thread_ranks(save) -> dict[int, str | None]:
+    """``save(accelerator)`` on two thread ranks (prefzoo.testing.sharding.run_threads); each rank's DiskFullError
+    message (any other error is raised)."""
 
-    barrier, flags, errors = threading.Barrier(2), {}, {}
-
-    def rank_main(rank):
+    def rank_main(rank, ex):
+        _RANK.id = rank
         try:
-            save(_ThreadRanks(rank, barrier, flags))
-        except BaseException as e:  # reported with the rank
-            errors[rank] = str(e) if type(e).__name__ == "DiskFullError" else f"{type(e).__name__}: {e}"
+            save(ThreadAccelerator(rank, ex))
+        except DiskFullError as e:
+            return str(e)
+        return None
 
-    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank{r}") for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return errors
+    return dict(enumerate(run_threads(rank_main, 2)))
 
 
 def _checkpoint_on_thread_ranks(out, monkeypatch):
     from prefzoo.train.checkpoint import save_checkpoint
 
-    def write_for(rank):
-        def write(tmp):
-            if rank == 0:
-                (tmp / "model.safetensors").write_bytes(b"x" * 300_000)
-            else:
-                raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "random_states_1.pkl"))
+    def write(tmp):  # rank 0 writes its part, rank 1's disk is full
+        if _RANK.id == 0:
+            (tmp / "model.safetensors").write_bytes(b"x" * 300_000)
+        else:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "random_states_1.pkl"))
 
-        return write
-
-    errors = _on_two_thread_ranks(lambda acc: save_checkpoint(acc, out, 4, {}, keep=2, write=write_for(acc.rank)))
+    errors = _on_two_thread_ranks(lambda acc: save_checkpoint(acc, out, 4, {}, keep=2, write=write))
     return errors, out / "checkpoints" / ".tmp-step-00000004"
 
 
@@ -155,22 +132,18 @@ def test_enospc_on_one_rank_every_rank_measures_the_partial_folder_before_it_is_
     """The writer removes the partial folder only after every process has measured it for the error's size. CI once
     failed here: rank 1 was walking ``.tmp-step-N`` while rank 0 removed it (FileNotFoundError from ``rglob``). Rank
     1's measurement is slowed so that a removal without a barrier always lands before or inside it."""
-    import re
-    import threading
-    import time
-
     from prefzoo.train import checkpoint as ckpt
 
     measure = ckpt._bytes
 
     def slow_on_rank_1(folder):
-        if threading.current_thread().name == "rank1":
+        if getattr(_RANK, "id", None) == 1:
             time.sleep(0.5)
         return measure(folder)
 
     monkeypatch.setattr(ckpt, "_bytes", slow_on_rank_1)
     errors, tmp = save(tmp_path / "run", monkeypatch)
-    sizes = {r: re.search(r"needs about ([0-9.]+) MB", m) for r, m in errors.items()}
+    sizes = {r: m and re.search(r"needs about ([0-9.]+) MB", m) for r, m in errors.items()}
     assert set(sizes) == {0, 1} and all(sizes.values()), errors
     assert sizes[0].group(1) == sizes[1].group(1) == "0.3", errors  # both saw rank 0's 300 kB before the removal
     assert not tmp.exists()

@@ -44,15 +44,26 @@ class ThreadAccelerator:
     """One rank of an in-process group of threads with accelerate's ``gather`` and ``pad_across_processes`` semantics.
 
     ``gather(t)`` concatenates every rank's (equal-sized) ``t`` in rank order; ``pad_across_processes(t, dim=0)``
-    zero-pads ``t`` to the largest size over ranks.  Lets the production ``make_gather`` run in one process (and under
+    zero-pads ``t`` to the largest size over ranks; ``wait_for_everyone`` and ``reduce(t, "sum")`` (rank 0 is the
+    main process) are what checkpoint saving needs.  Lets the production ``make_gather`` run in one process (and under
     mutmut, which traces only its own process); tests/distributed runs it under real ``accelerate launch``.
     """
 
+    device = "cpu"
+
     def __init__(self, rank: int, exchange: Any) -> None:
         self.process_index, self.num_processes, self._ex = rank, exchange.n, exchange
+        self.is_main_process = self.is_local_main_process = rank == 0
 
     def gather(self, t: Tensor) -> Tensor:
         return self._ex.gather(self.process_index, t)
+
+    def wait_for_everyone(self) -> None:
+        self._ex.barrier.wait()
+
+    def reduce(self, t: Tensor, reduction: str) -> Tensor:
+        assert reduction == "sum"
+        return self.gather(t).sum(0, keepdim=True)  # every rank's (1,) t, summed
 
     def pad_across_processes(self, t: Tensor, dim: int = 0) -> Tensor:
         assert dim == 0

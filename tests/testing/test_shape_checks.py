@@ -64,7 +64,6 @@ def test_finite_names_a_non_finite_per_completion_reward_as_rewards():
     S.check_shape_finite(prefzoo.get_loss("dpo-pl"), _groups())
 
 
-
 def test_finite_passes_a_loss_that_reports_no_per_completion_rewards():
     """``rewards`` is optional: a list or unpaired loss that leaves it out (a plugin's may) passes when the rest is
     finite, and a non-finite loss is still named."""
@@ -73,6 +72,7 @@ def test_finite_passes_a_loss_that_reports_no_per_completion_rewards():
     nan = changed("dpo-pl", rewards=lambda b, o: None, losses=lambda b, o: o.losses * float("nan"))
     with pytest.raises(PropertyFailure, match=r"^probe: losses\[0\] = nan is not finite"):
         S.check_shape_finite(probe_loss(nan, "dpo-pl"), _groups())
+
 
 def test_shape_fails_when_the_losses_were_cut_from_the_graph():
     cut = changed("dpo-pl", losses=lambda b, o: o.losses.detach())
@@ -119,12 +119,12 @@ def test_list_monotone_is_checked_only_where_it_is_declared():
     S.check_list_monotone(probe_loss(wrong_way, "dpo-pl", monotone=False), _groups())
 
 
-
 def test_list_monotone_tolerates_rounding_of_the_batchs_own_dtype_only():
     """A gradient of 1e-9 the wrong way on every completion: far above float64's rounding, so a failure in float64;
     1e-6 in float32 is at float32's rounding level (the tolerance is 64 units of the dtype's roundoff, scaled), so no
     failure there. Each dtype is judged by its own unit: float32's in float64 would let the first pass, float64's in
     float32 would fail the second."""
+
     def tilted(eps):
         return changed("dpo-pl", losses=lambda b, o: eps * b.policy_logps.sum(1))  # ∂L/∂log π = eps everywhere
 
@@ -133,6 +133,7 @@ def test_list_monotone_tolerates_rounding_of_the_batchs_own_dtype_only():
     g = _groups()
     b32 = GroupBatch(policy_logps=g.policy_logps.float(), ref_logps=g.ref_logps.float(), scores=g.scores.float())
     S.check_list_monotone(probe_loss(tilted(1e-6), "dpo-pl"), b32)
+
 
 def test_unpaired_monotone_is_checked_only_where_it_is_declared():
     wrong_way = changed("kto", losses=lambda b, o: o.losses + 5.0 * b.policy_logps)  # every completion pushed down
