@@ -6,6 +6,8 @@ instead of paying for the supervised warm-up.  This script is the only way those
 deterministic warm-up as :func:`prefzoo.data.default.load_default_task` (seed 0, the default
 :class:`~prefzoo.data.default.WarmupConfig`) on one CPU thread and writes the folder.  A test
 (``tests/data/test_default_assets.py``) runs it again and compares the result with the shipped files bit for bit.
+The bits depend on the CPU kernels torch dispatches to: the shipped files were made on AVX2 ones, so on an AVX-512
+machine run it as ``ATEN_CPU_CAPABILITY=avx2 python -m prefzoo.data.build_default_assets`` (the test does).
 
 Run it again after changing the warm-up, the synthetic data or ``DEFAULT_TASK_VERSION`` (the cache key recorded in
 ``prefzoo_warmup.json`` then no longer matches, and ``load_default_task`` falls back to building in the cache).
