@@ -138,6 +138,25 @@ def test_low_precision_tolerance_comes_from_ulp_sized_perturbations():
         check_shape_low_precision(broken, _groups(), dtypes=(torch.float32,))
 
 
+def test_low_precision_leaves_tied_scores_alone_so_their_order_cannot_widen_the_tolerance():
+    """A list loss that reads the log-prob of the best-scored completion, ties to the first (a stable sort): the ±u
+    perturbations that set the tolerance must leave the scores alone.  Perturbing tied scores would reorder them,
+    move the loss by the gap between two log-probs (~1) and make the tolerance 16 times that, so the float32 loss of
+    ``(x + 1e4) − 1e4`` (off by ~5e-4) would pass."""
+
+    def top(b):
+        order = torch.sort(b.scores.masked_fill(~b.valid, -torch.inf), dim=1, descending=True, stable=True).indices
+        return b.policy_logps.gather(1, order[:, :1]).squeeze(1)
+
+    tied = _groups().replace(scores=torch.tensor([[2.0, 2.0, 1.0, 0.0], [3.0, 3.0, 3.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
+                                                  dtype=torch.float64))
+    sound = _list_loss(lambda b, p, c: _list_out(-top(b), b))
+    broken = _list_loss(lambda b, p, c: _list_out((-top(b) + 1e4) - 1e4, b))
+    check_shape_low_precision(sound, tied, dtypes=(torch.float32,))
+    with pytest.raises(PropertyFailure, match=r"^toy-list: torch.float32 loss vs float64 on the same inputs"):
+        check_shape_low_precision(broken, tied, dtypes=(torch.float32,))
+
+
 def test_padding_gradient_tolerance_is_1e_12_relative():
     """A loss whose value ignores padding but whose gradient on the real slots moves by 2.5e-12 per padding slot
     (a straight-through term scaled by the number of slots): outside 1e-12·(1 + |∂L|) ≈ 2e-12, not outside 3e-12."""

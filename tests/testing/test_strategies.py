@@ -185,6 +185,16 @@ def test_bool_text_optional_and_choice_params_are_drawn_as_declared(data):
     assert data.draw(param_strategy(infos["mode"])) in ("a", "b")
 
 
+def test_an_optional_param_is_drawn_as_none_and_as_a_value_in_its_range():
+    """``cap: float | None`` (gt 0, le 2): None is one of the draws, so a loss's ``None`` branch (no cap, no clip) is
+    tested too, and so is a value; a strategy for the value alone would leave the ``None`` branch untested."""
+    from prefzoo.testing.strategies import param_strategy
+
+    infos, _ = _infos()
+    assert _outcomes(param_strategy(infos["cap"]), lambda c: c is None or 0.0 < c <= 2.0) == {True}
+    assert _outcomes(param_strategy(infos["cap"]), lambda c: c is None) == {True, False}
+
+
 def test_params_whose_cross_check_always_fails_fall_back_to_the_defaults():
     """loss_params retries a draw the params' check refuses; a spec whose non-default draws all fail gets defaults."""
     import dataclasses as dc

@@ -74,3 +74,15 @@ def test_a_users_own_precision_and_clipping_are_kept_and_its_batch_keys_are_the_
     assert cfg["gradient_clipping"] == 2.0
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 3)
     assert "train_batch_size" not in cfg
+
+
+@pytest.mark.parametrize("spec", ["zero2", "zero3"])
+def test_deepspeed_prints_no_step_lines_of_its_own_unless_the_users_file_asks(spec, tmp_path):
+    """prefzoo logs each step itself.  DeepSpeed prints every ``steps_per_print`` steps, and releases in the supported
+    range (``deepspeed>=0.15``; before the default became None) compute ``(global_steps + 1) % steps_per_print``
+    unguarded: the presets set a positive int that no run reaches, never None.  A user's own value is kept."""
+    n = _cfg(spec)["steps_per_print"]
+    assert type(n) is int and n >= 10**9
+    user = _write(tmp_path, {"zero_optimization": {"stage": 2}, "steps_per_print": 5})
+    assert deepspeed_config(user, per_device_batch_size=2, grad_accum=1, max_grad_norm=1.0,
+                            mixed_precision="no")["steps_per_print"] == 5
