@@ -78,6 +78,35 @@ def test_monotone_names_the_first_pair_with_a_wrong_sign(side):
     assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {value:.6g} {op} 0 at example 1 ({pair_1}) with ")
 
 
+def _linear(gw, gl) -> prefzoo.Loss:
+    """L = gw·log π(y_w) + gl·log π(y_l) per pair (DPO's spec, so declared monotone): its gradients are gw and gl."""
+    a, c = torch.tensor(gw, dtype=F), torch.tensor(gl, dtype=F)
+
+    def fn(b, p, ctx):
+        z = torch.zeros_like(b.policy_chosen_logps.detach())
+        return LossOutput(a * b.policy_chosen_logps + c * b.policy_rejected_logps, z, z)
+
+    return probe_loss(fn)
+
+
+@pytest.mark.parametrize("side", ["chosen", "rejected"])
+def test_monotone_allows_rounding_up_to_its_bound_exactly_and_names_the_pair_beyond_it(side):
+    """The bound is 64·u·(1 + max|∂L|)·(1 + max|log π|).  With u = 2⁻⁵³, max|∂L| = 1 (the other side's gradient on
+    pair 0, of the allowed sign) and max|log π| = 1, it is 2⁻⁴⁵ exactly: a wrong-signed gradient of 2⁻⁴⁵ is rounding
+    and passes; one of 2⁻⁴⁴ fails, and with both in the batch the failure names the pair beyond the bound (1), not
+    the one on it (0)."""
+    t = lambda *v: torch.tensor(v, dtype=F)  # noqa: E731
+    b = _batch(policy_chosen_logps=t(-1.0, -0.5, -0.25), policy_rejected_logps=t(-0.5, -0.75, -1.0))
+    s, allowed = 2.0**-45, [1.0, 0.0, 0.0]
+    sign, y, op = (1.0, "y_w", ">") if side == "chosen" else (-1.0, "y_l", "<")
+    wrong = lambda *v: [sign * x for x in v]  # noqa: E731
+    pair = (lambda w: _linear(w, allowed)) if side == "chosen" else (lambda w: _linear([-1.0, 0.0, 0.0], w))
+    P.check_monotone(pair(wrong(s, 0.0, 0.0)), b)
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_monotone(pair(wrong(s, 2 * s, 0.0)), b)
+    assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {sign * 2 * s:.6g} {op} 0 at example 1 (")
+
+
 _reads_the_batch_mean = changed(
     "dpo", losses=lambda b, o: o.losses + 0.1 * torch.tanh(b.policy_chosen_logps.detach().mean())
 )
