@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ __all__ = [
     "parse_assignments",
     "read_literal",
     "read_scalar",
+    "value_type",
 ]
 
 
@@ -96,6 +98,18 @@ def read_scalar(text: str, typ: Any) -> Any:
     if typ in (int, float, str):
         return typ(text)
     return text
+
+
+def value_type(typ: Any) -> tuple[Any, bool]:
+    """(underlying type, optional?) for ``float``, ``float | None``, ``Optional[int]``...; ``Any`` for a union of two
+    types or more."""
+    if typing.get_origin(typ) is typing.Union or isinstance(typ, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        return (args[0] if len(args) == 1 else Any), len(args) < len(typing.get_args(typ))
+    return typ, False
+
+
+_NONE = ("none", "null")
 
 
 def read_literal(text: str) -> Any:
@@ -335,17 +349,20 @@ class LossSpec:
 
 def coerce(info: ParamInfo, text: Any, where: str) -> Any:
     """``text`` (a CLI string or a YAML scalar) as the type of parameter ``info``; a LossParamError naming ``where``."""
-    typ = info.type
+    typ, optional = value_type(info.type)  # ``float | None``: read as a float, or ``none`` / ``null`` as None
     if isinstance(text, bool | int | float) and typ in (bool, int, float):
         text = str(text)  # a YAML 1 for a float, 2.0 for an int: read like the same text on the command line
     if not isinstance(text, str):
         return text
     if info.choices is not None and all(isinstance(c, str) for c in info.choices):
         return text
+    if optional and text.strip().lower() in _NONE:
+        return None
     try:
         return read_scalar(text, typ)
     except ValueError:
-        raise LossParamError(f"{where}: cannot read {text!r} as {getattr(typ, '__name__', typ)}") from None
+        name = typ.__name__ + (" or none" if optional else "")  # only bool, int and float raise, all classes
+        raise LossParamError(f"{where}: cannot read {text!r} as {name}") from None
 
 
 class Loss:

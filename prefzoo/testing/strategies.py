@@ -11,14 +11,12 @@ ties live.  Parameter strategies read the bounds and choices declared with
 from __future__ import annotations
 
 import math
-import types
-import typing
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
-from prefzoo.spec import LossParamError, LossSpec, ParamInfo, param_infos
+from prefzoo.spec import LossParamError, LossSpec, ParamInfo, param_infos, value_type
 from prefzoo.types import GroupBatch, Need, PreferenceBatch, Shape, UnpairedBatch
 
 __all__ = [
@@ -155,20 +153,11 @@ def batches_for(spec: LossSpec, shape: Shape = Shape.PAIR, **kw: Any) -> st.Sear
     return preference_batches(**kw)
 
 
-def _value_type(typ: Any) -> tuple[Any, bool]:
-    """(underlying type, optional?) for ``float``, ``float | None``, ``Optional[int]``..."""
-    origin = typing.get_origin(typ)
-    if origin is typing.Union or (hasattr(types, "UnionType") and isinstance(typ, types.UnionType)):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        return (args[0] if len(args) == 1 else Any), len(args) < len(typing.get_args(typ))
-    return typ, False
-
-
 def param_strategy(info: ParamInfo) -> st.SearchStrategy[Any]:
     """Values of one declared hyperparameter inside its bounds (unbounded sides get a span of 10)."""
     if info.choices is not None:
         return st.sampled_from(info.choices)
-    typ, optional = _value_type(info.type)
+    typ, optional = value_type(info.type)
     if typ is bool:
         base: st.SearchStrategy[Any] = st.booleans()
     elif typ is int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import prefzoo
-from prefzoo.registry import modifier_spec
+from prefzoo.registry import modifier_spec, parse_loss_params
 from prefzoo.spec import LossParamError, LossParams, LossSpec, ModifierError, param_infos, read_literal, read_scalar
 
 
@@ -55,6 +55,30 @@ def test_loss_parameters_from_text_and_yaml_scalars():
         str(e.value)
         == "loss 'dpo' has no parameter 'gamma'; valid parameters: alpha_divergence_coef, beta, f_divergence"
     )
+
+
+def test_an_optional_parameter_reads_a_number_or_none_from_text_and_yaml():
+    """``entropy_beta: float | None`` (mmpo-entropy): ``--loss-param entropy_beta=0.5`` is the float 0.5 (it was kept
+    as the text '0.5', which the params then refused: the flag could not set it), ``none`` / ``null`` is None, a YAML
+    1 is 1.0 and a YAML null None; other text is one line naming the type."""
+    spec = prefzoo.loss_spec("mmpo-entropy")
+    assert spec.parse_param("entropy_beta", "0.5") == 0.5 and type(spec.parse_param("entropy_beta", "0.5")) is float
+    assert spec.parse_param("entropy_beta", "none") is None and spec.parse_param("entropy_beta", " NULL ") is None
+    assert spec.parse_param("entropy_beta", 1) == 1.0 and type(spec.parse_param("entropy_beta", 1)) is float
+    assert spec.parse_param("entropy_beta", None) is None
+    with pytest.raises(LossParamError) as e:
+        spec.parse_param("entropy_beta", "high")
+    assert str(e.value) == "loss 'mmpo-entropy': parameter 'entropy_beta': cannot read 'high' as float or none"
+    params = parse_loss_params("mmpo-entropy", ["entropy_beta=0.25", "beta=0.5"])
+    assert prefzoo.get_loss("mmpo-entropy", **params).params.entropy_beta == 0.25
+
+
+def test_value_type_unwraps_one_optional_type_only():
+    from prefzoo.spec import value_type
+
+    assert value_type(float) == (float, False) and value_type(float | None) == (float, True)
+    assert value_type(typing.Optional[int]) == (int, True)  # noqa: UP045 (the spelling older plugins use)
+    assert value_type(int | str) == (typing.Any, False) and value_type(int | str | None) == (typing.Any, True)
 
 
 def test_modifier_parameters_from_text_and_their_errors():

@@ -240,12 +240,3 @@ def test_open_switches_and_short_completions_reach_every_outcome():
     run()
     assert seen["flag"] == {True, False} and seen["group_tokens"] == {True, False}
     assert True in seen["group_one"] and True in seen["unpaired_one"]
-
-
-def test_optional_types_in_both_spellings_unwrap_to_their_value_type():
-    from prefzoo.testing.strategies import _value_type
-
-    assert _value_type(typing.Optional[int]) == (int, True)  # noqa: UP045 (the spelling older plugins use)
-    assert _value_type(float | None) == (float, True)
-    assert _value_type(float) == (float, False)
-    assert _value_type(int | float) == (typing.Any, False)
