@@ -140,6 +140,18 @@ def test_a_permuted_batch_permutes_its_ids_with_its_pairs():
     assert got.policy_chosen_logps.tolist() == [-2.0, -1.0, -4.0]
 
 
+def test_permutation_never_uses_the_identity_even_when_the_seeded_draw_is_one():
+    """The permutation is seeded by the batch size, and for 2 pairs that draw is the identity, which no loss can fail:
+    the check reverses it.  A loss that adds its pair's position fails on 2 pairs, under the permutation [1, 0]."""
+    assert torch.randperm(2, generator=torch.Generator().manual_seed(2)).tolist() == [0, 1]  # the draw the check gets
+    by_position = changed("dpo", losses=lambda b, o: o.losses + 0.5 * torch.arange(b.batch_size, dtype=F))
+    two = _batch(**{n: getattr(_batch(), n)[:2] for n in ("policy_chosen_logps", "policy_rejected_logps",
+                                                         "ref_chosen_logps", "ref_rejected_logps")})
+    with pytest.raises(P.PropertyFailure, match=r"^probe: losses after permutation \[1, 0\] at example 0 "):
+        P.check_permutation(probe_loss(by_position), two)
+    P.check_permutation(probe_loss(prefzoo.loss_spec("dpo").fn), two)
+
+
 def test_perturbed_params_scale_the_float_fields_and_keep_anything_else():
     loss = prefzoo.get_loss("dpo", beta=0.2)
     p = P._perturbed_params(loss, 0.5)
