@@ -245,7 +245,7 @@ def test_wrong_shape_is_one_line_naming_the_fix():
     with pytest.raises(PreferenceBatchError, match=r"'dpo' takes a prefzoo.PreferenceBatch, got GroupBatch; reduce"):
         prefzoo.get_loss("dpo")(group())
     lst = Loss(_spec({Shape.LIST}), _NoParams())
-    with pytest.raises(PreferenceBatchError, match=r"takes a prefzoo.GroupBatch, got UnpairedBatch"):
+    with pytest.raises(PreferenceBatchError, match=r"^loss 't' takes a prefzoo\.GroupBatch, got UnpairedBatch$"):
         lst(UnpairedBatch(policy_logps=torch.zeros(2), labels=torch.tensor([True, False])))
     with pytest.raises(PreferenceBatchError, match=r"needs reference: GroupBatch.ref_logps is None"):
         Loss(dataclasses.replace(_spec({Shape.LIST}), needs=frozenset({prefzoo.Need.REFERENCE})), _NoParams())(
