@@ -18,6 +18,7 @@ from prefzoo.testing.properties_shapes import (
     check_list_monotone,
     check_padding_invariance,
     check_shape_low_precision,
+    check_shape_permutation,
     fresh,
     shape_grads,
 )
@@ -256,3 +257,26 @@ def test_reference_free_fails_a_shaped_loss_that_reads_the_reference_unless_it_d
     declared = check_loss(_peeks_at_reference(shape, True), properties=[name], dtypes=["float64"], max_examples=5,
                           derandomize=True)
     assert [r.status for r in declared.results] == ["n/a"], declared.table()
+
+
+@pytest.mark.parametrize("loss", ["dpo-pl", "kto"])
+def test_the_report_states_the_shaped_detached_guarantee_with_the_rewards_it_checks(loss):
+    """List and unpaired losses report per-completion ``rewards`` beside the scores, and their detached property
+    checks them too: the report's guarantee says so, word for word (the pairs' one says only scores and metrics)."""
+    prefix = "list" if loss == "dpo-pl" else "unpaired"
+    report = check_loss(loss, max_examples=2, properties=[f"{prefix}-detached-rewards"])
+    row = next(line for line in report.table().splitlines() if line.startswith(f"{prefix}-detached-rewards "))
+    assert row.endswith("s  scores, rewards and metrics are detached") and "PASSED" in row
+
+
+def test_an_unpaired_permutation_failure_names_completions_not_groups():
+    """A toy unpaired loss plus its completion's position fails permutation, and the message says what was permuted."""
+    spec = _toy(1.0)
+    shifted = dataclasses.replace(spec, fn=lambda b, p, c: dataclasses.replace(
+        out := spec.fn(b, p, c), losses=out.losses + 0.5 * torch.arange(b.batch_size, dtype=out.losses.dtype)))
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    b = prefzoo.UnpairedBatch(policy_logps=t(-1.0, -2.0, -3.0, -4.0), ref_logps=t(-1.5, -1.0, -2.5, -4.5),
+                              labels=torch.tensor([True, False, True, False]))
+    message = r"^toy-unpaired: losses after permuting the completions by \[2, 1, 3, 0\]"
+    with pytest.raises(PropertyFailure, match=message):
+        check_shape_permutation(prefzoo.Loss(shifted, _Beta()), b)

@@ -131,3 +131,13 @@ def test_the_kits_references_agree_with_the_independent_transcriptions():
             checked, compared = checked + 1, compared + int(ok.sum())
             total += ok.numel()
     assert checked >= 60 and compared >= 0.95 * total, (checked, compared, total)
+
+
+def test_to_float64_holds_every_tensor_field_and_no_example_ids():
+    """The oracles' input: every tensor field of PreferenceBatch (absent ones as None, masks kept bool, the rest
+    float64), and nothing else: ``example_ids`` are names, not numbers, so they are not a key at all."""
+    b = prefzoo.PreferenceBatch(policy_chosen_logps=torch.tensor([-1.0]), policy_rejected_logps=torch.tensor([-2.0]),
+                                example_ids=("p0",))
+    got = to_float64(b)
+    assert set(got) == set(prefzoo.PreferenceBatch.__dataclass_fields__) - {"example_ids"}
+    assert got["policy_chosen_logps"].dtype == torch.float64 and got["ref_chosen_logps"] is None

@@ -86,3 +86,10 @@ def test_deepspeed_prints_no_step_lines_of_its_own_unless_the_users_file_asks(sp
     user = _write(tmp_path, {"zero_optimization": {"stage": 2}, "steps_per_print": 5})
     assert deepspeed_config(user, per_device_batch_size=2, grad_accum=1, max_grad_norm=1.0,
                             mixed_precision="no")["steps_per_print"] == 5
+
+
+@pytest.mark.parametrize("spec", ["zero2", "zero3"])
+def test_the_presets_turn_communication_overlap_off_for_both_stages(spec):
+    """DeepSpeed's own default differs by stage (its ZeRO config turns ``overlap_comm`` on for stage 3 when unset), so
+    the presets say it: off, the configuration the DeepSpeed tests and ``bench_memory.py`` ran on gloo CPU ranks."""
+    assert _cfg(spec)["zero_optimization"]["overlap_comm"] is False
