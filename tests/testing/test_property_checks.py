@@ -97,13 +97,16 @@ def test_monotone_allows_rounding_up_to_its_bound_exactly_and_names_the_pair_bey
     the one on it (0)."""
     t = lambda *v: torch.tensor(v, dtype=F)  # noqa: E731
     b = _batch(policy_chosen_logps=t(-1.0, -0.5, -0.25), policy_rejected_logps=t(-0.5, -0.75, -1.0))
-    s, allowed = 2.0**-45, [1.0, 0.0, 0.0]
+    s = 2.0**-45
     sign, y, op = (1.0, "y_w", ">") if side == "chosen" else (-1.0, "y_l", "<")
-    wrong = lambda *v: [sign * x for x in v]  # noqa: E731
-    pair = (lambda w: _linear(w, allowed)) if side == "chosen" else (lambda w: _linear([-1.0, 0.0, 0.0], w))
-    P.check_monotone(pair(wrong(s, 0.0, 0.0)), b)
+
+    def loss(*wrong):  # ±wrong on the checked side; an allowed gradient of magnitude 1 on pair 0 of the other
+        w = [sign * x for x in wrong]
+        return _linear(w, [1.0, 0.0, 0.0]) if side == "chosen" else _linear([-1.0, 0.0, 0.0], w)
+
+    P.check_monotone(loss(s, 0.0, 0.0), b)
     with pytest.raises(P.PropertyFailure) as e:
-        P.check_monotone(pair(wrong(s, 2 * s, 0.0)), b)
+        P.check_monotone(loss(s, 2 * s, 0.0), b)
     assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {sign * 2 * s:.6g} {op} 0 at example 1 (")
 
 
