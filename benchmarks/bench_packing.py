@@ -3,6 +3,7 @@
     python benchmarks/bench_packing.py            # the table in docs/results/performance.md (issue 17 section)
     python benchmarks/bench_packing.py --flex     # and SDPA against FlexAttention on the packed rows' masks
     python benchmarks/bench_packing.py --quick    # smoke: smaller model, 1 repeat
+    python benchmarks/bench_packing.py --only split   # only the shared-prompt attention, masked against split
 
 Timings are in-process forward + backward through :func:`prefzoo.sequence_logps` (the trainer's own log-prob
 call), medians over repeats with the sides alternating; compare only the ratios printed in one run.
@@ -149,16 +150,57 @@ def flex_rows(hidden: int, repeats: int) -> list[str]:
     return rows
 
 
+def split_rows(quick: bool, repeats: int) -> list[str]:
+    """Shared-prompt attention as one masked SDPA call per layer or split into two causal parts (fastpath_split),
+    on the goals benchmark's model and pair shapes (4 pairs: UltraFeedback- and Orca-shaped lengths)."""
+    import tempfile
+
+    from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, build_model_dir, make_pairs
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shape = TINY_SHAPE if quick else ModelShape()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_model_dir(tmp, shape)
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+        tok = AutoTokenizer.from_pretrained(path)
+    rows = []
+    for name in ("tiny",) if quick else ("ultrafeedback", "orca"):
+        text = make_pairs(WORKLOADS[name], 4, shape.vocab_size, seed=1)
+        pairs = [{"id": str(i), "prompt_ids": tok(p["prompt"])["input_ids"],
+                  "chosen_ids": tok(p["chosen"])["input_ids"], "rejected_ids": tok(p["rejected"])["input_ids"]}
+                 for i, p in enumerate(text)]  # fmt: skip
+        b = PreferenceCollator(0, share_prompt=True)(pairs)
+        args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for rep in range(repeats + 1):
+            for split in (False, True) if rep % 2 == 0 else (True, False):
+                model.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                sequence_logps(model, *args, split_attention=split).logps.sum().backward()
+                with torch.no_grad():  # the reference pass
+                    sequence_logps(model, *args, split_attention=split)
+                times[split].append(time.perf_counter() - t0)
+        m, s_ = _median(times[False]), _median(times[True])
+        rows.append(f"| shared-prompt attention, {name}-shaped, 4 pairs, rows of {b['input_ids'].shape[1]} "
+                    f"| masked {m:.2f} s | split {s_:.2f} s | {m / s_:.2f}× |")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke: hidden 64, 2 layers, 1 repeat")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--flex", action="store_true", help="add SDPA against FlexAttention (compiles: ~15-30 s a shape)")
+    p.add_argument("--only", choices=("packing", "lora", "split"), help="one comparison instead of all")
     a = p.parse_args(argv)
     hidden, layers, repeats = (64, 2, 1) if a.quick else (256, 4, a.repeats)
     lines = ["| what | A | B | A / B |", "| --- | --- | --- | --- |"]
-    lines += packing_rows(_model(hidden, layers), repeats)
-    lines += lora_rows(hidden, layers, repeats)
+    if a.only in (None, "packing"):
+        lines += packing_rows(_model(hidden, layers), repeats)
+    if a.only in (None, "lora"):
+        lines += lora_rows(hidden, layers, repeats)
+    if a.only in (None, "split"):
+        lines += split_rows(a.quick, repeats)
     if a.flex:
         lines += flex_rows(hidden, max(repeats, 5))
     print("\n".join(lines))

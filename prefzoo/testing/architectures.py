@@ -181,7 +181,8 @@ UNPADDED = ((10, 9, 9), (6, 13, 13), (8, 11, 11))  # every row 19 tokens: no pad
 def tiny_pairs(
     vocab: int, seed: int = 0, shapes: tuple[tuple[int, int, int], ...] = ((10, 9, 7), (6, 3, 8), (8, 5, 5))
 ) -> list[dict[str, Any]]:
-    """Pairs of (prompt, chosen, rejected) lengths ``shapes``; by default longer than the window, padded."""
+    """Pairs of (prompt, chosen, rejected) lengths ``shapes`` (by default longer than the window, padded), token ids
+    in [3, vocab) drawn from a generator seeded with ``seed`` (0 by default: the same pairs every run)."""
     g = torch.Generator().manual_seed(seed)
 
     def ids(n: int) -> list[int]:
@@ -283,6 +284,9 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
             res.reason = f"sharing refused: {str(e).split(': ', 1)[-1][:110]}"
         except Exception as e:
             res.status, res.reason = "fail", f"shared layout crashed: {type(e).__name__}: {str(e)[:80]}"
+        else:
+            if res.status == "pass":
+                _check_split(model, res, ref_sum, sb)
     if res.status != "pass":  # never silent: the run-start self-check must catch it on the failing layout
         from prefzoo.train.logps import PolicyLogps
 
@@ -292,6 +296,34 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
         res.caught = not check.ok
         res.reason += "; the self-check catches it" if res.caught else "; THE SELF-CHECK MISSES IT"
     return res
+
+
+def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any]) -> None:
+    """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows."""
+    from prefzoo.train.fastpath_split import split_refusal
+    from prefzoo.train.logps import sequence_logps, unwrap_causal_lm
+
+    if not getattr(model, "_supports_sdpa", False):
+        return
+    old = model.config._attn_implementation
+    try:
+        model.set_attn_implementation("sdpa")
+    except Exception:  # a model that cannot switch keeps its own attention: nothing to compare
+        return
+    try:
+        causal = unwrap_causal_lm(model)
+        if split_refusal(causal.get_decoder(), causal.config) is not None:
+            return
+        with torch.no_grad():
+            sp = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        res.errors["split"] = float((sp.logps - ref_sum).abs().max())
+        if res.errors["split"] > TOKEN_TOL * 10:
+            res.status, res.reason = "fail", "split shared-prompt attention differs from the plain rows"
+    except Exception as e:
+        res.status, res.reason = "fail", f"split shared-prompt attention crashed: {type(e).__name__}: {str(e)[:80]}"
+    finally:
+        if res.status == "pass":  # a failure stays under SDPA, for the self-check below to run the split too
+            model.set_attn_implementation(old)
 
 
 def _class_name(model_type: str) -> str:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.train.arch import ATTENTION_TYPES, attention_layer_types, shared_prompt_refusal, sliding_window
+from prefzoo.train.fastpath_split import split_attention, split_plan, split_refusal
 
 __all__ = [
     "SharedPromptError",
@@ -126,17 +127,26 @@ def decoder_masks(
 
 
 def shared_prompt_select(
-    backbone: nn.Module, config: Any, input_ids: Tensor, segments: Tensor, **forward_kw: Any
+    backbone: nn.Module, config: Any, input_ids: Tensor, segments: Tensor, split: bool = True, **forward_kw: Any
 ) -> tuple[Any, tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
     """Run the backbone on the shared layout; (its output, (h_sel (M, H), targets (M,), row (M,), col (M,),
     lengths (2B,))).
+
+    ``split``: compute the attention in two causal parts where the decoder allows it (:mod:`fastpath_split`;
+    the same attention up to rounding, at 1.6–2× less attention work); False: one masked SDPA call per layer.
 
     ``row`` is the output row (b for y_w of pair b, B + b for its y_l) and ``col`` the token index within that
     completion, the same conventions as the plain (2B, T) layout.
     """
     position_ids = shared_position_ids(segments)  # (B, T)
     mask = decoder_masks(backbone, config, shared_prompt_mask(segments), position_ids)
-    out = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw)
+    split = split and split_refusal(backbone, config) is None
+    if split:  # two causal SDPA calls per layer instead of one over the whole masked row (fastpath_split)
+        forward_kw = {**forward_kw, "prefzoo_split": split_plan(segments)}
+    with split_attention(config, split):
+        out = backbone(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw
+        )
     return out, shared_select(out.last_hidden_state, input_ids, segments)
 
 

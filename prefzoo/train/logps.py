@@ -185,6 +185,7 @@ def sequence_logps(
     router_aux: bool = False,
     logits_mean: bool = False,
     packing: bool = False,
+    split_attention: bool = True,
 ) -> CompletionLogps:
     """Summed completion log-probs Σ_t log π(y_t | x, y_<t) of rows [x, y] of any Hugging Face causal LM.
 
@@ -202,7 +203,8 @@ def sequence_logps(
     load-balancing loss, when the model's config enables ``output_router_logits``.  ``logits_mean`` adds
     ``logits_sum`` (N,): the vocabulary-mean logit summed over each row's completion tokens (a metric; no gradient).
     ``packing`` runs the fast path's decoder on the rows packed without padding (:mod:`prefzoo.train.packing`);
-    the model path ignores it.
+    the model path ignores it.  ``split_attention`` lets the shared-prompt layout's attention run as two causal
+    parts where the decoder allows it (:mod:`prefzoo.train.fastpath_split`); False keeps one masked call per layer.
     """
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
@@ -239,7 +241,7 @@ def sequence_logps(
             row_mask = attention_mask
         else:  # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
             out, (h_sel, targets, row, col, lengths) = shared_prompt_select(
-                backbone, causal.config, input_ids, completion_mask, **kw
+                backbone, causal.config, input_ids, completion_mask, split_attention, **kw
             )
             row_mask = (completion_mask != 0).long()
         if router:

@@ -29,6 +29,27 @@ def test_a_fault_of_the_shared_layout_only_is_checked_on_that_layout(monkeypatch
     assert res.caught and res.reason.endswith("; the self-check catches it"), res
 
 
+def test_a_fault_of_the_split_attention_only_is_checked_under_sdpa_and_caught(monkeypatch):
+    """y_l queries that see every [x, y_l] key (no shifted causal mask) in the split attention: the eager shared
+    layout stays right, the SDPA comparison fails, and the self-check (run under SDPA, on the split) stops it."""
+    import torch
+
+    from prefzoo.train import fastpath_prompt
+
+    sound = fastpath_prompt.split_plan
+
+    def leaky(segments):
+        plan = sound(segments)
+        plan.allowed = torch.ones_like(plan.allowed)
+        return plan
+
+    monkeypatch.setattr(fastpath_prompt, "split_plan", leaky)
+    res = check_architecture("llama")
+    assert res.status == "fail" and res.errors["shared"] < 1e-4 and res.errors["split"] > 1e-2, res
+    assert res.reason.startswith("split shared-prompt attention differs from the plain rows"), res
+    assert res.caught and res.reason.endswith("; the self-check catches it"), res
+
+
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
@@ -126,7 +147,7 @@ def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
     assert main(["llama"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"llama {24}pass  \[.+; .+\] fused=\S+ chunked=\S+ token=\S+ entropy=\S+ chunked-entropy=\S+ "
-                        r"shared=\S+  \(\d+\.\ds\)", out[0]), out  # fmt: skip
+                        r"shared=\S+ split=\S+  \(\d+\.\ds\)", out[0]), out  # fmt: skip
     assert out[-1] == "counts: {'pass': 1}; prompt sharing refused (with its reason) for 0 of the passing ones"
     assert main(["llama", "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()

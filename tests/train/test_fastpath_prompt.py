@@ -85,10 +85,12 @@ def test_shared_equals_plain(model, loss_name):
         torch.testing.assert_close(g_shared[name], g_plain[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_without_the_mask_the_rejected_logps_differ(model):
-    """The equality above is not vacuous: letting y_l see y_w (plain causal mask) changes its log-probs."""
+def test_without_the_mask_the_rejected_logps_differ(model, monkeypatch):
+    """The equality above is not vacuous: letting y_l see y_w (plain causal mask) changes its log-probs.  (The
+    split attention, which needs no mask, has its own such test in test_fastpath_split.py.)"""
     from prefzoo.train import fastpath_prompt
 
+    monkeypatch.setattr(fastpath_prompt, "split_refusal", lambda *a: "the masked path under test")
     b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
     orig = fastpath_prompt.shared_prompt_mask
     try:
@@ -111,6 +113,7 @@ def test_every_layer_gets_one_shared_additive_mask_equal_to_sdpas_own_conversion
 
     m = build_model(build_tokenizer(), seed=4)
     m.config._attn_implementation = "sdpa"
+    monkeypatch.setattr(fastpath_prompt, "split_refusal", lambda *a: "the masked path under test")
     seen: list[torch.Tensor] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 

@@ -1,0 +1,175 @@
+"""Shared-prompt attention in two causal parts, so the kernel skips the blocks the [x, y_w, y_l] mask hides.
+
+With the mask of :mod:`prefzoo.train.fastpath_prompt` every query of a (B, T) shared row is scored against every key:
+SDPA's CPU flash kernel (and the GPU ones) skip blocks only for ``is_causal``, never for a custom mask, so the
+hidden y_w → y_l and y_l → y_w blocks and the causal upper triangle cost as much as the visible ones.  This module
+computes the same attention as two SDPA calls per layer:
+
+1. the rows' first L₁ = max_b(|x_b| + |y_w,b|) positions with ``is_causal=True`` and no mask: right-padded rows
+   start at position 0, so every x and y_w query of row b sees exactly its own x, y_w prefix (the y_l and padding
+   queries that fall inside L₁ for shorter rows are computed and then replaced);
+2. the y_l queries of each row, gathered into (B, max|y_l|), against their keys gathered as [x, y_l] (B, max(|x| +
+   |y_l|)), with the causal mask shifted by |x_b|: query t of y_l sees the prompt and y_l up to t.
+
+Attention work falls from T² per row (T = max(|x| + |y_w| + |y_l|)) to about L₁²/2 + |y_l|·(|x| + |y_l|): 1.6–2×
+on UltraFeedback- and Orca-shaped pairs.  The result is the masked attention's up to the order of the softmax sums
+(float rounding, tested against the masked path and the plain rows).
+
+The split runs through a registered transformers attention function (``prefzoo_split_sdpa``) that the decoder's
+layers look up by ``config._attn_implementation`` while :func:`split_attention` holds it; the layout reaches it as
+the ``prefzoo_split`` keyword, which transformers' decoders pass down to their attention.  Without that keyword
+(another caller, a decoder that drops the keyword) and for any attention feature the split does not reproduce (a
+sliding window, a soft-cap, a position bias, attention sinks), it calls transformers' own SDPA function with the
+4-D mask, so the result never depends on the split being taken.  Gradient checkpointing turns the split off: its
+recomputation runs after the implementation is restored.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+__all__ = ["IMPLEMENTATION", "SplitPlan", "split_attention", "split_plan", "split_refusal", "split_sdpa_forward"]
+
+IMPLEMENTATION = "prefzoo_split_sdpa"
+PAD, PROMPT, CHOSEN, REJECTED = 0, 1, 2, 3  # segment ids (the collator's shared layout)
+_FEATURES = ("softcap", "position_bias", "s_aux", "sinks")  # attention features the split does not reproduce
+
+
+@dataclass
+class SplitPlan:
+    """Where each row's parts are in a (B, T) shared layout, built once per forward and read by every layer."""
+
+    t: int  # T, the row length
+    l1: int  # L₁ = max_b(|x_b| + |y_w,b|): the causal part
+    q_idx: Tensor  # (B, C_l) row positions of y_l (0 past a row's |y_l|)
+    kv_idx: Tensor  # (B, K) row positions of [x, y_l] (0 past a row's |x| + |y_l|)
+    allowed: Tensor  # (B, 1, C_l, K) bool: y_l query t sees keys j ≤ |x| + t; a padding query sees key 0 only
+    is_l: Tensor  # (B, T) bool: the row's y_l positions
+    src: Tensor  # (B, T) index into C_l of each y_l position (0 elsewhere)
+    calls: int = 0  # layers that took the split (tests read it)
+    _masks: dict[torch.dtype, Tensor] = field(default_factory=dict)
+
+    def additive(self, dtype: torch.dtype) -> Tensor:
+        """The part-2 mask as SDPA's additive float mask in ``dtype``, one copy shared by every layer."""
+        if dtype not in self._masks:
+            zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
+            self._masks[dtype] = zeros.masked_fill_(~self.allowed, float("-inf"))
+        return self._masks[dtype]
+
+
+def split_plan(segments: Tensor) -> SplitPlan:
+    """The plan for a (B, T) segment-id tensor of the shared layout (every row: x, then y_w, then y_l, then padding)."""
+    t = segments.shape[1]
+    dev = segments.device
+    p_len = (segments == PROMPT).sum(1)  # (B,)
+    w_len = (segments == CHOSEN).sum(1)  # (B,)
+    l_len = (segments == REJECTED).sum(1)  # (B,)
+    c_l = max(int(l_len.max()), 1)
+    k_len = max(int((p_len + l_len).max()), 1)
+    t_q = torch.arange(c_l, device=dev)  # (C_l,)
+    q_valid = t_q[None] < l_len[:, None]  # (B, C_l)
+    q_idx = torch.where(q_valid, (p_len + w_len)[:, None] + t_q[None], 0)  # (B, C_l)
+    j = torch.arange(k_len, device=dev)  # (K,)
+    kv_idx = torch.where(j[None] < p_len[:, None], j[None], j[None] + w_len[:, None])  # (B, K): x, then y_l
+    kv_idx = torch.where(j[None] < (p_len + l_len)[:, None], kv_idx, 0)
+    allowed = j[None, None] <= (p_len[:, None] + t_q[None])[:, :, None]  # (B, C_l, K)
+    allowed = torch.where(q_valid[:, :, None], allowed, j[None, None] == 0)  # padding queries: key 0, no NaN row
+    pos = torch.arange(t, device=dev)  # (T,)
+    is_l = segments == REJECTED  # (B, T)
+    src = torch.where(is_l, pos[None] - (p_len + w_len)[:, None], 0)  # (B, T)
+    l1 = max(int((p_len + w_len).max()), 1)
+    return SplitPlan(t, l1, q_idx, kv_idx, allowed[:, None], is_l, src)
+
+
+def split_refusal(backbone: Any, config: Any) -> str | None:
+    """Why this decoder's shared forward cannot take the split (one line), or None when it can."""
+    from prefzoo.train.arch import attention_layer_types, sliding_window, text_config
+
+    impl = getattr(config, "_attn_implementation", None)
+    if impl != "sdpa":
+        return f"attention implementation {impl!r}, not 'sdpa'"
+    if getattr(backbone, "gradient_checkpointing", False):
+        return "gradient checkpointing recomputes the layers outside the split"
+    if "sliding_attention" in attention_layer_types(config) or sliding_window(config) is not None:
+        return "sliding-window layers"
+    if any(getattr(text_config(config), k, None) for k in ("attn_logit_softcapping", "attention_chunk_size")):
+        return "soft-capped or chunked attention"
+    try:
+        params = inspect.signature(type(backbone).forward).parameters.values()
+    except (TypeError, ValueError):
+        return "the decoder's forward has no signature"
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return "the decoder's forward takes no keywords to pass to its attention"
+    return None
+
+
+def _gather(x: Tensor, idx: Tensor) -> Tensor:
+    """x (B, H, T, D) at row positions idx (B, N) → (B, H, N, D)."""
+    return x.gather(2, idx[:, None, :, None].expand(x.shape[0], x.shape[1], idx.shape[1], x.shape[3]))
+
+
+def split_sdpa_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function contract: (B, H, T, D) q, k, v → ((B, T, H, D) output, None)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    plan: SplitPlan | None = kwargs.pop("prefzoo_split", None)
+    unusual = any(kwargs.get(k) is not None for k in _FEATURES) or kwargs.get("sliding_window") is not None
+    if plan is None or unusual or kwargs.get("output_attentions") or query.shape[2] != plan.t or key.shape[2] != plan.t:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    l1 = plan.l1
+    o1 = F.scaled_dot_product_attention(  # (B, H, L₁, D): every x and y_w query, causal
+        query[:, :, :l1], key[:, :, :l1], value[:, :, :l1], dropout_p=dropout, scale=scaling, is_causal=True
+    )
+    q_l, k_l, v_l = _gather(query, plan.q_idx), _gather(key, plan.kv_idx), _gather(value, plan.kv_idx)
+    o2 = F.scaled_dot_product_attention(  # (B, H, C_l, D): y_l queries against [x, y_l]
+        q_l, k_l, v_l, attn_mask=plan.additive(query.dtype), dropout_p=dropout, scale=scaling
+    )
+    if plan.t > l1:
+        o1 = torch.cat([o1, o1.new_zeros(*o1.shape[:2], plan.t - l1, o1.shape[3])], 2)  # (B, H, T, D)
+    out = torch.where(plan.is_l[:, None, :, None], _gather(o2, plan.src), o1)  # (B, H, T, D)
+    plan.calls += 1
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    """(Re)register the attention function under :data:`IMPLEMENTATION` (a dict entry: cheap on every forward)."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(IMPLEMENTATION, split_sdpa_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+@contextmanager
+def split_attention(config: Any, on: bool = True) -> Iterator[None]:
+    """While held (and ``on``), the decoder's layers look up :func:`split_sdpa_forward`; restored on exit."""
+    if not on:
+        yield
+        return
+    _register()
+    old = config._attn_implementation
+    config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        config._attn_implementation = old

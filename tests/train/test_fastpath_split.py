@@ -1,0 +1,185 @@
+"""The shared-prompt attention split into two causal parts equals the masked attention, and is taken when it can be.
+
+Against SDPA over the whole row with the [x, y_w, y_l] mask (``fastpath_prompt.shared_prompt_mask``): the outputs
+of every real position and the gradients of q, k and v, in float64 so that any wrong key shows far above rounding.
+The layouts cover what the plan must get right: a y_l that starts inside the causal part L₁ (a row shorter than the
+longest x + y_w), one that reaches past it, a one-token y_l, a row with no padding, and grouped key-value heads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from prefzoo.data.collate import PreferenceCollator
+from prefzoo.train import fastpath_prompt, fastpath_split
+from prefzoo.train.fastpath_prompt import shared_prompt_mask
+from prefzoo.train.fastpath_split import IMPLEMENTATION, split_attention, split_plan, split_refusal, split_sdpa_forward
+
+pytest.importorskip("transformers")
+
+LAYOUTS = {  # (|x|, |y_w|, |y_l|) per row
+    "ragged": [(3, 5, 2), (1, 1, 7), (6, 2, 1), (2, 6, 4)],
+    "rejected-longest": [(2, 1, 9), (4, 4, 1)],
+    "one-row": [(5, 3, 3)],
+}
+
+
+def _segments(rows: list[tuple[int, int, int]]) -> torch.Tensor:
+    t = max(sum(r) for r in rows)
+    seg = torch.zeros(len(rows), t, dtype=torch.long)
+    for b, (p, w, l_) in enumerate(rows):
+        seg[b, :p], seg[b, p : p + w], seg[b, p + w : p + w + l_] = 1, 2, 3
+    return seg
+
+
+class _Module(torch.nn.Module):  # what the attention function reads from a decoder's attention module
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _qkv(seg: torch.Tensor, heads: int, kv_heads: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    b, t = seg.shape
+    shapes = ((b, heads, t, 8), (b, kv_heads, t, 8), (b, kv_heads, t, 8))
+    return tuple(torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes)
+
+
+def _masked(q, k, v, seg):
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    groups = q.shape[1] // k.shape[1]
+    mask = torch.zeros(seg.shape[0], 1, seg.shape[1], seg.shape[1], dtype=q.dtype)
+    mask = mask.masked_fill(~shared_prompt_mask(seg), float("-inf"))
+    return F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
+def test_split_equals_the_masked_attention_outputs_and_gradients(layout, heads, kv_heads):
+    seg = _segments(LAYOUTS[layout])
+    q, k, v = _qkv(seg, heads, kv_heads)
+    real = (seg != 0)[:, None, :, None]  # (B, 1, T, 1): padding outputs are nobody's input
+    g_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * real
+
+    want = _masked(q, k, v, seg)
+    want_grads = torch.autograd.grad(want, (q, k, v), g_out)
+    plan = split_plan(seg)
+    got, _ = split_sdpa_forward(_Module(heads // kv_heads), q, k, v, None, prefzoo_split=plan)
+    got = got.transpose(1, 2)  # the attention-function contract returns (B, T, H, D)
+    got_grads = torch.autograd.grad(got, (q, k, v), g_out)
+
+    assert plan.calls == 1
+    torch.testing.assert_close(got * real, want * real, atol=1e-12, rtol=1e-12)
+    for name, a, b in zip("qkv", got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, msg=f"grad {name}")
+
+
+def test_the_plan_reads_each_part_from_the_right_positions():
+    """Row [x x y_w y_l y_l y_l pad] and row [x y_w y_w y_w y_l pad pad]: L₁ = 4, y_l's queries and [x, y_l] keys."""
+    seg = torch.tensor([[1, 1, 2, 3, 3, 3, 0], [1, 2, 2, 2, 3, 0, 0]])
+    plan = split_plan(seg)
+    assert (plan.t, plan.l1) == (7, 4)
+    assert plan.q_idx.tolist() == [[3, 4, 5], [4, 0, 0]]
+    assert plan.kv_idx.tolist() == [[0, 1, 3, 4, 5], [0, 4, 0, 0, 0]]
+    assert plan.allowed[0, 0].int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert plan.allowed[1, 0].int().tolist() == [[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
+    assert plan.src.tolist() == [[0, 0, 0, 0, 1, 2, 0], [0, 0, 0, 0, 0, 0, 0]]
+    assert plan.is_l.int().tolist() == [[0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 0, 0]]
+
+
+def test_without_its_mask_the_second_part_lets_y_l_see_later_tokens():
+    """The equality above is not vacuous: dropping the shifted causal mask of the y_l part changes y_l's outputs."""
+    seg = _segments(LAYOUTS["ragged"])
+    q, k, v = _qkv(seg, 2, 2)
+    plan = split_plan(seg)
+    plan.allowed = torch.ones_like(plan.allowed)
+    got, _ = split_sdpa_forward(_Module(1), q, k, v, None, prefzoo_split=plan)
+    want = _masked(q, k, v, seg)
+    is_l = (seg == 3)[:, None, :, None]
+    assert not torch.allclose(got.transpose(1, 2) * is_l, want * is_l, atol=1e-6)
+
+
+def test_without_a_plan_or_with_a_window_it_is_transformers_own_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    seg = _segments(LAYOUTS["ragged"])
+    q, k, v = _qkv(seg, 2, 2)
+    mask = torch.zeros(seg.shape[0], 1, seg.shape[1], seg.shape[1], dtype=q.dtype)
+    mask = mask.masked_fill(~shared_prompt_mask(seg), float("-inf"))
+    want, _ = sdpa_attention_forward(_Module(1), q, k, v, mask)
+    plan = split_plan(seg)
+    for kw in ({}, {"prefzoo_split": plan, "sliding_window": 4}):
+        got, _ = split_sdpa_forward(_Module(1), q, k, v, mask, **kw)
+        assert torch.equal(got, want)
+    assert plan.calls == 0
+
+
+def _model(attn: str = "sdpa"):
+    from tests.support.tiny import build_model, build_tokenizer
+
+    m = build_model(build_tokenizer(), seed=4)
+    m.config._attn_implementation = attn
+    return m
+
+
+EXAMPLES = [
+    {"id": "a", "prompt_ids": [5, 6, 7], "chosen_ids": [8, 9, 2], "rejected_ids": [10, 2]},
+    {"id": "b", "prompt_ids": [5], "chosen_ids": [11, 12, 13, 14, 2], "rejected_ids": [2]},
+    {"id": "c", "prompt_ids": [9, 9, 9, 9, 20, 21], "chosen_ids": [2], "rejected_ids": [15, 16, 17, 18, 19, 2]},
+]
+
+
+def _shared_logps_and_grads(m, split: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
+    m.zero_grad()
+    backbone = m.get_decoder()
+    _, (h_sel, *_rest) = fastpath_prompt.shared_prompt_select(
+        backbone, m.config, b["input_ids"], b["completion_mask"], split=split
+    )
+    h_sel.square().sum().backward()
+    return h_sel.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def test_a_decoder_under_sdpa_takes_the_split_in_every_layer_and_matches_the_masked_forward(monkeypatch):
+    m = _model().double()  # float64: a wrong key shows far above the rounding of two softmax orders
+    layers: list[int] = []
+
+    def spy(module, *a, **k):
+        if k.get("prefzoo_split") is not None:
+            layers.append(module.layer_idx)
+        return split_sdpa_forward(module, *a, **k)  # the module's function, imported before the patch
+
+    monkeypatch.setattr(fastpath_split, "split_sdpa_forward", spy)  # what split_attention registers
+    h_masked, g_masked = _shared_logps_and_grads(m, split=False)
+    assert layers == []
+    h_split, g_split = _shared_logps_and_grads(m, split=True)
+    assert layers == list(range(m.config.num_hidden_layers))
+    assert m.config._attn_implementation == "sdpa"  # restored after the forward
+    torch.testing.assert_close(h_split, h_masked, atol=1e-10, rtol=1e-10)
+    assert g_split.keys() == g_masked.keys()
+    for name in g_masked:
+        torch.testing.assert_close(g_split[name], g_masked[name], atol=1e-10, rtol=1e-9, msg=name)
+
+
+def test_the_implementation_is_restored_when_the_forward_fails():
+    m = _model()
+    with pytest.raises(RuntimeError, match="inside"), split_attention(m.config):
+        assert m.config._attn_implementation == IMPLEMENTATION
+        raise RuntimeError("inside")
+    assert m.config._attn_implementation == "sdpa"
+
+
+def test_the_split_is_refused_with_its_reason_where_it_cannot_reproduce_the_attention():
+    m = _model("eager")
+    assert split_refusal(m.get_decoder(), m.config) == "attention implementation 'eager', not 'sdpa'"
+    m = _model()
+    assert split_refusal(m.get_decoder(), m.config) is None
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert "gradient checkpointing" in str(split_refusal(m.get_decoder(), m.config))
+    m = _model()
+    m.config.sliding_window, m.config.layer_types = 4, ["sliding_attention"] * m.config.num_hidden_layers
+    assert split_refusal(m.get_decoder(), m.config) == "sliding-window layers"
