@@ -160,8 +160,23 @@ def matmul_rate(threads: int, n: int = 1536, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
+def attended_pairs(pairs: list[dict[str, int]]) -> int:
+    """(query, key) pairs causal attention must score over ``pairs``, the prompt once: a prompt of P tokens
+    P(P + 1)/2, each completion of C tokens after it C·P + C(C + 1)/2 (it sees the prompt and its own prefix)."""
+    total = 0
+    for p in pairs:
+        x = p["prompt"]
+        total += x * (x + 1) // 2 + sum(c * x + c * (c + 1) // 2 for c in (p["chosen"], p["rejected"]))
+    return total
+
+
 def flop_bound(
-    shape: ModelShape, pairs: list[dict[str, int]], reference: str, lora: bool = False, lora_rank: int = LORA_RANK
+    shape: ModelShape,
+    pairs: list[dict[str, int]],
+    reference: str,
+    lora: bool = False,
+    lora_rank: int = LORA_RANK,
+    attention: bool = True,
 ) -> float:
     """Lower bound on the FLOPs of one step over ``pairs`` (dicts of prompt / chosen / rejected token counts).
 
@@ -171,7 +186,11 @@ def flop_bound(
     policy pass, the least any implementation does (u = A·x, which ∂B needs; ∂B = ∂y·uᵀ; ∂u = Bᵀ·∂y; ∂A = ∂u·xᵀ),
     even one that merges B·A into the weights for the forward and the input gradient.
     ``reference``: "forward" (one no-grad forward per step), "none" (reference-free or precomputed: counted apart).
-    Attention score FLOPs are left out, which only lowers the bound.
+    Attention (``attention``, as the field's model-FLOPs utilisation counts it, PaLM's appendix B, but only the
+    causal pairs of :func:`attended_pairs`): per layer and attended pair 2·H for the scores q·k and 2·H for the
+    weighted sum of v (H = heads × head dim) in the forward, twice that in the backward (∂q, ∂k from the score
+    gradients, ∂v and the probabilities' gradient: 8·H; with LoRA too, as the activation gradients pass through).
+    ``attention=False`` is the looser bound used until 2026-11-27, which left attention out.
     """
     tokens = sum(p["prompt"] + p["chosen"] + p["rejected"] for p in pairs)
     completions = sum(p["chosen"] + p["rejected"] for p in pairs)
@@ -182,6 +201,9 @@ def flop_bound(
         flops += 4 * shape.adapter_params(lora_rank) * tokens
     if reference == "forward":
         flops += 2 * p_bb * tokens + 2 * hv * completions
+    if attention:
+        per_pair = shape.num_hidden_layers * shape.hidden_size * (4 + 8 + (4 if reference == "forward" else 0))
+        flops += per_pair * attended_pairs(pairs)
     return float(flops)
 
 

@@ -25,12 +25,18 @@ def test_flop_bound_by_hand(bench):
     p_bb, hv = 4 * 2 * 2 + 3 * 2 * 3, 10 * 2  # 34 backbone parameters, 20 head parameters
     assert shape.backbone_params == p_bb and shape.head_params == hv
     pairs = [{"prompt": 5, "chosen": 2, "rejected": 3}]  # 10 tokens (prompt once), 5 completion positions
-    assert flop_bound(shape, pairs, "none") == 6 * p_bb * 10 + 6 * hv * 5
-    assert flop_bound(shape, pairs, "forward") == 8 * p_bb * 10 + 8 * hv * 5
+    assert flop_bound(shape, pairs, "none", attention=False) == 6 * p_bb * 10 + 6 * hv * 5
+    assert flop_bound(shape, pairs, "forward", attention=False) == 8 * p_bb * 10 + 8 * hv * 5
     # LoRA: no weight gradients of the base or the head; rank-2 adapters on the 4 attention (2 → 2) and 3 MLP
     # (2 → 3, 3 → 2) matrices hold 2·(4·4 + 3·5) = 62 parameters, 4 FLOPs each per token
     assert shape.adapter_params(2) == 62
-    assert flop_bound(shape, pairs, "forward", lora=True, lora_rank=2) == 6 * p_bb * 10 + 6 * hv * 5 + 4 * 62 * 10
+    lora = 6 * p_bb * 10 + 6 * hv * 5 + 4 * 62 * 10
+    assert flop_bound(shape, pairs, "forward", lora=True, lora_rank=2, attention=False) == lora
+    # attention: the prompt's 5·6/2 = 15 causal pairs, the chosen 2·5 + 2·3/2 = 13, the rejected 3·5 + 3·4/2 = 21;
+    # per pair and layer 4·H forward, 8·H backward, 4·H for the reference's forward (H = 2, 1 layer)
+    assert flop_bound(shape, pairs, "none") == 6 * p_bb * 10 + 6 * hv * 5 + 12 * 2 * 49
+    assert flop_bound(shape, pairs, "forward") == 8 * p_bb * 10 + 8 * hv * 5 + 16 * 2 * 49
+    assert flop_bound(shape, pairs, "forward", lora=True, lora_rank=2) == lora + 16 * 2 * 49
 
 
 def test_the_bound_counts_the_adapters_prefzoo_trains_by_default(bench):
