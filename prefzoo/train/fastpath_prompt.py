@@ -139,10 +139,14 @@ def shared_prompt_select(
     completion, the same conventions as the plain (2B, T) layout.
     """
     position_ids = shared_position_ids(segments)  # (B, T)
-    mask = decoder_masks(backbone, config, shared_prompt_mask(segments), position_ids)
+    allowed = shared_prompt_mask(segments)  # (B, 1, T, T) bool
     split = split and split_refusal(backbone, config) is None
     if split:  # two causal SDPA calls per layer instead of one over the whole masked row (fastpath_split)
         forward_kw = {**forward_kw, "prefzoo_split": split_plan(segments)}
+        # only a layer that falls back reads the mask: the boolean one, a quarter of the float one's bytes
+        mask: Tensor | dict[str, Tensor] = layer_masks(backbone, config, allowed, position_ids)
+    else:
+        mask = decoder_masks(backbone, config, allowed, position_ids)
     with split_attention(config, split):
         out = backbone(
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **forward_kw

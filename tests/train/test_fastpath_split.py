@@ -183,3 +183,19 @@ def test_the_split_is_refused_with_its_reason_where_it_cannot_reproduce_the_atte
     m = _model()
     m.config.sliding_window, m.config.layer_types = 4, ["sliding_attention"] * m.config.num_hidden_layers
     assert split_refusal(m.get_decoder(), m.config) == "sliding-window layers"
+
+
+def test_a_decoder_that_drops_the_keyword_gets_the_mask_and_the_masked_result(monkeypatch):
+    """A decoder that passes no keywords down to its attention (StableLM's, in transformers 5.24) reaches the
+    function without a plan: it gets transformers' SDPA with the boolean mask, the same numbers as the float one."""
+    m = _model().double()
+    h_masked, g_masked = _shared_logps_and_grads(m, split=False)
+
+    def drops(module, *a, **k):
+        k.pop("prefzoo_split")
+        return split_sdpa_forward(module, *a, **k)
+
+    monkeypatch.setattr(fastpath_split, "split_sdpa_forward", drops)
+    h, g = _shared_logps_and_grads(m, split=True)
+    assert torch.equal(h, h_masked)
+    assert g.keys() == g_masked.keys() and all(torch.equal(g[n], g_masked[n]) for n in g)
