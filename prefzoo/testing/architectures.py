@@ -275,11 +275,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     if shared and res.status == "pass":
         sb = PreferenceCollator(0, share_prompt=True)(tiny_pairs(VOCAB))
         try:
-            with torch.no_grad():
-                sh = sequence_logps(model, sb["input_ids"], sb["attention_mask"], sb["completion_mask"])
-            res.errors["shared"] = float((sh.logps - ref_sum).abs().max())
-            if res.errors["shared"] > TOKEN_TOL * 10:
-                res.status, res.reason = "fail", "shared-prompt layout differs from the plain rows"
+            _compare_shared(model, res, ref_sum, sb, "shared", "shared-prompt layout")
         except SharedPromptError as e:
             res.reason = f"sharing refused: {str(e).split(': ', 1)[-1][:110]}"
         except Exception as e:
@@ -298,10 +294,24 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     return res
 
 
+def _compare_shared(
+    model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any], key: str, what: str
+) -> None:
+    """The shared layout's sequence log-probs against the plain rows' (``ref_sum``): error ``key``, a failure past
+    the tolerance naming ``what``."""
+    from prefzoo.train.logps import sequence_logps
+
+    with torch.no_grad():
+        sh = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+    res.errors[key] = float((sh.logps - ref_sum).abs().max())
+    if res.errors[key] > TOKEN_TOL * 10:
+        res.status, res.reason = "fail", f"{what} differs from the plain rows"
+
+
 def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any]) -> None:
     """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows."""
     from prefzoo.train.fastpath_split import split_refusal
-    from prefzoo.train.logps import sequence_logps, unwrap_causal_lm
+    from prefzoo.train.logps import unwrap_causal_lm
 
     if not getattr(model, "_supports_sdpa", False):
         return
@@ -314,11 +324,7 @@ def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict
         causal = unwrap_causal_lm(model)
         if split_refusal(causal.get_decoder(), causal.config) is not None:
             return
-        with torch.no_grad():
-            sp = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
-        res.errors["split"] = float((sp.logps - ref_sum).abs().max())
-        if res.errors["split"] > TOKEN_TOL * 10:
-            res.status, res.reason = "fail", "split shared-prompt attention differs from the plain rows"
+        _compare_shared(model, res, ref_sum, batch, "split", "split shared-prompt attention")
     except Exception as e:
         res.status, res.reason = "fail", f"split shared-prompt attention crashed: {type(e).__name__}: {str(e)[:80]}"
     finally:
