@@ -283,7 +283,10 @@ def _shift(t: Tensor | None, c: Tensor) -> Tensor | None:
 
 
 def check_shift_invariance(loss: Loss, batch: PreferenceBatch) -> None:
-    """Declared shift invariance: adding c to log π(y) and log π_ref(y) of the same response leaves L unchanged."""
+    """Declared shift invariance: adding c to log π(y) and log π_ref(y) of the same response leaves L unchanged.
+
+    Tolerance 1e-9·(1 + |L|) + 100·Δ, Δ the larger change of L under the two margin perturbations of relative size
+    1e-12 (:func:`_sensitivity`'s first two patterns): room for the rounding of x + c, not for a dependence on c."""
     b = cast_batch(batch, torch.float64, requires_grad=False)
     n = b.batch_size
     k = torch.arange(1, n + 1, dtype=torch.float64)

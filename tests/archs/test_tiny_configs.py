@@ -74,3 +74,14 @@ def test_a_model_that_writes_to_stdout_while_it_is_built_is_built_quietly(monkey
     monkeypatch.setattr(LlamaForCausalLM, "__init__", chatty)
     model = build_tiny("llama")
     assert capsys.readouterr().out == "" and len(builds) == 2 and not model.training
+
+
+def test_tiny_pairs_are_the_seed_0_draw_by_default_with_the_documented_lengths():
+    """The sweep's default pairs are reproducible: the seed-0 draw, ids above the three special tokens."""
+    from prefzoo.testing.architectures import tiny_pairs
+
+    pairs = tiny_pairs(96)
+    assert pairs == tiny_pairs(96, seed=0) and pairs != tiny_pairs(96, seed=1)
+    lengths = [(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"])) for p in pairs]
+    assert lengths == [(10, 9, 7), (6, 3, 8), (8, 5, 5)]
+    assert all(3 <= t < 96 for p in pairs for k in ("prompt_ids", "chosen_ids", "rejected_ids") for t in p[k])

@@ -109,3 +109,8 @@ def test_a_pairwise_output_is_checked_against_the_batch_size_alone():
     with pytest.raises(LossOutputError) as e:
         check_output("toy", "me", LossOutput(torch.zeros(2, dtype=F), z, z), 3)
     assert str(e.value) == "loss 'toy' (plugin 'me') returned losses of shape (2,); expected (3,), one per pair"
+
+
+def test_a_per_pair_field_of_another_batch_size_names_both_shapes():
+    _raises("PreferenceBatch.policy_rejected_logps has shape (3,) but policy_chosen_logps has (2,): every per-example "
+            "field must have one entry per pair", lambda: _pair(policy_rejected_logps=torch.zeros(3, dtype=F)))

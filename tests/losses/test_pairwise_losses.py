@@ -212,3 +212,20 @@ def test_minmax_scale_gives_a_zero_gradient_when_every_value_ties():
     y = minmax_scale(x, x.detach().min(), x.detach().max(), 0.0)
     (g,) = torch.autograd.grad(y.sum(), x)
     assert y.detach().tolist() == [0.0, 0.0, 0.0] and g.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_past_the_cap_delta_keeps_a_log_ratio_gap_that_the_capped_exponentials_round_away():
+    """α-divergence DPO (α = 1.5, a = α − 1 = 0.5) at ρ ≈ 2e17, one float64 step apart (32): both capped
+    exponentials are (1 + h)·e^80 to every float64 digit (h²/(h + u) ≈ 1e-19 of 1.1), so their plain difference is
+    0 and the loss would be log 2.  Past the cap f_delta takes e^80·h²·(ρ_w − ρ_l)/((h + u_w)(h + u_l)), u = a·ρ − 80:
+    Δ ≈ 1.77 here, and −log σ(βΔ) follows it."""
+    from prefzoo.losses._common import EXP_CAP, EXP_HEADROOM
+
+    a, h, rho_l = 0.5, EXP_HEADROOM, 2e17
+    rho_w = rho_l + 32.0  # the next float64 but one: ρ_w − ρ_l is exact
+    delta = math.exp(EXP_CAP) * h * h * (rho_w - rho_l) / ((h + a * rho_w - EXP_CAP) * (h + a * rho_l - EXP_CAP))
+    assert 1.5 < delta < 2.0
+    params = {"f_divergence": "alpha_divergence", "alpha_divergence_coef": 1.5, "beta": 1.0}
+    loss, gw, gl = _grads("dpo", params, [rho_w], [rho_l], [0.0], [0.0])
+    assert float(loss) == pytest.approx(math.log1p(math.exp(-delta)), rel=1e-12)  # not log 2 = 0.693
+    assert float(gw) < 0 < float(gl)

@@ -312,3 +312,18 @@ def test_the_report_table_is_fixed_width_with_the_tally():
         "monotone            N/A             0    0.0s  declared monotone",
         "FAILED: 2 of 3 properties hold, 1 failed",
     ]
+    passing = ConformanceReport("toy", "me", [PropertyResult("shape", "L has shape (B,)", "passed", examples=3)])
+    assert passing.table().splitlines()[-1] == "PASSED: 1 of 1 properties hold"  # no ", 0 failed"
+
+
+def test_a_falsifying_batch_is_described_in_full_and_a_long_field_says_how_many_values_it_cut():
+    """describe_batch: every tensor field with its values in full precision; a field longer than ``limit`` shows
+    its first ``limit`` values and the count, a shorter one nothing more."""
+    from prefzoo.testing.conformance import describe_batch
+
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    b = prefzoo.PreferenceBatch(t(-1.0, -0.1), t(-2.0, -3.0), None, None, torch.tensor([2, 3]), torch.tensor([4, 5]))
+    text = describe_batch(b, "P", limit=2)
+    assert text == ("params='P'; PreferenceBatch; B=2; dtype=torch.float64; policy_chosen_logps=[-1.0, -0.1]; "
+                    "policy_rejected_logps=[-2.0, -3.0]; chosen_lengths=[2, 3]; rejected_lengths=[4, 5]")  # fmt: skip
+    assert describe_batch(b, "P", limit=1).split("; ")[4] == "policy_chosen_logps=[-1.0], ... (2 values)"

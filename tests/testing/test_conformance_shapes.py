@@ -280,3 +280,19 @@ def test_an_unpaired_permutation_failure_names_completions_not_groups():
     message = r"^toy-unpaired: losses after permuting the completions by \[2, 1, 3, 0\]"
     with pytest.raises(PropertyFailure, match=message):
         check_shape_permutation(prefzoo.Loss(shifted, _Beta()), b)
+
+
+def test_the_docs_table_of_shaped_properties_is_the_kits_own_guarantees():
+    """docs/properties.md lists every list and unpaired property with the guarantee its report prints, word for
+    word, and nothing else: the page cannot drift from the kit."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "properties.md").read_text()
+    section = page.split("### Lists and unpaired completions", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            name, guarantee = (cell.strip() for cell in line.strip("|").split(" | ", 1))
+            rows[name.strip("`")] = guarantee.replace("\\|", "|")
+    kit = {p.name: p.guarantee for p in (*LIST_PROPERTIES, *UNPAIRED_PROPERTIES)}
+    assert rows == kit

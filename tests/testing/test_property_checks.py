@@ -201,3 +201,28 @@ def test_low_precision_compares_the_dtypes_asked_for(monkeypatch, dtypes, compar
     monkeypatch.setattr(conformance, "check_low_precision", lambda loss, b, low: seen.add(low))
     report = check_loss("dpo", properties=["low-precision"], dtypes=dtypes, max_examples=2)
     assert report.passed and seen == {compared}
+
+
+def test_shift_invariance_tolerance_comes_from_the_two_margin_perturbations_only():
+    """The shift check's tolerance is 1e-9·(1 + |L|) + 100·Δ, Δ the larger change of L under the two margin
+    perturbations (chosen inputs × (1 + u), rejected × (1 − u), the parameters × (1 − u); then all reversed), u =
+    1e-12: computed here by hand.  At ρ_w = ρ_l = 0 those two barely move this DPO (β = 10) plus 1e-3·(log π_w +
+    log π_l), where a random sign pattern would move it 200 times more and loosen the check as much."""
+    broken = changed("dpo", losses=lambda b, o: o.losses + 1e-3 * (b.policy_chosen_logps + b.policy_rejected_logps))
+    probe = probe_loss(broken)
+    loss = prefzoo.Loss(probe.spec, dataclasses.replace(probe.params, beta=10.0))
+    t = lambda v: torch.tensor([v], dtype=F)  # noqa: E731
+    pw, pl, rw, rl = -20.0, -300.0, -20.0, -300.0
+
+    def value(s_w, s_l, s_beta):
+        bound = prefzoo.Loss(probe.spec, dataclasses.replace(probe.params, beta=10.0 * (1 + s_beta)))
+        b = prefzoo.PreferenceBatch(t(pw * (1 + s_w)), t(pl * (1 + s_l)), t(rw * (1 + s_w)), t(rl * (1 + s_l)))
+        return float(bound(b).losses)
+
+    u = 1e-12
+    base = value(0.0, 0.0, 0.0)
+    delta = max(abs(value(u, -u, -u) - base), abs(value(-u, u, u) - base))
+    tolerance = 1e-9 * (1 + abs(base)) + 100 * delta
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_shift_invariance(loss, prefzoo.PreferenceBatch(t(pw), t(pl), t(rw), t(rl)))
+    assert str(e.value).endswith(f"> tolerance {tolerance:.3g})"), (str(e.value), tolerance)
