@@ -321,7 +321,7 @@ def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict
     except Exception:  # a model that cannot switch keeps its own attention: nothing to compare
         return
     try:
-        causal = unwrap_causal_lm(model)
+        causal: Any = unwrap_causal_lm(model)
         if split_refusal(causal.get_decoder(), causal.config) is not None:
             return
         _compare_shared(model, res, ref_sum, batch, "split", "split shared-prompt attention")
