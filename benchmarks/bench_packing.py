@@ -152,10 +152,11 @@ def flex_rows(hidden: int, repeats: int) -> list[str]:
 
 def split_rows(quick: bool, repeats: int) -> list[str]:
     """Shared-prompt attention as one masked SDPA call per layer or split into two causal parts (fastpath_split),
-    on the goals benchmark's model and pair shapes (4 pairs: UltraFeedback- and Orca-shaped lengths)."""
+    on the goals benchmark's model and pair shapes (4 pairs: UltraFeedback- and Orca-shaped lengths, and rows of
+    about 2,000 tokens with a 1,000-token prompt)."""
     import tempfile
 
-    from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, build_model_dir, make_pairs
+    from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, Workload, build_model_dir, make_pairs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shape = TINY_SHAPE if quick else ModelShape()
@@ -164,8 +165,10 @@ def split_rows(quick: bool, repeats: int) -> list[str]:
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
         tok = AutoTokenizer.from_pretrained(path)
     rows = []
-    for name in ("tiny",) if quick else ("ultrafeedback", "orca"):
-        text = make_pairs(WORKLOADS[name], 4, shape.vocab_size, seed=1)
+    long_rows = Workload("long-prompt", prompt=(900, 1100), completion=(300, 500))  # rows of about 2,000 tokens
+    for wl in [WORKLOADS["tiny"]] if quick else [WORKLOADS["ultrafeedback"], WORKLOADS["orca"], long_rows]:
+        name = wl.name
+        text = make_pairs(wl, 4, shape.vocab_size, seed=1)
         pairs = [{"id": str(i), "prompt_ids": tok(p["prompt"])["input_ids"],
                   "chosen_ids": tok(p["chosen"])["input_ids"], "rejected_ids": tok(p["rejected"])["input_ids"]}
                  for i, p in enumerate(text)]  # fmt: skip
