@@ -17,6 +17,7 @@ from prefzoo.testing import GENERIC_PROPERTIES, LIST_PROPERTIES, UNPAIRED_PROPER
 from prefzoo.testing.properties_shapes import (
     check_list_monotone,
     check_padding_invariance,
+    check_shape_decoupled,
     check_shape_low_precision,
     check_shape_permutation,
     fresh,
@@ -296,3 +297,17 @@ def test_the_docs_table_of_shaped_properties_is_the_kits_own_guarantees():
             rows[name.strip("`")] = guarantee.replace("\\|", "|")
     kit = {p.name: p.guarantee for p in (*LIST_PROPERTIES, *UNPAIRED_PROPERTIES)}
     assert rows == kit
+
+
+def test_batch_decoupled_runs_in_float64_so_a_coupling_below_float32_rounding_is_still_found():
+    """A float32 batch is checked in float64: a per-example loss plus 1e-9 × its micro-batch's mean log π (far
+    below float32's resolution at a loss near 1, so float32 would round the coupling away) fails."""
+    spec = _toy(1.0)
+    coupled = dataclasses.replace(spec, fn=lambda b, p, c: dataclasses.replace(
+        out := spec.fn(b, p, c), losses=out.losses + 1e-9 * b.policy_logps.mean()))  # fmt: skip
+    t = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    b = prefzoo.UnpairedBatch(policy_logps=t(-1.0, -2.0, -3.0, -4.0), ref_logps=t(-1.5, -1.0, -2.5, -4.5),
+                              labels=torch.tensor([True, False, True, False]))
+    with pytest.raises(PropertyFailure, match=r"^toy-unpaired: per-example loss in micro-batches \[2, 2\] differs"):
+        check_shape_decoupled(prefzoo.Loss(coupled, _Beta()), b)
+    check_shape_decoupled(prefzoo.Loss(spec, _Beta()), b)  # the sound loss passes
