@@ -141,7 +141,7 @@ def test_entry_points_load_and_a_failing_import_is_reported_by_name(monkeypatch)
         warnings.simplefilter("always")
         reg = registry.build_registry()
     assert "good-loss" in reg.specs and reg.specs["good-loss"].plugin == "good"
-    assert [f.plugin for f in reg.failed] == ["bad"]
+    assert [(f.plugin, f.error) for f in reg.failed] == [("bad", "ImportError: No module named 'bad_mod'")]
     assert any("'bad'" in str(x.message) and "bad_mod" in str(x.message) for x in w)
 
 
@@ -163,7 +163,7 @@ def test_broken_plugin_does_not_take_the_cli_down(monkeypatch, capsys):
         with pytest.warns(UserWarning):
             assert main(["losses"]) == 0
         out = capsys.readouterr().out
-        assert "mmpo" in out and "plugin 'bad' failed to load" in out
+        assert "mmpo" in out and "warning: plugin 'bad' failed to load: ImportError: No module named 'bad_mod'" in out
     finally:
         registry.reset_registry()
 
