@@ -114,3 +114,11 @@ def test_a_pairwise_output_is_checked_against_the_batch_size_alone():
 def test_a_per_pair_field_of_another_batch_size_names_both_shapes():
     _raises("PreferenceBatch.policy_rejected_logps has shape (3,) but policy_chosen_logps has (2,): every per-example "
             "field must have one entry per pair", lambda: _pair(policy_rejected_logps=torch.zeros(3, dtype=F)))
+
+
+def test_unpaired_policy_log_probs_of_the_wrong_shape_name_the_shape():
+    lab = torch.tensor([True, False])
+    _raises("UnpairedBatch.policy_logps must have shape (N,) with N >= 1 completions, got (2, 3)",
+            lambda: UnpairedBatch(policy_logps=torch.zeros(2, 3, dtype=F), labels=lab))  # fmt: skip
+    _raises("UnpairedBatch.policy_logps must have shape (N,) with N >= 1 completions, got list",
+            lambda: UnpairedBatch(policy_logps=[0.0, 0.0], labels=lab))  # fmt: skip

@@ -226,3 +226,15 @@ def test_shift_invariance_tolerance_comes_from_the_two_margin_perturbations_only
     with pytest.raises(P.PropertyFailure) as e:
         P.check_shift_invariance(loss, prefzoo.PreferenceBatch(t(pw), t(pl), t(rw), t(rl)))
     assert str(e.value).endswith(f"> tolerance {tolerance:.3g})"), (str(e.value), tolerance)
+
+
+def test_batch_decoupled_names_the_pair_whose_loss_its_micro_batch_changed():
+    """A DPO plus 1e-3 × its micro-batch's mean log π(y_w): the failure shows the first pair's inputs."""
+    coupled = changed("dpo", losses=lambda b, o: o.losses + 1e-3 * b.policy_chosen_logps.mean())
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_batch_decoupled(probe_loss(coupled), _batch())
+    assert str(e.value).startswith(
+        "probe: per-example loss in micro-batches [2, 1] differs from the full batch, but the spec says "
+        "batch_coupled=False at example 0 (policy_chosen_logps=-1.0, policy_rejected_logps=-3.0, "
+        "ref_chosen_logps=-1.5, ref_rejected_logps=-2.0): got "
+    ), str(e.value)
