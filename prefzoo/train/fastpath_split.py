@@ -26,6 +26,7 @@ recomputation runs after the implementation is restored.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,10 +37,17 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from prefzoo.data.collate import PreferenceCollator
+
 __all__ = ["IMPLEMENTATION", "SplitPlan", "split_attention", "split_plan", "split_refusal", "split_sdpa_forward"]
 
 IMPLEMENTATION = "prefzoo_split_sdpa"
-PAD, PROMPT, CHOSEN, REJECTED = 0, 1, 2, 3  # segment ids (the collator's shared layout)
+PAD, PROMPT, CHOSEN, REJECTED = (  # segment ids, as PreferenceCollator(share_prompt=True) writes them
+    PreferenceCollator.SEGMENT_PAD,
+    PreferenceCollator.SEGMENT_PROMPT,
+    PreferenceCollator.SEGMENT_CHOSEN,
+    PreferenceCollator.SEGMENT_REJECTED,
+)
 _FEATURES = ("softcap", "position_bias", "s_aux", "sinks")  # attention features the split does not reproduce
 
 
@@ -91,19 +99,26 @@ def split_plan(segments: Tensor) -> SplitPlan:
 
 def split_refusal(backbone: Any, config: Any) -> str | None:
     """Why this decoder's shared forward cannot take the split (one line), or None when it can."""
-    from prefzoo.train.arch import attention_layer_types, sliding_window, text_config
+    from prefzoo.train.arch import attention_layer_types, text_config
 
     impl = getattr(config, "_attn_implementation", None)
     if impl != "sdpa":
         return f"attention implementation {impl!r}, not 'sdpa'"
     if getattr(backbone, "gradient_checkpointing", False):
         return "gradient checkpointing recomputes the layers outside the split"
-    if "sliding_attention" in attention_layer_types(config) or sliding_window(config) is not None:
+    if "sliding_attention" in attention_layer_types(config):  # (a window switched off, as Qwen2's, is no refusal)
         return "sliding-window layers"
     if any(getattr(text_config(config), k, None) for k in ("attn_logit_softcapping", "attention_chunk_size")):
         return "soft-capped or chunked attention"
+    cls: Any = type(backbone)  # (typed Any: mypy does not take type[Any] as Hashable for the cache)
+    return _keyword_refusal(cls)
+
+
+@functools.cache
+def _keyword_refusal(cls: Any) -> str | None:
+    """Whether a decoder class's forward takes ``**kwargs`` to pass down (read once per class, not per forward)."""
     try:
-        params = inspect.signature(type(backbone).forward).parameters.values()
+        params = inspect.signature(cls.forward).parameters.values()
     except (TypeError, ValueError):
         return "the decoder's forward has no signature"
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
@@ -144,8 +159,7 @@ def split_sdpa_forward(
     o2 = F.scaled_dot_product_attention(  # (B, H, C_l, D): y_l queries against [x, y_l]
         q_l, k_l, v_l, attn_mask=plan.additive(query.dtype), dropout_p=dropout, scale=scaling
     )
-    if plan.t > l1:
-        o1 = torch.cat([o1, o1.new_zeros(*o1.shape[:2], plan.t - l1, o1.shape[3])], 2)  # (B, H, T, D)
+    o1 = F.pad(o1, (0, 0, 0, plan.t - l1))  # (B, H, T, D): zeros past L₁, replaced or padding
     out = torch.where(plan.is_l[:, None, :, None], _gather(o2, plan.src), o1)  # (B, H, T, D)
     plan.calls += 1
     return out.transpose(1, 2).contiguous(), None

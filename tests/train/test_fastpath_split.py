@@ -199,3 +199,10 @@ def test_a_decoder_that_drops_the_keyword_gets_the_mask_and_the_masked_result(mo
     h, g = _shared_logps_and_grads(m, split=True)
     assert torch.equal(h, h_masked)
     assert g.keys() == g_masked.keys() and all(torch.equal(g[n], g_masked[n]) for n in g)
+
+
+def test_a_window_the_config_switches_off_is_no_refusal():
+    """Qwen2-style configs carry a sliding_window with use_sliding_window=False: every layer is full attention."""
+    m = _model()
+    m.config.sliding_window, m.config.use_sliding_window = 4096, False
+    assert split_refusal(m.get_decoder(), m.config) is None
