@@ -15,6 +15,8 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +53,18 @@ def _median(samples: list[float]) -> float:
     return statistics.median(samples[1:] if len(samples) > 2 else samples)
 
 
+def _alternating(run: Callable[[Any], object], sides: tuple[Any, ...], repeats: int) -> dict[Any, float]:
+    """Median seconds of ``run(side)`` for each side over ``repeats`` + 1 rounds, the order reversed every other
+    round (:func:`_median` drops the first round, a warm-up)."""
+    times: dict[Any, list[float]] = {s: [] for s in sides}
+    for rep in range(repeats + 1):
+        for side in sides if rep % 2 == 0 else sides[::-1]:
+            t0 = time.perf_counter()
+            run(side)
+            times[side].append(time.perf_counter() - t0)
+    return {s: _median(t) for s, t in times.items()}
+
+
 def packing_rows(model: LlamaForCausalLM, repeats: int) -> list[str]:
     rows = []
     for spread in (20, 300):
@@ -58,14 +72,12 @@ def packing_rows(model: LlamaForCausalLM, repeats: int) -> list[str]:
         for share in (False, True):
             b = PreferenceCollator(0, share_prompt=share)(pairs)
             args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
-            times: dict[bool, list[float]] = {False: [], True: []}
-            for rep in range(repeats + 1):
-                for packing in (False, True) if rep % 2 == 0 else (True, False):
-                    t0 = time.perf_counter()
-                    sequence_logps(model, *args, packing=packing).logps.sum().backward()
-                    times[packing].append(time.perf_counter() - t0)
+            med = _alternating(
+                lambda packing, args=args: sequence_logps(model, *args, packing=packing).logps.sum().backward(),
+                (False, True), repeats,
+            )  # fmt: skip
             pad = 1 - float(b["attention_mask"].sum()) / b["attention_mask"].numel()
-            u, p = _median(times[False]), _median(times[True])
+            u, p = med[False], med[True]
             rows.append(f"| packing, completions 20–{20 + spread}, share_prompt={share} ({pad:.0%} padding) "
                         f"| unpacked {u:.2f} s | packed {p:.2f} s | {u / p:.2f}× |")  # fmt: skip
     return rows
@@ -129,21 +141,17 @@ def flex_rows(hidden: int, repeats: int) -> list[str]:
             backward = "has a backward"
         except NotImplementedError:
             backward = "has **no backward on CPU**"
-        times: dict[str, list[float]] = {"sdpa": [], "flex": []}
+
+        def attend(side: str, q=q, k=k, v=v, additive=additive, block=block) -> torch.Tensor:
+            if side == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v, additive)
+            return flex(q, k, v, block_mask=block)
+
         with torch.no_grad():
-            diff = float(
-                (flex(q, k, v, block_mask=block) - F.scaled_dot_product_attention(q, k, v, additive)).abs().amax()
-            )
+            diff = float((attend("flex") - attend("sdpa")).abs().amax())
             # (the call above also compiled this shape: the timed calls below run the compiled kernel)
-            for rep in range(repeats + 1):
-                for side in ("sdpa", "flex") if rep % 2 == 0 else ("flex", "sdpa"):
-                    t0 = time.perf_counter()
-                    if side == "sdpa":
-                        F.scaled_dot_product_attention(q, k, v, additive)
-                    else:
-                        flex(q, k, v, block_mask=block)
-                    times[side].append(time.perf_counter() - t0)
-        sd, fx = _median(times["sdpa"]), _median(times["flex"])
+            med = _alternating(attend, ("sdpa", "flex"), repeats)
+        sd, fx = med["sdpa"], med["flex"]
         rows.append(f"| attention forward on packed rows ({r} × {t}, share_prompt={share}, {block.sparsity():.0f}% "
                     f"of blocks skipped by Flex; max diff {diff:.1e}; Flex {backward}) | SDPA + 4-D mask "
                     f"{sd * 1e3:.1f} ms | FlexAttention {fx * 1e3:.1f} ms | {sd / fx:.2f}× |")  # fmt: skip
@@ -174,16 +182,14 @@ def split_rows(quick: bool, repeats: int) -> list[str]:
                  for i, p in enumerate(text)]  # fmt: skip
         b = PreferenceCollator(0, share_prompt=True)(pairs)
         args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for rep in range(repeats + 1):
-            for split in (False, True) if rep % 2 == 0 else (True, False):
-                model.zero_grad(set_to_none=True)
-                t0 = time.perf_counter()
-                sequence_logps(model, *args, split_attention=split).logps.sum().backward()
-                with torch.no_grad():  # the reference pass
-                    sequence_logps(model, *args, split_attention=split)
-                times[split].append(time.perf_counter() - t0)
-        m, s_ = _median(times[False]), _median(times[True])
+        def step(split: bool, args: tuple = args) -> None:  # policy forward + backward, then the reference pass
+            model.zero_grad(set_to_none=True)
+            sequence_logps(model, *args, split_attention=split).logps.sum().backward()
+            with torch.no_grad():
+                sequence_logps(model, *args, split_attention=split)
+
+        med = _alternating(step, (False, True), repeats)
+        m, s_ = med[False], med[True]
         rows.append(f"| shared-prompt attention, {name}-shaped, 4 pairs, rows of {b['input_ids'].shape[1]} "
                     f"| masked {m:.2f} s | split {s_:.2f} s | {m / s_:.2f}× |")  # fmt: skip
     return rows
