@@ -10,14 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefzoo.train.schedules import SCHEDULES
+
 __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "TORCH_DTYPES", "ConfigError", "TrainConfig", "field_docs",
            "load_yaml_config", "resolve_aliases"]  # fmt: skip
 
 
 TORCH_DTYPES = ("float32", "bfloat16", "float16", "auto")  # --torch-dtype choices (TRL's names)
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")  # --attn-implementation choices (transformers' names)
-LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial",
-                 "inverse_sqrt")  # fmt: skip  # transformers.get_scheduler names that need no extra arguments
+LR_SCHEDULERS = SCHEDULES  # transformers.get_scheduler names that need no extra arguments
 
 
 class ConfigError(ValueError):

@@ -200,8 +200,9 @@ def build_schedule(
     optimizer: Any, total_steps: int, warmup_ratio: float, name: str = "cosine", warmup_steps: int = 0
 ) -> Any:
     """transformers' schedule ``name`` (cosine: the paper's) after a linear warm-up over ``warmup_steps`` steps, or
-    ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule)."""
-    from transformers import get_scheduler
+    ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule).  Built by
+    :mod:`prefzoo.train.schedules` (the same LambdaLR without importing peft)."""
+    from prefzoo.train.schedules import get_schedule
 
     warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return get_schedule(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
