@@ -4,6 +4,7 @@
     python benchmarks/bench_packing.py --flex     # and SDPA against FlexAttention on the packed rows' masks
     python benchmarks/bench_packing.py --quick    # smoke: smaller model, 1 repeat
     python benchmarks/bench_packing.py --only split   # only the shared-prompt attention, masked against split
+    python benchmarks/bench_packing.py --only flat    # only padded rows against one padding-free row (both split)
 
 Timings are in-process forward + backward through :func:`prefzoo.sequence_logps` (the trainer's own log-prob
 call), medians over repeats with the sides alternating; compare only the ratios printed in one run.
@@ -158,10 +159,9 @@ def flex_rows(hidden: int, repeats: int) -> list[str]:
     return rows
 
 
-def split_rows(quick: bool, repeats: int) -> list[str]:
-    """Shared-prompt attention as one masked SDPA call per layer or split into two causal parts (fastpath_split),
-    on the goals benchmark's model and pair shapes (4 pairs: UltraFeedback- and Orca-shaped lengths, and rows of
-    about 2,000 tokens with a 1,000-token prompt)."""
+def _goal_batches(quick: bool) -> tuple[Any, list[tuple[str, list[dict[str, Any]]]]]:
+    """The goals benchmark's model (sdpa) and 4-pair batches of token ids: UltraFeedback- and Orca-shaped lengths,
+    and rows of about 2,000 tokens with a 1,000-token prompt (the tiny shape with ``quick``)."""
     import tempfile
 
     from trainbench_setup import TINY_SHAPE, WORKLOADS, ModelShape, Workload, build_model_dir, make_pairs
@@ -172,26 +172,55 @@ def split_rows(quick: bool, repeats: int) -> list[str]:
         path = build_model_dir(tmp, shape)
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
         tok = AutoTokenizer.from_pretrained(path)
-    rows = []
     long_rows = Workload("long-prompt", prompt=(900, 1100), completion=(300, 500))  # rows of about 2,000 tokens
+    batches = []
     for wl in [WORKLOADS["tiny"]] if quick else [WORKLOADS["ultrafeedback"], WORKLOADS["orca"], long_rows]:
-        name = wl.name
         text = make_pairs(wl, 4, shape.vocab_size, seed=1)
         pairs = [{"id": str(i), "prompt_ids": tok(p["prompt"])["input_ids"],
                   "chosen_ids": tok(p["chosen"])["input_ids"], "rejected_ids": tok(p["rejected"])["input_ids"]}
                  for i, p in enumerate(text)]  # fmt: skip
+        batches.append((wl.name, pairs))
+    return model, batches
+
+
+def _policy_and_reference(model: Any, args: tuple, **options: Any) -> None:
+    """One step's log-prob work: policy forward + backward, then the no-grad reference pass."""
+    model.zero_grad(set_to_none=True)
+    sequence_logps(model, *args, **options).logps.sum().backward()
+    with torch.no_grad():
+        sequence_logps(model, *args, **options)
+
+
+def split_rows(quick: bool, repeats: int) -> list[str]:
+    """Shared-prompt attention as one masked SDPA call per layer or split into two causal parts (fastpath_split)."""
+    model, batches = _goal_batches(quick)
+    rows = []
+    for name, pairs in batches:
         b = PreferenceCollator(0, share_prompt=True)(pairs)
         args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
-        def step(split: bool, args: tuple = args) -> None:  # policy forward + backward, then the reference pass
-            model.zero_grad(set_to_none=True)
-            sequence_logps(model, *args, split_attention=split).logps.sum().backward()
-            with torch.no_grad():
-                sequence_logps(model, *args, split_attention=split)
-
-        med = _alternating(step, (False, True), repeats)
+        med = _alternating(lambda split, a=args: _policy_and_reference(model, a, split_attention=split),
+                           (False, True), repeats)  # fmt: skip
         m, s_ = med[False], med[True]
         rows.append(f"| shared-prompt attention, {name}-shaped, 4 pairs, rows of {b['input_ids'].shape[1]} "
                     f"| masked {m:.2f} s | split {s_:.2f} s | {m / s_:.2f}× |")  # fmt: skip
+    return rows
+
+
+def flat_rows(quick: bool, repeats: int) -> list[str]:
+    """Padded rows with the split attention against one padding-free row with the split gathered from it
+    (``packing=True`` under SDPA), shared-prompt and plain layouts."""
+    model, batches = _goal_batches(quick)
+    rows = []
+    for name, pairs in batches:
+        for share in (True, False):
+            b = PreferenceCollator(0, share_prompt=share)(pairs)
+            args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+            pad = 1 - float(b["attention_mask"].sum()) / b["attention_mask"].numel()
+            med = _alternating(lambda packing, a=args: _policy_and_reference(model, a, packing=packing),
+                               (False, True), repeats)  # fmt: skip
+            u, f = med[False], med[True]
+            rows.append(f"| padding-free row, {name}-shaped, 4 pairs, share_prompt={share}, {pad:.0%} padding "
+                        f"| padded {u:.2f} s | one row {f:.2f} s | {u / f:.2f}× |")  # fmt: skip
     return rows
 
 
@@ -200,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke: hidden 64, 2 layers, 1 repeat")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--flex", action="store_true", help="add SDPA against FlexAttention (compiles: ~15-30 s a shape)")
-    p.add_argument("--only", choices=("packing", "lora", "split"), help="one comparison instead of all")
+    p.add_argument("--only", choices=("packing", "lora", "split", "flat"), help="one comparison instead of all")
     a = p.parse_args(argv)
     hidden, layers, repeats = (64, 2, 1) if a.quick else (256, 4, a.repeats)
     lines = ["| what | A | B | A / B |", "| --- | --- | --- | --- |"]
@@ -210,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += lora_rows(hidden, layers, repeats)
     if a.only in (None, "split"):
         lines += split_rows(a.quick, repeats)
+    if a.only in (None, "flat"):
+        lines += flat_rows(a.quick, repeats)
     if a.flex:
         lines += flex_rows(hidden, max(repeats, 5))
     print("\n".join(lines))

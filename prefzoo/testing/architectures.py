@@ -288,28 +288,32 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
 
         share = "shared" in res.reason
         batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(VOCAB))
-        check = check_logps(PolicyLogps(model, chunk_size=5), batch, rows=3)
+        policy = PolicyLogps(model, chunk_size=5, packing=res.reason.startswith("packed"))  # as a packed run checks
+        check = check_logps(policy, batch, rows=3)
         res.caught = not check.ok
         res.reason += "; the self-check catches it" if res.caught else "; THE SELF-CHECK MISSES IT"
     return res
 
 
 def _compare_shared(
-    model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any], key: str, what: str
-) -> None:
-    """The shared layout's sequence log-probs against the plain rows' (``ref_sum``): error ``key``, a failure past
-    the tolerance naming ``what``."""
+    model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any], key: str, what: str,
+    packing: bool = False,
+) -> None:  # fmt: skip
+    """The shared layout's sequence log-probs (``packing``: from its pairs packed into one row) against the plain
+    rows' (``ref_sum``): error ``key``, a failure past the tolerance naming ``what``."""
     from prefzoo.train.logps import sequence_logps
 
     with torch.no_grad():
-        sh = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        args = (batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        sh = sequence_logps(model, *args, packing=packing)
     res.errors[key] = float((sh.logps - ref_sum).abs().max())
     if res.errors[key] > TOKEN_TOL * 10:
         res.status, res.reason = "fail", f"{what} differs from the plain rows"
 
 
 def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any]) -> None:
-    """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows."""
+    """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows, on
+    the padded rows and on the pairs packed into one padding-free row (``packing``, the split gathered from it)."""
     from prefzoo.train.fastpath_split import split_refusal
     from prefzoo.train.logps import unwrap_causal_lm
 
@@ -325,6 +329,8 @@ def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict
         if split_refusal(causal.get_decoder(), causal.config) is not None:
             return
         _compare_shared(model, res, ref_sum, batch, "split", "split shared-prompt attention")
+        if res.status == "pass":
+            _compare_shared(model, res, ref_sum, batch, "packed", "packed shared rows (one row, split)", packing=True)
     except Exception as e:
         res.status, res.reason = "fail", f"split shared-prompt attention crashed: {type(e).__name__}: {str(e)[:80]}"
     finally:

@@ -15,6 +15,12 @@ Attention work falls from T² per row (T = max(|x| + |y_w| + |y_l|)) to about L�
 on UltraFeedback- and Orca-shaped pairs.  The result is the masked attention's up to the order of the softmax sums
 (float rounding, tested against the masked path and the plain rows).
 
+**Padding-free rows** (:mod:`prefzoo.train.packing`, one row): the decoder runs on every sequence laid end to end,
+so its projections, MLPs and norms see only real tokens, and :func:`flat_layout` tells the attention function where
+each collated row's tokens are in that row.  The two parts above then run on the collated (B, ·) layout gathered from
+the flat row (``index_select`` of q, k, v: padding slots point at token 0 and are never read back), and the outputs
+are put back in flat order.  Plain rows [x, y] (a plan without y_l) take part 1 only.
+
 The split runs through a registered transformers attention function (``prefzoo_split_sdpa``) that the decoder's
 layers look up by ``config._attn_implementation`` while :func:`split_attention` holds it; the layout reaches it as
 the ``prefzoo_split`` keyword, which transformers' decoders pass down to their attention.  Without that keyword
@@ -39,7 +45,16 @@ from torch.nn import functional as F
 
 from prefzoo.data.collate import PreferenceCollator
 
-__all__ = ["IMPLEMENTATION", "SplitPlan", "split_attention", "split_plan", "split_refusal", "split_sdpa_forward"]
+__all__ = [
+    "IMPLEMENTATION",
+    "FlatLayout",
+    "SplitPlan",
+    "flat_layout",
+    "split_attention",
+    "split_plan",
+    "split_refusal",
+    "split_sdpa_forward",
+]
 
 IMPLEMENTATION = "prefzoo_split_sdpa"
 PAD, PROMPT, CHOSEN, REJECTED = (  # segment ids, as PreferenceCollator(share_prompt=True) writes them
@@ -49,6 +64,17 @@ PAD, PROMPT, CHOSEN, REJECTED = (  # segment ids, as PreferenceCollator(share_pr
     PreferenceCollator.SEGMENT_REJECTED,
 )
 _FEATURES = ("softcap", "position_bias", "s_aux", "sinks")  # attention features the split does not reproduce
+
+
+@dataclass
+class FlatLayout:
+    """Where the (B, T) collated layout's tokens sit in one padding-free row of N tokens (:func:`flat_layout`)."""
+
+    n: int  # N, the flat row's length
+    p1: Tensor  # (B·L₁,) flat position of each part-1 slot (row b, column t < L₁); 0 at padding
+    q: Tensor  # (B·C_l,) flat position of each y_l query slot; 0 at padding
+    kv: Tensor  # (B·K,) flat position of each [x, y_l] key slot; 0 at padding
+    out: Tensor  # (N,) for each flat position, its slot in cat(part 1 (B·L₁), part 2 (B·C_l))
 
 
 @dataclass
@@ -62,6 +88,8 @@ class SplitPlan:
     allowed: Tensor  # (B, 1, C_l, K) bool: y_l query t sees keys j ≤ |x| + t; a padding query sees key 0 only
     is_l: Tensor  # (B, T) bool: the row's y_l positions
     src: Tensor  # (B, T) index into C_l of each y_l position (0 elsewhere)
+    has_l: bool = True  # any y_l at all (plain rows [x, y] have none: part 1 only)
+    flat: FlatLayout | None = None  # set when the decoder runs on one padding-free row (flat_layout)
     calls: int = 0  # layers that took the split (tests read it)
     _masks: dict[torch.dtype, Tensor] = field(default_factory=dict)
 
@@ -94,7 +122,24 @@ def split_plan(segments: Tensor) -> SplitPlan:
     is_l = segments == REJECTED  # (B, T)
     src = torch.where(is_l, pos[None] - (p_len + w_len)[:, None], 0)  # (B, T)
     l1 = max(int((p_len + w_len).max()), 1)
-    return SplitPlan(t, l1, q_idx, kv_idx, allowed[:, None], is_l, src)
+    return SplitPlan(t, l1, q_idx, kv_idx, allowed[:, None], is_l, src, has_l=bool((l_len > 0).any()))
+
+
+def flat_layout(plan: SplitPlan, segments: Tensor, flat_of: Tensor, n: int) -> FlatLayout:
+    """The plan's slots in one flat row: ``flat_of`` (B, T) is each collated real token's flat position (any value at
+    padding), ``segments`` the collated segment ids the plan was made from, ``n`` the flat row's length."""
+    b, t = segments.shape
+    valid = segments != PAD  # (B, T)
+    flat_of = flat_of.masked_fill(~valid, 0)  # padding slots read token 0 (finite, never read back)
+    c_l = plan.q_idx.shape[1]
+    rows = torch.arange(b, device=segments.device)[:, None]  # (B, 1)
+    cols = torch.arange(t, device=segments.device)[None]  # (1, T)
+    slot = torch.where(plan.is_l, b * plan.l1 + rows * c_l + plan.src, rows * plan.l1 + cols)  # (B, T)
+    out = torch.zeros(n, dtype=torch.long, device=segments.device)
+    out[flat_of[valid]] = slot[valid]
+    p1 = F.pad(flat_of, (0, max(plan.l1 - t, 0)))[:, : plan.l1]  # (B, L₁)
+    return FlatLayout(n, p1.reshape(-1), flat_of.gather(1, plan.q_idx).reshape(-1),
+                      flat_of.gather(1, plan.kv_idx).reshape(-1), out)  # fmt: skip
 
 
 def split_refusal(backbone: Any, config: Any) -> str | None:
@@ -146,11 +191,13 @@ def split_sdpa_forward(
 
     plan: SplitPlan | None = kwargs.pop("prefzoo_split", None)
     unusual = any(kwargs.get(k) is not None for k in _FEATURES) or kwargs.get("sliding_window") is not None
-    if plan is None or unusual or kwargs.get("output_attentions") or query.shape[2] != plan.t or key.shape[2] != plan.t:
+    if plan is None or unusual or kwargs.get("output_attentions") or not _fits(plan, query, key):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    if plan.flat is not None:
+        return _flat_split(plan, plan.flat, query, key, value, dropout, scaling), None
     l1 = plan.l1
     o1 = F.scaled_dot_product_attention(  # (B, H, L₁, D): every x and y_w query, causal
         query[:, :, :l1], key[:, :, :l1], value[:, :, :l1], dropout_p=dropout, scale=scaling, is_causal=True
@@ -163,6 +210,38 @@ def split_sdpa_forward(
     out = torch.where(plan.is_l[:, None, :, None], _gather(o2, plan.src), o1)  # (B, H, T, D)
     plan.calls += 1
     return out.transpose(1, 2).contiguous(), None
+
+
+def _fits(plan: SplitPlan, query: Tensor, key: Tensor) -> bool:
+    """q and k have the plan's layout: (B, ·, T, ·) collated rows, or (1, ·, N, ·) for a flat plan."""
+    if plan.flat is None:
+        return query.shape[2] == plan.t and key.shape[2] == plan.t
+    return query.shape[0] == 1 and query.shape[2] == plan.flat.n and key.shape[2] == plan.flat.n
+
+
+def _flat_split(
+    plan: SplitPlan, flat: FlatLayout, query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling: float | None
+) -> Tensor:
+    """The split on one flat row: (1, H, N, D) q, k, v → (1, N, H, D), each part gathered into the collated rows."""
+    b = plan.q_idx.shape[0]
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (N, H, D) views
+
+    def rows_of(x: Tensor, idx: Tensor) -> Tensor:  # (N, H, D) at B·L flat positions → (B, H, L, D)
+        return x.index_select(0, idx).view(b, -1, *x.shape[1:]).transpose(1, 2)
+
+    o1 = F.scaled_dot_product_attention(  # (B, H, L₁, D): every x and y_w query, causal
+        rows_of(q, flat.p1), rows_of(k, flat.p1), rows_of(v, flat.p1), dropout_p=dropout, scale=scaling,
+        is_causal=True,
+    )  # fmt: skip
+    parts = [o1.transpose(1, 2).reshape(-1, *q.shape[1:])]  # (B·L₁, H, D)
+    if plan.has_l:
+        o2 = F.scaled_dot_product_attention(  # (B, H, C_l, D): y_l queries against [x, y_l]
+            rows_of(q, flat.q), rows_of(k, flat.kv), rows_of(v, flat.kv), attn_mask=plan.additive(query.dtype),
+            dropout_p=dropout, scale=scaling,
+        )  # fmt: skip
+        parts.append(o2.transpose(1, 2).reshape(-1, *q.shape[1:]))  # (B·C_l, H, D)
+    plan.calls += 1
+    return torch.cat(parts).index_select(0, flat.out)[None]  # (1, N, H, D)
 
 
 def _register() -> None:

@@ -7,7 +7,10 @@ line saying what was chosen and why (:func:`choose_fast_paths`, a pure function)
   once instead of twice; measured 1.09× on UltraFeedback-shaped pairs, 1.35× on Orca-shaped ones, and slower when
   the prompt is short next to long completions of uneven length, where the one-row layout pads more);
 - packing when random batches of this size would be at least ``PACK_MIN_PADDING`` padding (measured on CPU: 0.93×
-  at 20% padding, 1.19–1.26× at 30–36%: the mask and the scatter back cost about what a few padded positions do);
+  at 20% padding, 1.19–1.26× at 30–36%: the mask and the scatter back cost about what a few padded positions do),
+  or ``PACK_SPLIT_MIN_PADDING`` where the model's attention takes the split (SDPA without windows or soft-caps:
+  one padding-free row whose attention needs no mask, :mod:`prefzoo.train.fastpath_split`; measured 1.03–1.07× on
+  the goals benchmark's batches at 5–17% padding, 1.14× on 2,000-token plain rows at 11%);
 - length grouping only when packing is off and padding is as high, and never for a batch-coupled loss (grouping
   changes which pairs normalise together; packing removes the padding without changing any batch).
 
@@ -37,6 +40,7 @@ AUTO, ON, OFF = "auto", "on", "off"
 SWITCHES = ("share_prompt", "packing", "group_by_length")  # TrainConfig fields that take auto | on | off
 SHARE_MIN_SAVING = 0.15  # prompt share of the plain layout's tokens from which sharing pays
 PACK_MIN_PADDING = 0.25  # padding share of random batches from which packing (or grouping) pays
+PACK_SPLIT_MIN_PADDING = 0.02  # the same for one padding-free row with the split attention (no mask)
 _TRUE, _FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 
 
@@ -102,8 +106,12 @@ def choose_fast_paths(
     unavailable: str | None = None,
     refusal: str | None = None,
     share_refusal: str | None = None,
+    split: bool = False,
 ) -> FastPaths:
     """The fast paths to use: forced switches as given, ``auto`` ones from ``stats`` (None: no pair statistics).
+
+    ``split``: the model's attention takes the split, so packing is one padding-free row without a mask and pays
+    from ``PACK_SPLIT_MIN_PADDING`` instead of ``PACK_MIN_PADDING``.
 
     ``unavailable`` (a reason) turns every ``auto`` off: e.g. lists or unpaired batches, on-policy data, sharded
     engines the fast paths are not tested under.  ``refusal`` (the model's attention cannot take the custom mask)
@@ -133,8 +141,10 @@ def choose_fast_paths(
     elif blocked or padding is None or refusal:
         pack, pack_why = False, f"auto: {blocked or refusal}"
     else:
-        pack = padding >= PACK_MIN_PADDING
-        pack_why = f"auto: batches {padding:.0%} padding, {'≥' if pack else '<'} {PACK_MIN_PADDING:.0%}"
+        least = PACK_SPLIT_MIN_PADDING if split else PACK_MIN_PADDING
+        pack = padding >= least
+        how = ": one row, split attention" if split and pack else ""
+        pack_why = f"auto: batches {padding:.0%} padding, {'≥' if pack else '<'} {least:.0%}{how}"
     # length grouping
     got = forced(group_by_length)
     if got is not None:
@@ -169,11 +179,13 @@ def fast_paths_for_run(
     unavailable: str | None,
     refusal: str | None = None,
     share_refusal: str | None = None,
+    split: bool = False,
 ) -> FastPaths:
     """:func:`choose_fast_paths` for a run's TrainConfig: ``pairs`` its tokenized training pairs (None: not pairs)."""
     stats = None
     if pairs is not None and unavailable is None and AUTO in (getattr(cfg, k) for k in SWITCHES):
         stats = length_stats(pair_triples(pairs), cfg.per_device_batch_size, cfg.seed)
     return choose_fast_paths(
-        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable, refusal, share_refusal
-    )
+        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable, refusal, share_refusal,
+        split,
+    )  # fmt: skip

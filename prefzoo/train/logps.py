@@ -20,7 +20,7 @@ from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, rou
 from prefzoo.train.fastpath_head import fusable_head, head_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
-from prefzoo.train.packing import pack_rows, packed_forward
+from prefzoo.train.packing import pack_rows, packed_forward, split_segments
 
 __all__ = [
     "CompletionLogps",
@@ -227,9 +227,13 @@ def sequence_logps(
         kw: dict[str, Any] = {"output_router_logits": True} if router else {}
         shared = is_shared_layout(completion_mask)
         if packing:  # padding-free rows; hidden states come back in the collated layout
-            one_row = varlen_attention(causal.config)  # flash kernels: one row, sequence boundaries
+            segments = (  # SDPA: one padding-free row, attention split over the collated rows
+                split_segments(backbone, causal.config, attention_mask, completion_mask, shared)
+                if split_attention else None
+            )  # fmt: skip
+            one_row = segments is not None or varlen_attention(causal.config)  # flash: one row, sequence boundaries
             packed = pack_rows(input_ids, attention_mask, completion_mask, shared, one_row)
-            out, hidden = packed_forward(backbone, causal.config, packed, **kw)
+            out, hidden = packed_forward(backbone, causal.config, packed, segments, **kw)
             if shared:
                 h_sel, targets, row, col, lengths = shared_select(hidden, input_ids, completion_mask)
             else:

@@ -10,6 +10,13 @@ sequence's own positions.  The decoder's hidden states are then put back in the 
 transform, token-level outputs and shared-prompt selection are the unpacked path's own code: the log-probs are equal
 to it within float tolerance.
 
+Under SDPA, wherever the shared-prompt split of :mod:`prefzoo.train.fastpath_split` can run (no sliding window,
+soft-cap or chunked attention, a decoder that passes keywords down, no gradient checkpointing: :func:`split_segments`),
+every sequence goes end to end into **one** row with no padding at all, and the attention runs as the split over the
+collated rows gathered from that row: causal parts with ``is_causal`` instead of a block-diagonal mask of the packed
+row's T² entries, whose every block SDPA would compute.  A layer that falls back to transformers' SDPA (a decoder
+that drops the keyword) reads the one-row block mask, so the result never depends on the split being taken.
+
 Transformers' own packed-sequence detection (restarted position ids, no mask) builds the same block-causal mask for
 SDPA/eager, but it cannot express the shared layout's y_l → y_w block; the explicit mask serves both.  An
 architecture whose attention a 4-D mask cannot express is refused with one line (:func:`packing_refusal`).
@@ -33,11 +40,14 @@ from prefzoo.train.arch import shared_prompt_refusal, varlen_attention
 from prefzoo.train.fastpath_prompt import (
     CHOSEN,
     PAD,
+    PROMPT,
     REJECTED,
     SharedPromptError,
     decoder_masks,
+    layer_masks,
     shared_position_ids,
 )
+from prefzoo.train.fastpath_split import flat_layout, split_attention, split_plan, split_refusal
 
 __all__ = [
     "PackedRows",
@@ -45,6 +55,8 @@ __all__ = [
     "pack_rows",
     "packed_forward",
     "packing_refusal",
+    "packing_takes_split",
+    "split_segments",
     "varlen_shared_refusal",
 ]
 
@@ -153,8 +165,37 @@ def pack_rows(
     return PackedRows(input_ids, valid, position_ids, valid.long(), one_row)
 
 
-def packed_forward(backbone: nn.Module, config: Any, packed: PackedRows, **forward_kw: Any) -> tuple[Any, Tensor]:
-    """Run the decoder on packed rows; (its output, last hidden state back in the collated layout (N, T, H))."""
+def packing_takes_split(backbone: nn.Module, config: Any) -> bool:
+    """Packed rows run as one padding-free row with the split attention (see :func:`split_segments`)."""
+    return not varlen_attention(config) and split_refusal(backbone, config) is None
+
+
+def split_segments(
+    backbone: nn.Module, config: Any, attention_mask: Tensor, completion_mask: Tensor, shared: bool
+) -> Tensor | None:
+    """The collated rows' segment ids when their packing can run as one padding-free row with the split attention
+    of :mod:`prefzoo.train.fastpath_split` (SDPA, no sliding window or soft-cap, a decoder that passes keywords
+    down), else None: the packed rows keep their block-diagonal mask."""
+    if not packing_takes_split(backbone, config):
+        return None
+    if shared:
+        return completion_mask
+    valid = attention_mask.bool()  # (N, T): plain rows [x, y], right-padded (part 1 of the split: causal from 0)
+    lengths = valid.sum(1, keepdim=True)  # (N, 1)
+    if not bool((valid == (torch.arange(valid.shape[1], device=valid.device)[None] < lengths)).all()):
+        return None
+    return valid.long() * PROMPT  # every real token a "prompt" token: no y_l, part 1 only
+
+
+def packed_forward(
+    backbone: nn.Module, config: Any, packed: PackedRows, segments: Tensor | None = None, **forward_kw: Any
+) -> tuple[Any, Tensor]:
+    """Run the decoder on packed rows; (its output, last hidden state back in the collated layout (N, T, H)).
+
+    ``segments`` (from :func:`split_segments`, with a one-row ``packed``): the attention runs as the split on the
+    collated rows gathered from the flat row; layers that cannot take it read the block-diagonal mask."""
+    if segments is not None:
+        return _split_forward(backbone, config, packed, segments, **forward_kw)
     if varlen_attention(config):  # one row: the flash kernel gets the sequence boundaries instead of a mask
         refusal = packing_refusal(backbone, config)
         if refusal is None and bool((packed.kind == REJECTED).any()):
@@ -168,6 +209,28 @@ def packed_forward(backbone: nn.Module, config: Any, packed: PackedRows, **forwa
         input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
         **extra, **forward_kw,
     )  # fmt: skip
+    return out, packed.unpack(out.last_hidden_state)
+
+
+def _split_forward(
+    backbone: nn.Module, config: Any, packed: PackedRows, segments: Tensor, **forward_kw: Any
+) -> tuple[Any, Tensor]:
+    """:func:`packed_forward` on one padding-free row with the split attention gathered from it."""
+    if packed.rows != 1:
+        raise PackingError("packing: the split attention needs every sequence in one row")
+    plan = split_plan(segments)
+    flat_of = torch.zeros(packed.shape, dtype=torch.long, device=segments.device)
+    flat_of[packed.src_row, packed.src_col] = packed.dst_col
+    plan.flat = flat_layout(plan, segments, flat_of, int(packed.input_ids.shape[1]))
+    try:  # only a layer that falls back reads the mask: the boolean one
+        mask = layer_masks(backbone, config, packed.mask(), packed.position_ids, "packing")
+    except SharedPromptError as e:
+        raise PackingError(str(e)) from None
+    with split_attention(config):
+        out = backbone(
+            input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
+            prefzoo_split=plan, **forward_kw,
+        )  # fmt: skip
     return out, packed.unpack(out.last_hidden_state)
 
 

@@ -340,11 +340,16 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
         unavailable = "not measured under --deepspeed/--fsdp: force with on"
     from prefzoo.train.arch import model_capabilities
     from prefzoo.train.logps import unwrap_causal_lm
+    from prefzoo.train.packing import packing_takes_split
 
-    caps = model_capabilities(unwrap_causal_lm(lm))  # declared by the architecture (prefzoo.train.arch)
+    causal: Any = unwrap_causal_lm(lm)
+    caps = model_capabilities(causal)  # declared by the architecture (prefzoo.train.arch)
     unavailable = unavailable or caps.fast_path_block()
     refusal, share_refusal = caps.packing_refusal, caps.custom_mask_refusal  # flash: packs, does not share
-    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal)
+    split = packing_takes_split(causal.get_decoder(), causal.config)  # packing without a mask: pays sooner
+    return fast_paths_for_run(
+        cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal, split
+    )
 
 
 def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:

@@ -50,6 +50,25 @@ def test_a_fault_of_the_split_attention_only_is_checked_under_sdpa_and_caught(mo
     assert res.caught and res.reason.endswith("; the self-check catches it"), res
 
 
+def test_a_fault_of_the_packed_rows_only_is_checked_on_them_and_caught(monkeypatch):
+    """Flat outputs put back one slot off in the packed rows' split: the padded layouts stay right, the packed
+    comparison fails, and the self-check, run as a packed run runs it, stops it."""
+    from prefzoo.train import packing
+
+    sound = packing.flat_layout
+
+    def shifted(*args, **kw):
+        lay = sound(*args, **kw)
+        lay.out = lay.out.roll(1)
+        return lay
+
+    monkeypatch.setattr(packing, "flat_layout", shifted)
+    res = check_architecture("llama")
+    assert res.status == "fail" and res.errors["split"] < 1e-4 and res.errors["packed"] > 1e-2, res
+    assert res.reason.startswith("packed shared rows (one row, split) differs from the plain rows"), res
+    assert res.caught and res.reason.endswith("; the self-check catches it"), res
+
+
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
@@ -147,7 +166,7 @@ def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
     assert main(["llama"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"llama {24}pass  \[.+; .+\] fused=\S+ chunked=\S+ token=\S+ entropy=\S+ chunked-entropy=\S+ "
-                        r"shared=\S+ split=\S+  \(\d+\.\ds\)", out[0]), out  # fmt: skip
+                        r"shared=\S+ split=\S+ packed=\S+  \(\d+\.\ds\)", out[0]), out  # fmt: skip
     assert out[-1] == "counts: {'pass': 1}; prompt sharing refused (with its reason) for 0 of the passing ones"
     assert main(["llama", "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()

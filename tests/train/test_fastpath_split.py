@@ -23,6 +23,7 @@ LAYOUTS = {  # (|x|, |y_w|, |y_l|) per row
     "ragged": [(3, 5, 2), (1, 1, 7), (6, 2, 1), (2, 6, 4)],
     "rejected-longest": [(2, 1, 9), (4, 4, 1)],
     "one-row": [(5, 3, 3)],
+    "one-token-rejected": [(3, 2, 1), (2, 4, 1)],  # every y_l a single token
 }
 
 
@@ -206,3 +207,103 @@ def test_a_window_the_config_switches_off_is_no_refusal():
     m = _model()
     m.config.sliding_window, m.config.use_sliding_window = 4096, False
     assert split_refusal(m.get_decoder(), m.config) is None
+
+
+# ---- one padding-free row (packing under SDPA): the split gathered from the flat row --------------------------------
+
+
+def _flat(seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) collated segment ids → (flat_of (B, T), N): the rows' real tokens end to end, pair after pair."""
+    valid = seg != 0
+    flat_of = torch.zeros(seg.shape, dtype=torch.long)
+    flat_of[valid] = torch.arange(int(valid.sum()))
+    return flat_of, int(valid.sum())
+
+
+@pytest.mark.parametrize("layout", [*sorted(LAYOUTS), "plain"])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
+def test_the_split_on_one_flat_row_equals_the_masked_attention_of_the_collated_rows(layout, heads, kv_heads):
+    """q, k, v laid out as one row of the real tokens only: the outputs and gradients of every real token equal
+    the masked attention over the collated rows (plain rows [x, y]: causal within each row, part 1 only)."""
+    rows = [(4, 0, 0), (1, 0, 0), (7, 0, 0), (2, 0, 0)] if layout == "plain" else LAYOUTS[layout]
+    seg = _segments(rows)
+    q, k, v = _qkv(seg, heads, kv_heads)
+    real = seg != 0
+    g = torch.Generator().manual_seed(1)
+    g_out = torch.randn(q.shape, generator=g, dtype=torch.float64) * real[:, None, :, None]
+    want = _masked(q, k, v, seg)
+    want_grads = torch.autograd.grad(want, (q, k, v), g_out)
+
+    flat_of, n = _flat(seg)
+
+    def to_flat(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) → (1, H, N, D) in flat order
+        return x.transpose(1, 2)[real].transpose(0, 1)[None]
+
+    qf, kf, vf = (to_flat(x).detach().requires_grad_() for x in (q, k, v))
+    plan = split_plan(seg)
+    plan.flat = fastpath_split.flat_layout(plan, seg, flat_of, n)
+    assert plan.has_l == (layout != "plain")
+    got, _ = split_sdpa_forward(_Module(heads // kv_heads), qf, kf, vf, None, prefzoo_split=plan)  # (1, N, H, D)
+    got_grads = torch.autograd.grad(got, (qf, kf, vf), to_flat(g_out).transpose(1, 2))
+
+    assert plan.calls == 1 and got.shape == (1, n, heads, 8)
+    torch.testing.assert_close(got[0], want.transpose(1, 2)[real], atol=1e-12, rtol=1e-12)
+    for name, a, b in zip("qkv", got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, to_flat(b), atol=1e-12, rtol=1e-12, msg=f"grad {name}")
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "plain"])
+def test_packed_rows_take_the_split_in_every_layer_and_equal_the_padded_forward(monkeypatch, share):
+    """``packing=True`` under SDPA: one padding-free row, every layer through the flat split, and the log-probs and
+    every weight gradient equal the unpacked forward's (float64)."""
+    from prefzoo.train.logps import sequence_logps
+
+    m = _model().double()
+    layers: list[int] = []
+
+    def spy(module, *a, **k):
+        plan = k.get("prefzoo_split")
+        if plan is not None and plan.flat is not None and a[0].shape[0] == 1:
+            layers.append(module.layer_idx)
+        return split_sdpa_forward(module, *a, **k)
+
+    monkeypatch.setattr(fastpath_split, "split_sdpa_forward", spy)
+    b = PreferenceCollator(0, share_prompt=share)(EXAMPLES)
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+
+    def run(packing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        m.zero_grad()
+        out = sequence_logps(m, *args, packing=packing, token_logps=True)
+        (out.logps.sum() + out.token_logps.square().sum()).backward()
+        return out.token_logps.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    want, want_g = run(False)
+    assert layers == []
+    got, got_g = run(True)
+    assert layers == list(range(m.config.num_hidden_layers))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    assert got_g.keys() == want_g.keys()
+    for name in want_g:
+        torch.testing.assert_close(got_g[name], want_g[name], atol=1e-10, rtol=1e-9, msg=name)
+
+
+def test_a_wrong_flat_slot_is_caught(monkeypatch):
+    """The equality above has teeth: one output slot off by one changes the log-probs."""
+    from prefzoo.train import packing
+    from prefzoo.train.logps import sequence_logps
+
+    m = _model().double()
+    b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+    with torch.no_grad():
+        want = sequence_logps(m, *args, packing=True).logps
+        real = fastpath_split.flat_layout
+
+        def shifted(*a, **k):
+            lay = real(*a, **k)
+            lay.out = lay.out.roll(1)
+            return lay
+
+        monkeypatch.setattr(packing, "flat_layout", shifted)
+        got = sequence_logps(m, *args, packing=True).logps
+    assert not torch.allclose(got, want, atol=1e-6)

@@ -45,6 +45,17 @@ def test_spread_data_packs_instead_of_grouping():
     assert not choose_fast_paths(SPREAD, packing="off", batch_coupled=True).group_by_length  # batches unchanged
 
 
+def test_a_model_that_takes_the_split_packs_from_a_little_padding():
+    """One padding-free row with the split attention needs no mask: packing pays from 2% padding, not 25%."""
+    f = choose_fast_paths(PROMPT_HEAVY, split=True)
+    assert (f.share_prompt, f.packing, f.group_by_length) == (True, True, False)
+    assert "packing on (auto: batches 10% padding, ≥ 2%: one row, split attention)" in f.line()
+    assert not choose_fast_paths(PROMPT_HEAVY).packing  # the masked packing: 10% < 25%
+    even = LengthStats(pairs=100, prompt_saving=0.4, padding_plain=0.01, padding_shared=0.01)
+    f = choose_fast_paths(even, split=True)
+    assert not f.packing and "packing off (auto: batches 1% padding, < 2%)" in f.line()
+
+
 def test_flags_force_either_way_and_auto_yields_to_refusals():
     f = choose_fast_paths(PROMPT_HEAVY, share_prompt="off", packing="on", group_by_length="on")
     assert (f.share_prompt, f.packing, f.group_by_length) == (False, True, True)
