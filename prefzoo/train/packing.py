@@ -52,6 +52,7 @@ from prefzoo.train.fastpath_split import flat_layout, split_attention, split_pla
 __all__ = [
     "PackedRows",
     "PackingError",
+    "one_row_mask",
     "pack_rows",
     "packed_forward",
     "packing_refusal",
@@ -223,7 +224,7 @@ def _split_forward(
     flat_of[packed.src_row, packed.src_col] = packed.dst_col
     plan.flat = flat_layout(plan, segments, flat_of, int(packed.input_ids.shape[1]))
     try:  # only a layer that falls back reads the mask: the boolean one
-        mask = layer_masks(backbone, config, packed.mask(), packed.position_ids, "packing")
+        mask = layer_masks(backbone, config, one_row_mask(segments, flat_of), packed.position_ids, "packing")
     except SharedPromptError as e:
         raise PackingError(str(e)) from None
     with split_attention(config):
@@ -232,6 +233,23 @@ def _split_forward(
             prefzoo_split=plan, **forward_kw,
         )  # fmt: skip
     return out, packed.unpack(out.last_hidden_state)
+
+
+def one_row_mask(segments: Tensor, flat_of: Tensor) -> Tensor:
+    """:meth:`PackedRows.mask` of a one-row packing, built block by block: (1, 1, N, N) bool.
+
+    Each collated row's real tokens are one contiguous block of the flat row (``flat_of`` (B, T): each token's flat
+    position), so the mask is block-diagonal with each row's own causal mask (y_l not seeing y_w) on the diagonal:
+    Σ L_b² comparisons instead of the N² of the generic mask (measured ~2% of a LoRA step on Orca-shaped rows)."""
+    lengths = (segments != PAD).sum(1).tolist()  # (B,) real tokens per collated row, a prefix of each
+    n = int(sum(lengths))
+    out = torch.zeros(n, n, dtype=torch.bool, device=segments.device)
+    for r, length in enumerate(lengths):
+        seg, start = segments[r, :length], int(flat_of[r, 0])
+        block = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril_()
+        block &= ~((seg[:, None] == REJECTED) & (seg[None, :] == CHOSEN))
+        out[start : start + length, start : start + length] = block
+    return out[None, None]
 
 
 def _packed_masks(backbone: nn.Module, config: Any, packed: PackedRows) -> Any:

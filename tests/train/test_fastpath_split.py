@@ -307,3 +307,24 @@ def test_a_wrong_flat_slot_is_caught(monkeypatch):
         monkeypatch.setattr(packing, "flat_layout", shifted)
         got = sequence_logps(m, *args, packing=True).logps
     assert not torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "plain"])
+def test_a_decoder_that_drops_the_keyword_gets_the_one_row_block_mask(monkeypatch, share):
+    """Packed into one row, a layer without the plan falls back to transformers' SDPA with the block mask
+    (packing.one_row_mask): the same log-probs as the split, so the result never depends on the split being taken."""
+    from prefzoo.train.logps import sequence_logps
+
+    m = _model().double()
+    b = PreferenceCollator(0, share_prompt=share)(EXAMPLES)
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+    with torch.no_grad():
+        split = sequence_logps(m, *args, packing=True).logps
+
+        def drops(module, *a, **k):
+            k.pop("prefzoo_split")
+            return split_sdpa_forward(module, *a, **k)
+
+        monkeypatch.setattr(fastpath_split, "split_sdpa_forward", drops)
+        masked = sequence_logps(m, *args, packing=True).logps
+    torch.testing.assert_close(masked, split, atol=1e-10, rtol=1e-10)

@@ -58,6 +58,28 @@ def test_shared_rows_pack_and_keep_the_rejected_restart():
     assert p.position_ids[r, c].tolist() == [0, 1, 2, 3, 2, 3]
 
 
+@pytest.mark.parametrize("share", [False, True], ids=["plain", "shared"])
+def test_the_one_row_mask_built_block_by_block_is_the_generic_one(share):
+    from prefzoo.train.packing import one_row_mask, split_segments
+
+    b = PreferenceCollator(0, share_prompt=share)(EXAMPLES)
+    model = _sdpa_llama()
+    seg = split_segments(model.get_decoder(), model.config, b["attention_mask"], b["completion_mask"], share)
+    assert seg is not None
+    p = pack_rows(b["input_ids"], b["attention_mask"], b["completion_mask"], share, one_row=True)
+    flat_of = torch.zeros(p.shape, dtype=torch.long)
+    flat_of[p.src_row, p.src_col] = p.dst_col
+    assert torch.equal(one_row_mask(seg, flat_of), p.mask())
+
+
+def _sdpa_llama():
+    from tests.support.tiny import build_model, build_tokenizer
+
+    m = build_model(build_tokenizer(), seed=4)
+    m.config._attn_implementation = "sdpa"
+    return m
+
+
 def _fields(model, loss, share, packing):
     b = PreferenceCollator(0, share_prompt=share)(EXAMPLES)
     model.zero_grad()
