@@ -110,8 +110,8 @@ def choose_fast_paths(
 ) -> FastPaths:
     """The fast paths to use: forced switches as given, ``auto`` ones from ``stats`` (None: no pair statistics).
 
-    ``split``: the model's attention takes the split, so packing is one padding-free row without a mask and pays
-    from ``PACK_SPLIT_MIN_PADDING`` instead of ``PACK_MIN_PADDING``.
+    ``split``: the model's attention takes the split (said on the prompt-sharing part of the line), so packing is
+    one padding-free row without a mask and pays from ``PACK_SPLIT_MIN_PADDING`` instead of ``PACK_MIN_PADDING``.
 
     ``unavailable`` (a reason) turns every ``auto`` off: e.g. lists or unpaired batches, on-policy data, sharded
     engines the fast paths are not tested under.  ``refusal`` (the model's attention cannot take the custom mask)
@@ -133,6 +133,8 @@ def choose_fast_paths(
         share = stats.prompt_saving >= SHARE_MIN_SAVING
         cmp = "≥" if share else "<"
         share_why = f"auto: prompt is {stats.prompt_saving:.0%} of plain tokens, {cmp} {SHARE_MIN_SAVING:.0%}"
+    if share and split:
+        share_why += ", attention split in two causal parts"
     padding = None if stats is None else (stats.padding_shared if share else stats.padding_plain)
     # packing
     got = forced(packing)

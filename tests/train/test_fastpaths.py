@@ -50,6 +50,9 @@ def test_a_model_that_takes_the_split_packs_from_a_little_padding():
     f = choose_fast_paths(PROMPT_HEAVY, split=True)
     assert (f.share_prompt, f.packing, f.group_by_length) == (True, True, False)
     assert "packing on (auto: batches 10% padding, ≥ 2%: one row, split attention)" in f.line()
+    shared = "share-prompt on (auto: prompt is 40% of plain tokens, ≥ 15%, attention split in two causal parts)"
+    assert shared in f.line()
+    assert "split" not in choose_fast_paths(PROMPT_HEAVY).line()
     assert not choose_fast_paths(PROMPT_HEAVY).packing  # the masked packing: 10% < 25%
     even = LengthStats(pairs=100, prompt_saving=0.4, padding_plain=0.01, padding_shared=0.01)
     f = choose_fast_paths(even, split=True)
