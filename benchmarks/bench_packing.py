@@ -191,16 +191,22 @@ def _policy_and_reference(model: Any, args: tuple, **options: Any) -> None:
         sequence_logps(model, *args, **options)
 
 
+def _off_on(
+    model: Any, pairs: list[dict[str, Any]], share: bool, option: str, repeats: int
+) -> tuple[Any, float, float]:
+    """(the collated batch, median s with ``option`` off, with it on) of :func:`_policy_and_reference`."""
+    b = PreferenceCollator(0, share_prompt=share)(pairs)
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+    med = _alternating(lambda on, a=args: _policy_and_reference(model, a, **{option: on}), (False, True), repeats)
+    return b, med[False], med[True]
+
+
 def split_rows(quick: bool, repeats: int) -> list[str]:
     """Shared-prompt attention as one masked SDPA call per layer or split into two causal parts (fastpath_split)."""
     model, batches = _goal_batches(quick)
     rows = []
     for name, pairs in batches:
-        b = PreferenceCollator(0, share_prompt=True)(pairs)
-        args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
-        med = _alternating(lambda split, a=args: _policy_and_reference(model, a, split_attention=split),
-                           (False, True), repeats)  # fmt: skip
-        m, s_ = med[False], med[True]
+        b, m, s_ = _off_on(model, pairs, True, "split_attention", repeats)
         rows.append(f"| shared-prompt attention, {name}-shaped, 4 pairs, rows of {b['input_ids'].shape[1]} "
                     f"| masked {m:.2f} s | split {s_:.2f} s | {m / s_:.2f}× |")  # fmt: skip
     return rows
@@ -213,12 +219,8 @@ def flat_rows(quick: bool, repeats: int) -> list[str]:
     rows = []
     for name, pairs in batches:
         for share in (True, False):
-            b = PreferenceCollator(0, share_prompt=share)(pairs)
-            args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+            b, u, f = _off_on(model, pairs, share, "packing", repeats)
             pad = 1 - float(b["attention_mask"].sum()) / b["attention_mask"].numel()
-            med = _alternating(lambda packing, a=args: _policy_and_reference(model, a, packing=packing),
-                               (False, True), repeats)  # fmt: skip
-            u, f = med[False], med[True]
             rows.append(f"| padding-free row, {name}-shaped, 4 pairs, share_prompt={share}, {pad:.0%} padding "
                         f"| padded {u:.2f} s | one row {f:.2f} s | {u / f:.2f}× |")  # fmt: skip
     return rows

@@ -32,18 +32,13 @@ def test_a_fault_of_the_shared_layout_only_is_checked_on_that_layout(monkeypatch
 def test_a_fault_of_the_split_attention_only_is_checked_under_sdpa_and_caught(monkeypatch):
     """y_l queries that see every [x, y_l] key (no shifted causal mask) in the split attention: the eager shared
     layout stays right, the SDPA comparison fails, and the self-check (run under SDPA, on the split) stops it."""
-    import torch
-
     from prefzoo.train import fastpath_prompt
+    from tests.support.patching import patch_result
 
-    sound = fastpath_prompt.split_plan
-
-    def leaky(segments):
-        plan = sound(segments)
+    def leaky(plan):
         plan.allowed = torch.ones_like(plan.allowed)
-        return plan
 
-    monkeypatch.setattr(fastpath_prompt, "split_plan", leaky)
+    patch_result(monkeypatch, fastpath_prompt, "split_plan", leaky)
     res = check_architecture("llama")
     assert res.status == "fail" and res.errors["shared"] < 1e-4 and res.errors["split"] > 1e-2, res
     assert res.reason.startswith("split shared-prompt attention differs from the plain rows"), res
@@ -54,15 +49,9 @@ def test_a_fault_of_the_packed_rows_only_is_checked_on_them_and_caught(monkeypat
     """Flat outputs put back one slot off in the packed rows' split: the padded layouts stay right, the packed
     comparison fails, and the self-check, run as a packed run runs it, stops it."""
     from prefzoo.train import packing
+    from tests.support.patching import patch_result, roll_flat_slots
 
-    sound = packing.flat_layout
-
-    def shifted(*args, **kw):
-        lay = sound(*args, **kw)
-        lay.out = lay.out.roll(1)
-        return lay
-
-    monkeypatch.setattr(packing, "flat_layout", shifted)
+    patch_result(monkeypatch, packing, "flat_layout", roll_flat_slots)
     res = check_architecture("llama")
     assert res.status == "fail" and res.errors["split"] < 1e-4 and res.errors["packed"] > 1e-2, res
     assert res.reason.startswith("packed shared rows (one row, split) differs from the plain rows"), res

@@ -291,20 +291,14 @@ def test_a_wrong_flat_slot_is_caught(monkeypatch):
     """The equality above has teeth: one output slot off by one changes the log-probs."""
     from prefzoo.train import packing
     from prefzoo.train.logps import sequence_logps
+    from tests.support.patching import patch_result, roll_flat_slots
 
     m = _model().double()
     b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
     args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
     with torch.no_grad():
         want = sequence_logps(m, *args, packing=True).logps
-        real = fastpath_split.flat_layout
-
-        def shifted(*a, **k):
-            lay = real(*a, **k)
-            lay.out = lay.out.roll(1)
-            return lay
-
-        monkeypatch.setattr(packing, "flat_layout", shifted)
+        patch_result(monkeypatch, packing, "flat_layout", roll_flat_slots)
         got = sequence_logps(m, *args, packing=True).logps
     assert not torch.allclose(got, want, atol=1e-6)
 

@@ -1,0 +1,24 @@
+"""Faults injected after the real work: a function's result changed on its way out (for tests that must fail)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def patch_result(monkeypatch: Any, owner: Any, name: str, change: Callable[[Any], None]) -> None:
+    """Replace ``owner.name`` by a wrapper that calls the real one, applies ``change`` to its result in place and
+    returns it (undone by ``monkeypatch`` at the test's end)."""
+    sound = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = sound(*args, **kwargs)
+        change(result)
+        return result
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def roll_flat_slots(layout: Any) -> None:
+    """A packed row's split attention puts every output back one slot off (``FlatLayout.out`` rolled by one)."""
+    layout.out = layout.out.roll(1)
