@@ -322,3 +322,38 @@ def test_a_decoder_that_drops_the_keyword_gets_the_one_row_block_mask(monkeypatc
         monkeypatch.setattr(fastpath_split, "split_sdpa_forward", drops)
         masked = sequence_logps(m, *args, packing=True).logps
     torch.testing.assert_close(masked, split, atol=1e-10, rtol=1e-10)
+
+
+def test_a_non_finite_sequence_in_the_flat_row_stays_in_its_own_pair():
+    """A NaN in one packed sequence (evaluation skips such a pair) leaves every other pair's log-probs as they were,
+    under SDPA's math kernel too, which computes masked blocks (a NaN key read into another row's slots would poison
+    that row's softmax): the causal part's padding slots lie past every real query, the second part's read the
+    row's own first token."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from prefzoo.train.logps import sequence_logps
+    from prefzoo.train.packing import pack_rows
+
+    m = _model().double()
+    b = PreferenceCollator(0, share_prompt=True)(EXAMPLES)
+    args = (b["input_ids"], b["attention_mask"], b["completion_mask"])
+    first = int(pack_rows(*args, shared=True, one_row=True).doc[0, 0]) - 1  # the pair holding flat token 0
+
+    def poison(module, inputs, output):
+        if output.shape[0] == 1:  # the flat row
+            output = output.clone()
+            output[0, 0] = float("nan")
+        return output
+
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        clean = sequence_logps(m, *args, packing=True).logps
+        hook = m.get_input_embeddings().register_forward_hook(poison)
+        try:
+            got = sequence_logps(m, *args, packing=True).logps
+        finally:
+            hook.remove()
+    pairs = len(EXAMPLES)
+    hit = torch.zeros(2 * pairs, dtype=torch.bool)
+    hit[[first, pairs + first]] = True  # its chosen and rejected rows
+    assert bool(got[hit].isnan().all())
+    torch.testing.assert_close(got[~hit], clean[~hit], atol=1e-12, rtol=1e-12)
