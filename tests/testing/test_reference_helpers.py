@@ -141,3 +141,26 @@ def test_to_float64_holds_every_tensor_field_and_no_example_ids():
     got = to_float64(b)
     assert set(got) == set(prefzoo.PreferenceBatch.__dataclass_fields__) - {"example_ids"}
     assert got["policy_chosen_logps"].dtype == torch.float64 and got["ref_chosen_logps"] is None
+
+
+@pytest.mark.parametrize(("rho_w", "rho_l"), [(80.5 + 1e-6, 80.5), (80.9, 80.9 - 1e-5), (90.0, 85.0)])
+def test_the_kits_f_delta_past_the_cap_has_no_cancellation_just_above_it(rho_w, rho_l):
+    """α-divergence (a = α − 1 = 1) with both a·ρ past 80, the first unit above the cap included: the kit's oracle
+    takes the algebraic difference there, equal to the capped exponentials' difference computed exactly (Fractions
+    of the same floats); subtracting the two capped values in float64 instead loses ~1e-9 of it at these gaps."""
+    from fractions import Fraction
+    from math import exp
+
+    from prefzoo.testing.reference import _delta
+
+    p = prefzoo.get_loss("dpo", f_divergence="alpha_divergence", alpha_divergence_coef=2.0).params
+    zero = torch.zeros(1, dtype=F)
+    x = {"policy_chosen_logps": torch.tensor([rho_w], dtype=F), "ref_chosen_logps": zero,
+         "policy_rejected_logps": torch.tensor([rho_l], dtype=F), "ref_rejected_logps": zero}  # fmt: skip
+
+    def capped(r: float) -> Fraction:  # e^80·(1 + 0.1·u/(0.1 + u)), u = r − 80, exactly
+        u = Fraction(r) - 80
+        return Fraction(exp(80.0)) * (1 + Fraction(1, 10) * u / (Fraction(1, 10) + u))
+
+    want = float(capped(rho_w) - capped(rho_l))  # (e^{aρ_w} − 1 − (e^{aρ_l} − 1)) / a with a = 1
+    assert float(_delta(x, p)[0]) == pytest.approx(want, rel=1e-12)
