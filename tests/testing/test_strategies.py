@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import typing
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,6 +95,26 @@ def test_an_int_param_with_an_exclusive_lower_bound_is_drawn_above_it_up_to_its_
 
     (info,) = param_infos(GtParams)
     assert _outcomes(param_strategy(info), lambda k: k) == {1, 2, 3}
+
+
+@pytest.mark.parametrize(("gt", "lt", "lo", "hi"), [(2.0, 3.0, 2.002, 2.997), (-5.0, 0.5, -4.995, 0.499)])
+def test_a_float_param_with_open_bounds_is_drawn_right_next_to_them(gt, lt, lo, hi):
+    """x > gt and x < lt: draws reach within max(1e-3, |bound|·1e-3) of each open bound, never the bound itself
+    (a margin that grows with the bound, e.g. |gt|·1.001, would leave [gt, 2·gt] undrawn)."""
+    from dataclasses import dataclass
+
+    from hypothesis import find
+
+    from prefzoo.testing.strategies import param_strategy
+
+    @dataclass(frozen=True, kw_only=True)
+    class OpenParams(prefzoo.LossParams):
+        x: float = prefzoo.param(0.0 if gt < 0 else 2.5, "x", gt=gt, lt=lt)
+
+    (info,) = param_infos(OpenParams)
+    strategy = param_strategy(info)
+    assert find(strategy, lambda v: v <= lo) == lo
+    assert find(strategy, lambda v: v >= hi) == hi
 
 
 @given(batch=preference_batches(dtypes=("float64",), token_level=None, min_size=2, max_size=4))
