@@ -135,6 +135,12 @@ class PackedRows:
         allowed = allowed | (eye & (dq == 0))  # a padding query keeps its own key: no all-masked softmax row
         return allowed[:, None]
 
+    def flat_positions(self) -> Tensor:
+        """(N, T) each collated real token's column in a one-row packing (0 at padding): the flat row's inverse."""
+        flat_of = torch.zeros(self.shape, dtype=torch.long, device=self.doc.device)
+        flat_of[self.src_row, self.src_col] = self.dst_col
+        return flat_of
+
     def varlen_kwargs(self) -> dict[str, Any]:
         """Sequence boundaries of a one-row packing as transformers' flash path takes them (``cu_seq_lens_q``/``_k``
         int32 (S + 1,), ``max_length_q``/``_k``)."""
@@ -220,8 +226,7 @@ def _split_forward(
     if packed.rows != 1:
         raise PackingError("packing: the split attention needs every sequence in one row")
     plan = split_plan(segments)
-    flat_of = torch.zeros(packed.shape, dtype=torch.long, device=segments.device)
-    flat_of[packed.src_row, packed.src_col] = packed.dst_col
+    flat_of = packed.flat_positions()
     plan.flat = flat_layout(plan, segments, flat_of, int(packed.input_ids.shape[1]))
     try:  # only a layer that falls back reads the mask: the boolean one
         mask = layer_masks(backbone, config, one_row_mask(segments, flat_of), packed.position_ids, "packing")

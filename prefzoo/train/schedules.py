@@ -58,7 +58,7 @@ def _cosine_with_restarts(step: int, *, num_warmup_steps: int, num_training_step
 
 
 def _polynomial(
-    step: int, *, num_warmup_steps: int, num_training_steps: int, lr_end: float, power: float, lr_init: int
+    step: int, *, num_warmup_steps: int, num_training_steps: int, lr_end: float, power: float, lr_init: float
 ) -> float:
     if step < num_warmup_steps:
         return _warmup(step, num_warmup_steps)

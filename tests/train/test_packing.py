@@ -67,8 +67,9 @@ def test_the_one_row_mask_built_block_by_block_is_the_generic_one(share):
     seg = split_segments(model.get_decoder(), model.config, b["attention_mask"], b["completion_mask"], share)
     assert seg is not None
     p = pack_rows(b["input_ids"], b["attention_mask"], b["completion_mask"], share, one_row=True)
-    flat_of = torch.zeros(p.shape, dtype=torch.long)
-    flat_of[p.src_row, p.src_col] = p.dst_col
+    flat_of = p.flat_positions()
+    assert sorted(flat_of[seg != 0].tolist()) == list(range(p.input_ids.shape[1]))  # each flat column once
+    assert torch.equal(p.input_ids[0, flat_of[seg != 0]], b["input_ids"][seg != 0])  # holding its own token
     assert torch.equal(one_row_mask(seg, flat_of), p.mask())
 
 
