@@ -58,6 +58,7 @@ from prefzoo.train.reference import (
 from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
 from prefzoo.train.source import EpochBatches
+from prefzoo.train.sparse_dropout import sparsify_dropout
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need, Shape
 
@@ -168,6 +169,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     if cfg.fused_mlp:
         _fuse_mlps(lm, accelerator)
+    if cfg.sparse_dropout:
+        _sparsify_dropout(lm, accelerator)
     fast = _fast_paths(cfg, loss, plan, train_tok, lm)
     accelerator.print(f"prefzoo train: {fast.line()}")
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=fast.packing)
@@ -324,6 +327,17 @@ def _fuse_mlps(lm: Any, accelerator: Any) -> None:
         accelerator.print(
             f"prefzoo train: gated MLPs recompute silu(gate) in backward: one intermediate-width activation fewer "
             f"kept per layer, same results ({which}; --no-fused-mlp turns it off)"
+        )
+
+
+def _sparsify_dropout(lm: Any, accelerator: Any) -> None:
+    """nn.Dropout modules through SparseDropout (prefzoo/train/sparse_dropout.py), said in one line when any was."""
+    switched = sparsify_dropout(lm)
+    if switched:
+        which = ", ".join(f"{n} at p={p:g}" for p, n in sorted(switched.items()))
+        accelerator.print(
+            f"prefzoo train: dropout draws only the dropped positions on CPU: same distribution, less time "
+            f"({which}; --no-sparse-dropout turns it off)"
         )
 
 
