@@ -110,13 +110,14 @@ def test_output_state_is_checked():
 
     for fn, why in ((forgets, "no state"), (renames, "'mean'"), (reshapes, "shape")):
         loss = prefzoo.Loss(_spec("x", fn, bco.initial_state), params)
-        with pytest.raises(LossOutputError, match=why):
+        with pytest.raises(LossOutputError, match=why) as e:
             loss(batch([1.0, 2.0]))
+        assert str(e.value).startswith("loss 'x' (plugin 'test') returned ")  # the loss called is the one named
     def sneaks(b, p, ctx):  # returns a state it never declared
         return bco.fn(b, p, dataclasses.replace(ctx, state=bco.initial_state(p)))
 
     stateless = prefzoo.Loss(_spec("y", sneaks, None), params)
-    with pytest.raises(LossOutputError, match="initial_state"):
+    with pytest.raises(LossOutputError, match=r"^loss 'y' \(plugin 'test'\) returned a state but declares none"):
         stateless(batch([1.0, 2.0]))
 
 

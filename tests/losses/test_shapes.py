@@ -23,7 +23,7 @@ from prefzoo import (
     pairs_from_lists,
 )
 from prefzoo.losses.shapes import pair_indices
-from prefzoo.spec import Loss, LossOutputError, LossParams
+from prefzoo.spec import Loss, LossOutputError, LossParams, check_output
 
 
 def group(g=3, k=4, *, scores=None, mask=None, seed=0):
@@ -267,6 +267,10 @@ def test_output_contract_per_shape():
     )
     with pytest.raises(LossOutputError, match=r"losses of shape \(1,\); expected \(3,\), one per group"):
         short(group())
+    unpaired = UnpairedBatch(policy_logps=torch.zeros(2), labels=torch.tensor([True, False]))
+    one = LossOutput(torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    with pytest.raises(LossOutputError, match=r"losses of shape \(1,\); expected \(2,\), one per completion$"):
+        check_output("u", "me", one, unpaired)  # an unpaired batch's N completions, each scored on its own
 
 
 def test_combination_of_a_list_loss_and_a_pair_loss_runs_on_pairs():
