@@ -142,6 +142,8 @@ def tiny_config(model_type: str) -> Any:
     settable = [k for k in dir(base) if not isinstance(getattr(cls, k, None), property)]
     kw = {k: v for k, v in _SIZES.items() if k in settable}
     kw.update({k: v for k, v in _TRANSFORM_VALUES.items() if k in settable})
+    if getattr(base, "unpadded_vocab_size", None) is not None and "unpadded_vocab_size" in settable:
+        kw["unpadded_vocab_size"] = VOCAB - 6  # Inkling 2: a head over the unpadded part of the vocabulary only
     types = getattr(base, "layer_types", None)
     if getattr(base, "use_sliding_window", None) is False and hasattr(base, "sliding_window"):
         kw["use_sliding_window"] = True  # layer types rebuilt by the config: layer 0 full, layer 1 sliding
@@ -192,6 +194,14 @@ def tiny_pairs(
         {"id": f"a{i}", "prompt_ids": ids(p), "chosen_ids": ids(c), "rejected_ids": ids(r)}
         for i, (p, c, r) in enumerate(shapes)
     ]
+
+
+def _token_range(model: Any) -> int:
+    """Token ids the pairs may use: the model's vocabulary, or fewer where its head covers fewer (a model whose head
+    leaves out the padded end of the embedding table, such as Inkling 2, is never given those ids)."""
+    head = model.get_output_embeddings()
+    rows = getattr(head, "out_features", None) if head is not None else None
+    return min(VOCAB, int(rows)) if isinstance(rows, int) else VOCAB
 
 
 def _model_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
@@ -245,7 +255,8 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
         transform=logit_transform(cfg).describe(),
         layer_types=",".join(sorted(set(attention_layer_types(cfg)))),
     )
-    plain = PreferenceCollator(0)(tiny_pairs(VOCAB))
+    vocab = _token_range(model)
+    plain = PreferenceCollator(0)(tiny_pairs(vocab))
     try:
         with torch.no_grad():
             logits = _model_logits(model, plain)
@@ -273,7 +284,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
             res.status = "fail"
             res.reason = "fast path differs from the model's logits"
     if shared and res.status == "pass":
-        sb = PreferenceCollator(0, share_prompt=True)(tiny_pairs(VOCAB))
+        sb = PreferenceCollator(0, share_prompt=True)(tiny_pairs(vocab))
         try:
             _compare_shared(model, res, ref_sum, sb, "shared", "shared-prompt layout")
         except SharedPromptError as e:
@@ -287,7 +298,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
         from prefzoo.train.logps import PolicyLogps
 
         share = "shared" in res.reason
-        batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(VOCAB))
+        batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(vocab))
         policy = PolicyLogps(model, chunk_size=5, packing=res.reason.startswith("packed"))  # as a packed run checks
         check = check_logps(policy, batch, rows=3)
         res.caught = not check.ok

@@ -85,3 +85,18 @@ def test_tiny_pairs_are_the_seed_0_draw_by_default_with_the_documented_lengths()
     lengths = [(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"])) for p in pairs]
     assert lengths == [(10, 9, 7), (6, 3, 8), (8, 5, 5)]
     assert all(3 <= t < 96 for p in pairs for k in ("prompt_ids", "chosen_ids", "rejected_ids") for t in p[k])
+
+
+def test_a_head_over_part_of_the_vocabulary_is_kept_smaller_and_the_pairs_stay_below_it():
+    """Inkling 2's head covers ``unpadded_vocab_size`` rows of a larger embedding table (200,058 of 201,024).  The
+    tiny one keeps a smaller head (not the full 200,058 rows, which made it too big to build), and the sweep's pairs
+    draw their ids below it, as real data never holds the padded ids; a model without the field is left as it is."""
+    pytest.importorskip("transformers.models.inkling2")
+    from prefzoo.testing.architectures import VOCAB, _token_range, build_tiny, check_architecture
+
+    model = build_tiny("inkling2_text")
+    assert model.get_input_embeddings().num_embeddings == VOCAB
+    assert model.get_output_embeddings().out_features == _token_range(model) == VOCAB - 6
+    assert _token_range(build_tiny("llama")) == VOCAB
+    assert tiny_config("inkling_text").unpadded_vocab_size is None  # Inkling 1's default: no field to shrink
+    assert check_architecture("inkling2_text").status == "pass"
