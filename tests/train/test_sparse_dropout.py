@@ -168,3 +168,29 @@ def test_the_trainer_switches_lora_dropout_and_says_so_unless_told_not_to(on, ti
     assert kinds == ({"SparseDropout"} if on else {"Dropout"})
     said = "dropout draws only the dropped positions on CPU" in capsys.readouterr().out
     assert said == on
+
+
+def test_gradient_checkpointing_recomputes_the_same_drops():
+    """Checkpointing reruns each layer's forward in backward with torch's RNG state restored: the recomputed dropout
+    draws the same positions, so the gradients equal the ones without checkpointing exactly."""
+    from prefzoo.train.model import apply_lora
+    from tests.support.tiny import build_model, build_tokenizer
+
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        lm = apply_lora(build_model(build_tokenizer(), seed=3), 4, 8, 0.1, ["q_proj", "v_proj", "up_proj"])
+        with torch.no_grad():
+            for n, p in lm.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.5)
+        assert sparsify_dropout(lm) == {0.1: 6}
+        if checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm.train()
+        torch.manual_seed(5)
+        ids = torch.randint(0, lm.config.vocab_size, (2, 12))
+        lm(input_ids=ids, use_cache=False).logits.pow(2).sum().backward()
+        return {n: p.grad for n, p in lm.named_parameters() if p.grad is not None}
+
+    plain, checkpointed = grads(False), grads(True)
+    assert plain.keys() == checkpointed.keys() and len(plain) == 12
+    assert all(torch.equal(plain[k], checkpointed[k]) for k in plain)
