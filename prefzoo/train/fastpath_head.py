@@ -186,6 +186,10 @@ class _HeadLogps(torch.autograd.Function):
         cs, transform = ctx.chunk_size, ctx.transform
         kept, ctx.kept = ctx.kept, None  # consumed in place below; a second backward recomputes
         inv_s, ctx.inv_s = ctx.inv_s, None
+        reuse = (  # recomputed chunks share one (m, V) buffer: every use of a chunk ends within its iteration
+            kept is None and h.dtype == _acc(h) and w.dtype == h.dtype and not torch.is_autocast_enabled(h.device.type)
+        )
+        buf = h.new_empty(min(cs, m_total), w.shape[0]) if reuse else None
         for k, s in enumerate(range(0, m_total, cs)):
             h_c, tgt = h[s : s + cs], targets[s : s + cs]  # (m, H), (m,)
             g = g_lp[s : s + cs]  # (m,)
@@ -202,7 +206,8 @@ class _HeadLogps(torch.autograd.Function):
             if kept is not None:
                 logp_all, kept[k] = kept[k], None  # (m, V) log p kept by the forward
             else:
-                logp_all = _chunk_logp_all(h_c, w, transform).sub_(lse[s : s + cs].unsqueeze(-1))  # (m, V) recomputed
+                out = None if buf is None else buf[: h_c.shape[0]]
+                logp_all = _chunk_logp_all(h_c, w, transform, out).sub_(lse[s : s + cs].unsqueeze(-1))  # (m, V)
             d = None if transform.identity else transform.derivative_(logp_all + lse[s : s + cs].unsqueeze(-1))
             if g_ent is not None:
                 p = logp_all.exp()  # (m, V)
