@@ -1,11 +1,14 @@
-"""Gated-SiLU MLPs (SwiGLU) that keep one intermediate-width activation fewer for backward, bit for bit the same.
+"""Gated-SiLU MLPs (SwiGLU) that keep two intermediate-width activations fewer for backward, bit for bit the same.
 
 transformers' gated MLPs (Llama, Mistral, Qwen2/3, OLMo, Granite, ...) compute ``down(act(gate(x)) * up(x))``.  With
 SiLU as ``act``, autograd keeps gate(x) for SiLU's backward, silu(gate(x)) and up(x) for the product's, and down_proj
 keeps the product: four tensors of the intermediate width per layer, usually a decoder layer's largest activations.
 :class:`SiluMul` keeps gate(x) and up(x) only and recomputes silu(gate(x)) in backward with the kernels autograd runs
-(``silu``, ``mul``, ``silu_backward``), so values and gradients are the same bits (tested): three of the four are kept.
-An 8B Llama (intermediate 14,336) at 2 × 4 rows of 2,048 tokens in bf16 keeps ~470 MB less per layer.
+(``silu``, ``mul``, ``silu_backward``), so values and gradients are the same bits (tested).  down_proj's copy of the
+product is replaced, through saved-tensor hooks, by a recipe: its backward gets silu(g) · u recomputed from the g and
+u already kept, with SiluMul's own kernels, so the same bits again.  Two of the four are kept.  An 8B Llama
+(intermediate 14,336) at 2 × 4 rows of 2,048 tokens in bf16 keeps ~940 MB less per layer.  Where other saved-tensor
+hooks are active (gradient checkpointing, offloading) the module adds none: they decide what is kept.
 
 :func:`fuse_gated_mlps` switches a model's MLP modules to it: only modules whose class, probed once on a few random
 tokens, gives exactly the fused result (a class that adds, scales or drops anything keeps its own forward) and only
@@ -49,7 +52,52 @@ def silu_mul(g: Tensor, u: Tensor) -> Tensor:
 
 
 def _fused_forward(self: Any, x: Tensor) -> Tensor:
-    return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))  # type: ignore[no-any-return]
+    g, u = self.gate_proj(x), self.up_proj(x)
+    product = silu_mul(g, u)
+    if not product.requires_grad or _other_saved_tensor_hooks():
+        return self.down_proj(product)  # type: ignore[no-any-return]
+    return _down_keeping_no_product(self.down_proj, g, u, product)
+
+
+def _other_saved_tensor_hooks() -> bool:
+    """Saved-tensor hooks already active (checkpointing, offloading): they decide what is kept, not this module."""
+    try:
+        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except AttributeError:  # a torch without the query: do not nest
+        return True
+
+
+class _Product:
+    """What down_proj keeps for backward instead of silu(g) · u: g and u, which :class:`SiluMul` keeps anyway, and
+    the size, stride and offset of the view it saved."""
+
+    __slots__ = ("g", "offset", "size", "stride", "u")
+
+    def __init__(self, g: Tensor, u: Tensor, saved: Tensor) -> None:
+        self.g, self.u = g, u
+        self.size, self.stride, self.offset = saved.size(), saved.stride(), saved.storage_offset()
+
+    def recompute(self) -> Tensor:
+        with torch.no_grad():  # SiluMul.forward's own kernels: the same bits as the product down_proj was given
+            full = torch.nn.functional.silu(self.g) * self.u
+        return full.as_strided(self.size, self.stride, self.offset)
+
+
+def _down_keeping_no_product(down: nn.Module, g: Tensor, u: Tensor, product: Tensor) -> Tensor:
+    """down(product), with down_proj's saved copy of the product (its weight gradient's input) replaced by a
+    recomputation from g and u in backward: one intermediate-width activation fewer kept per layer, same bits."""
+    # the hooks live as long as the saved tensors do: they hold the product's address, never the product itself
+    storage, dtype, device = product.untyped_storage().data_ptr(), product.dtype, product.device
+
+    def pack(t: Tensor) -> Any:
+        same = type(t) is Tensor and t.dtype == dtype and t.device == device
+        return _Product(g, u, t) if same and t.untyped_storage().data_ptr() == storage else t
+
+    def unpack(saved: Any) -> Tensor:
+        return saved.recompute() if isinstance(saved, _Product) else saved  # type: ignore[no-any-return]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return down(product)  # type: ignore[no-any-return]
 
 
 _FUSED: dict[type, type] = {}  # original MLP class -> its fused subclass

@@ -325,8 +325,8 @@ def _fuse_mlps(lm: Any, accelerator: Any) -> None:
     if fused:
         which = ", ".join(f"{name} × {n}" for name, n in fused.items())
         accelerator.print(
-            f"prefzoo train: gated MLPs recompute silu(gate) in backward: one intermediate-width activation fewer "
-            f"kept per layer, same results ({which}; --no-fused-mlp turns it off)"
+            f"prefzoo train: gated MLPs recompute silu(gate) and the product in backward: two intermediate-width "
+            f"activations fewer kept per layer, same results ({which}; --no-fused-mlp turns it off)"
         )
 
 

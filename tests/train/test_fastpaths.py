@@ -78,7 +78,8 @@ def test_a_run_logs_its_choice(tmp_path, tiny_dir, pairs_file, capsys):
     assert main([*common, "--output-dir", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "prefzoo train: fast paths: share-prompt on (auto: prompt is" in out  # 'add 12+34=' prompts, 1–2 digits
-    assert "gated MLPs recompute silu(gate) in backward" in out and "(LlamaMLP × 2; --no-fused-mlp" in out
+    assert "gated MLPs recompute silu(gate) and the product in backward" in out
+    assert "(LlamaMLP × 2; --no-fused-mlp" in out
     assert main([*common, "--output-dir", str(tmp_path / "b"), "--no-share-prompt", "--packing", "--no-fused-mlp"]) == 0
     out = capsys.readouterr().out
     assert "fast paths: share-prompt off (forced); packing on (forced)" in out

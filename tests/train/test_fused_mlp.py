@@ -1,4 +1,4 @@
-"""Gated-SiLU MLPs through SiluMul: the same bits forward and backward, one intermediate-width tensor fewer kept."""
+"""Gated-SiLU MLPs through SiluMul: the same bits forward and backward, two intermediate-width tensors fewer kept."""
 
 from __future__ import annotations
 
@@ -60,24 +60,109 @@ def test_fused_under_lora_with_dropout_gives_the_same_bits():
     assert drop.training and all(m.training for m in drop.modules())  # and the modes are restored
 
 
-def test_one_intermediate_width_tensor_fewer_is_kept_per_layer():
+def _kept_bytes(out: torch.Tensor, recomputed: set[int]) -> int:
+    """Bytes of the distinct storages autograd keeps for ``out``'s backward, found by walking its graph (not through
+    saved-tensor hooks, which the fused MLP stands aside for), leaving out storages made by a recomputation."""
+    seen: dict[int, int] = {}
+    stack, visited = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        names = [a for a in dir(node) if a.startswith("_saved_")] + (
+            ["saved_tensors"] if hasattr(node, "saved_tensors") else []
+        )
+        for attr in names:  # built-in nodes' _saved_* fields; a custom Function's (SiluMul's) saved_tensors
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in recomputed:
+                    seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        stack.extend(fn for fn, _ in node.next_functions)
+    return sum(seen.values())
+
+
+def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
+    """Of the four (tokens × intermediate) tensors a gated MLP keeps, the fused one keeps gate(x) and up(x) only:
+    SiluMul recomputes silu(gate(x)), and down_proj's input silu(gate(x)) · up(x) is recomputed from them when its
+    backward asks for it (saved-tensor hooks), so gradients are the same bits (tested above)."""
+    from prefzoo.train import fused_mlp
+
     plain = build_model(build_tokenizer(), seed=3)
     fused = copy.deepcopy(plain)
     fuse_gated_mlps(fused)
+    recomputed: set[int] = set()
+    alive: list[torch.Tensor] = []  # held, so that no two recomputations share an address
+    real = fused_mlp._Product.recompute
 
-    def kept_bytes(model: nn.Module) -> int:
-        seen: dict[int, int] = {}
+    def recording(self):
+        t = real(self)
+        recomputed.add(t.untyped_storage().data_ptr())
+        alive.append(t)
+        return t
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=IDS, attention_mask=ATTN).logits.sum()
-        return sum(seen.values())
-
+    monkeypatch.setattr(fused_mlp._Product, "recompute", recording)
+    kept_plain = _kept_bytes(plain(input_ids=IDS, attention_mask=ATTN).logits.sum(), set())
+    kept_fused = _kept_bytes(fused(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
     inter = plain.config.intermediate_size
-    assert kept_bytes(plain) - kept_bytes(fused) == plain.config.num_hidden_layers * IDS.numel() * inter * 4
+    assert len(recomputed) == plain.config.num_hidden_layers  # down_proj's input, once per layer
+    assert kept_plain - kept_fused == 2 * plain.config.num_hidden_layers * IDS.numel() * inter * 4
+
+
+def test_nothing_keeps_the_product_alive_after_the_forward(monkeypatch):
+    """Once the forward is done, no reference to silu(gate(x)) · up(x) is left (the graph keeps a recipe, and the
+    hooks that autograd keeps with it hold the product's address only): its memory is free for the rest of the step.
+    With down_proj saving it, as the plain graph does, autograd keeps it alive."""
+    import gc
+    import weakref
+
+    from prefzoo.train import fused_mlp
+
+    fused = build_model(build_tokenizer(), seed=3)
+    fuse_gated_mlps(fused)
+    products: list[weakref.ref] = []
+    real = fused_mlp.silu_mul
+
+    def recording(g, u):
+        t = real(g, u)
+        products.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(fused_mlp, "silu_mul", recording)
+    logits = fused(input_ids=IDS, attention_mask=ATTN).logits
+    gc.collect()
+    assert len(products) == fused.config.num_hidden_layers and all(p() is None for p in products)
+    monkeypatch.setattr(fused_mlp, "_other_saved_tensor_hooks", lambda: True)  # as under checkpointing
+    products.clear()
+    logits = fused(input_ids=IDS, attention_mask=ATTN).logits
+    gc.collect()
+    assert products and all(p() is not None for p in products)  # the measure can tell: here down_proj keeps it
+    del logits
+
+
+def test_under_checkpointing_or_other_saved_tensor_hooks_the_product_is_left_to_them():
+    """Gradient checkpointing (and any offloading hook) decides what is kept: the fused MLP adds no hook of its own
+    inside theirs, where it would keep gate(x) and up(x) alive that checkpointing means to drop."""
+    from prefzoo.train import fused_mlp
+
+    fused = build_model(build_tokenizer(), seed=3)
+    fuse_gated_mlps(fused)
+    made: list[object] = []
+    monkeypatch = pytest.MonkeyPatch()
+    real_init = fused_mlp._Product.__init__
+    monkeypatch.setattr(fused_mlp._Product, "__init__", lambda self, *a: (made.append(self), real_init(self, *a))[1])
+    try:
+        fused(input_ids=IDS, attention_mask=ATTN).logits.sum().backward()
+        assert len(made) == fused.config.num_hidden_layers
+        made.clear()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            fused(input_ids=IDS, attention_mask=ATTN).logits.sum().backward()
+        fused.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        fused.train()
+        fused(input_ids=IDS, attention_mask=ATTN, use_cache=False).logits.sum().backward()
+        assert made == []
+    finally:
+        monkeypatch.undo()
 
 
 class _ScaledMLP(nn.Module):
