@@ -90,6 +90,9 @@ def test_modifier_parameters_from_text_and_their_errors():
     with pytest.raises(ModifierError) as e:
         spec.params(tau=1, rate=2)
     assert str(e.value) == "modifier 'tr-dpo' has no parameter 'rate', 'tau'; valid parameters: mixup_alpha, sync_steps"
+    with pytest.raises(ModifierError) as e:  # a modifier without parameters says so, rather than an empty list
+        modifier_spec("wpo").params(alpha=1.0)
+    assert str(e.value) == "modifier 'wpo' has no parameter 'alpha'; valid parameters: (none)"
     with pytest.raises(ModifierError) as e:
         spec.params(mixup_alpha=-1.0)
     assert str(e.value) == (
