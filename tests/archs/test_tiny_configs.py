@@ -100,3 +100,15 @@ def test_a_head_over_part_of_the_vocabulary_is_kept_smaller_and_the_pairs_stay_b
     assert _token_range(build_tiny("llama")) == VOCAB
     assert tiny_config("inkling_text").unpadded_vocab_size is None  # Inkling 1's default: no field to shrink
     assert check_architecture("inkling2_text").status == "pass"
+
+
+def test_a_model_too_big_after_shrinking_is_refused_with_its_size_in_millions(monkeypatch):
+    """The sweep's skip reason says how big the shrunk model still is, in millions of parameters, and the limit."""
+    from prefzoo.testing import architectures
+
+    n = sum(p.numel() for p in architectures.build_tiny("llama").parameters())
+    monkeypatch.setattr(architectures, "MAX_PARAMS", 1000)
+    with pytest.raises(architectures.TinyBuildError) as e:
+        architectures.build_tiny("llama")
+    assert str(e.value) == f"{n / 1e6:.1f}M parameters after shrinking the known size fields (limit 1,000)"
+    assert 0.005 < n / 1e6 < 0.5  # a tiny model: the message reads 0.0xM, not a power of ten off
