@@ -21,6 +21,7 @@ PARAM_CASES = {
         {"f_divergence": "forward_kl"},
         {"f_divergence": "js_divergence"},
         {"f_divergence": "alpha_divergence", "alpha_divergence_coef": 0.3},
+        {"f_divergence": "alpha_divergence", "alpha_divergence_coef": 2.0},  # (t − 1): e^ρ − 1 exactly
     ],
     "cdpo": [{}, {"label_smoothing": 0.3, "f_divergence": "js_divergence"}],
     "ipo": [{}, {"beta": 1.0}],
@@ -132,3 +133,16 @@ def test_comparison_fails_when_a_formula_is_off_by_one_percent(name, params):
     atol, rtol = TOL[torch.float64]
     differs = [not torch.allclose(g, w, atol=atol, rtol=rtol) for g, w in zip(got, want, strict=True)]
     assert any(differs), (name, params)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.0 + 5e-7, 1.0 - 5e-7])
+def test_alpha_divergence_at_alpha_one_is_reverse_kl(alpha):
+    """At α = 1, (t^(α−1) − 1)/(α − 1) is 0/0; its limit is log t, reverse KL. The references transcribed from the
+    paper and TRL divide by α − 1, so this limit is checked against DPO itself: the same losses and gradients."""
+    for seed in range(3):
+        x = random_inputs(seed)
+        got = run_prefzoo("dpo", {"f_divergence": "alpha_divergence", "alpha_divergence_coef": alpha}, x, torch.float64)
+        want = run_prefzoo("dpo", {}, x, torch.float64)
+        for g, w in zip(got, want, strict=True):
+            assert torch.isfinite(g).all()
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
