@@ -238,3 +238,29 @@ def test_batch_decoupled_names_the_pair_whose_loss_its_micro_batch_changed():
         "batch_coupled=False at example 0 (policy_chosen_logps=-1.0, policy_rejected_logps=-3.0, "
         "ref_chosen_logps=-1.5, ref_rejected_logps=-2.0): got "
     ), str(e.value)
+
+
+def test_the_reference_free_check_draws_its_fake_references_from_its_own_generator():
+    """The fake reference log-probs come from a seeded generator of the check's own: the same draw every call (a
+    failure reproduces), and the caller's global RNG is left exactly as it was."""
+    loss = prefzoo.get_loss("simpo")  # reference-free
+    lengths = torch.tensor([3, 5, 4])
+    batch = _batch(chosen_lengths=lengths, rejected_lengths=lengths.flip(0))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    P.check_reference_free(loss, batch)
+    assert torch.equal(torch.get_rng_state(), before)
+    seen: list[torch.Tensor] = []
+
+    class Spy:  # a "loss" that records the reference it is given
+        name, spec, params = loss.name, loss.spec, loss.params
+
+        def __call__(self, b):
+            if b.ref_chosen_logps is not None:
+                seen.append(b.ref_chosen_logps.clone())
+            return loss(b)
+
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        P.check_reference_free(Spy(), batch)
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])
