@@ -94,6 +94,7 @@ class TrainConfig:
     logp_chunk_size: int = 1024  # completion positions per LM-head + float32 log-softmax chunk
     fused_head: bool = True  # LM head recomputed per chunk in backward: no (positions × vocab) tensor kept for it
     fused_mlp: bool = True  # gated-SiLU MLPs keep gate(x) and up(x), recompute silu in backward: same bits, less memory
+    lean_norms: bool = True  # Llama-style RMSNorms recompute the normalised input in backward: same bits, less memory
     sparse_dropout: bool = True  # dropout at p <= 0.25 on CPU draws only the dropped positions: same distribution
     share_prompt: str = "auto"  # auto|on|off: one forward per pair over [prompt, chosen, rejected] (prompt once)
     logps_fallback: bool = False  # log-prob self-check fails: use the model's own forward (slower) instead of stopping

@@ -19,7 +19,9 @@ unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,9 +56,12 @@ def silu_mul(g: Tensor, u: Tensor) -> Tensor:
 def _fused_forward(self: Any, x: Tensor) -> Tensor:
     g, u = self.gate_proj(x), self.up_proj(x)
     product = silu_mul(g, u)
-    if not product.requires_grad or _other_saved_tensor_hooks():
+    with recomputed_when_saved(product, _silu_product, g, u):  # down_proj's input: recomputed from g and u
         return self.down_proj(product)  # type: ignore[no-any-return]
-    return _down_keeping_no_product(self.down_proj, g, u, product)
+
+
+def _silu_product(g: Tensor, u: Tensor) -> Tensor:
+    return torch.nn.functional.silu(g) * u  # SiluMul.forward's own kernels: the bits down_proj was given
 
 
 def _other_saved_tensor_hooks() -> bool:
@@ -67,40 +72,46 @@ def _other_saved_tensor_hooks() -> bool:
         return True
 
 
-class _Product:
-    """What down_proj keeps for backward instead of silu(g) · u: g and u, which :class:`SiluMul` keeps anyway, and
-    the size, stride and offset of the view it saved."""
+class _Recipe:
+    """What autograd keeps instead of a tensor it could recompute: the function, its inputs (tensors autograd keeps
+    anyway) and the size, stride and offset of the view that was saved."""
 
-    __slots__ = ("g", "offset", "size", "stride", "u")
+    __slots__ = ("args", "fn", "offset", "size", "stride")
 
-    def __init__(self, g: Tensor, u: Tensor, saved: Tensor) -> None:
-        self.g, self.u = g, u
+    def __init__(self, fn: Callable[..., Tensor], args: tuple[Any, ...], saved: Tensor) -> None:
+        self.fn, self.args = fn, args
         self.size, self.stride, self.offset = saved.size(), saved.stride(), saved.storage_offset()
 
     def recompute(self) -> Tensor:
-        with torch.no_grad():  # SiluMul.forward's own kernels: the same bits as the product down_proj was given
-            full = torch.nn.functional.silu(self.g) * self.u
-        return full.as_strided(self.size, self.stride, self.offset)
+        with torch.no_grad():
+            return self.fn(*self.args).as_strided(self.size, self.stride, self.offset)
 
 
-def _down_keeping_no_product(down: nn.Module, g: Tensor, u: Tensor, product: Tensor) -> Tensor:
-    """down(product), with down_proj's saved copy of the product (its weight gradient's input) replaced by a
-    recomputation from g and u in backward: one intermediate-width activation fewer kept per layer, same bits."""
-    # the hooks live as long as the saved tensors do: they hold the product's address, never the product itself
-    storage, dtype, device = product.untyped_storage().data_ptr(), product.dtype, product.device
+@contextlib.contextmanager
+def recomputed_when_saved(target: Tensor, fn: Callable[..., Tensor], *args: Any) -> Iterator[None]:
+    """Inside, autograd keeps ``fn(*args)``'s recipe wherever it would keep ``target`` (or a view of it) for
+    backward; the backward gets it recomputed, the same bits when ``fn`` runs the kernels that made ``target``.
+
+    Nothing changes where ``target`` needs no gradient or other saved-tensor hooks are active (checkpointing,
+    offloading: they decide).  The hooks outlive the forward with the saved tensors, so they hold ``target``'s
+    address and dtype, never ``target`` itself (which would keep it alive)."""
+    if not target.requires_grad or _other_saved_tensor_hooks():
+        yield
+        return
+    storage, dtype, device = target.untyped_storage().data_ptr(), target.dtype, target.device
 
     def pack(t: Tensor) -> Any:
         same = type(t) is Tensor and t.dtype == dtype and t.device == device
-        return _Product(g, u, t) if same and t.untyped_storage().data_ptr() == storage else t
+        return _Recipe(fn, args, t) if same and t.untyped_storage().data_ptr() == storage else t
 
     def unpack(saved: Any) -> Tensor:
-        return saved.recompute() if isinstance(saved, _Product) else saved  # type: ignore[no-any-return]
+        return saved.recompute() if isinstance(saved, _Recipe) else saved  # type: ignore[no-any-return]
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        return down(product)  # type: ignore[no-any-return]
+        yield
 
 
-_FUSED: dict[type, type] = {}  # original MLP class -> its fused subclass
+_FUSED: dict[tuple[type, str], type] = {}  # (original class, prefix) -> its switched subclass
 
 
 def _is_silu(act: Any) -> bool:
@@ -114,19 +125,38 @@ def _gated(module: nn.Module) -> bool:
     )
 
 
-def _probe(module: nn.Module) -> bool:
-    """The class's own forward and the fused one agree exactly on three random tokens (no gradient, eval mode: a
+def _rms_norm(module: nn.Module) -> bool:
+    w = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", None)
+    return isinstance(w, nn.Parameter) and w.dim() == 1 and isinstance(eps, float) and len(list(module.children())) == 0
+
+
+def _lean_norm_forward(self: Any, hidden_states: Tensor) -> Tensor:
+    """Llama's RMSNorm, op for op, with the normalised tensor the weight's gradient needs recomputed from the input
+    and 1/rms (kept anyway) instead of kept: one hidden-width activation fewer per norm, same bits."""
+    input_dtype = hidden_states.dtype
+    h = hidden_states.to(torch.float32)
+    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    normed = (h * r).to(input_dtype)
+    with recomputed_when_saved(normed, _normalised, h, r, input_dtype):
+        return self.weight * normed  # type: ignore[no-any-return]
+
+
+def _normalised(h: Tensor, r: Tensor, dtype: torch.dtype) -> Tensor:
+    return (h * r).to(dtype)
+
+
+def _probe(module: nn.Module, forward: Callable[[Any, Tensor], Tensor], width: int, w: Tensor) -> bool:
+    """The class's own forward and ``forward`` agree exactly on three random tokens (no gradient, eval mode: a
     LoRA adapter's dropout would make two calls differ)."""
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        gate: Any = module.gate_proj
-        w: Tensor = gate.weight
         dtype = w.dtype if w.is_floating_point() else torch.float32  # quantised weights: the compute dtype
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(1, 3, int(gate.in_features), generator=gen).to(device=w.device, dtype=dtype)
+        x = torch.randn(1, 3, width, generator=gen).to(device=w.device, dtype=dtype)
         with torch.no_grad():
-            return bool(torch.equal(type(module).forward(module, x), _fused_forward(module, x)))
+            return bool(torch.equal(type(module).forward(module, x), forward(module, x)))
     except Exception:  # a partitioned (ZeRO-3) or unusual module: leave it as it is
         return False
     finally:
@@ -134,28 +164,52 @@ def _probe(module: nn.Module) -> bool:
             m.training = training
 
 
-def _fused_class(cls: type) -> type:
-    if cls not in _FUSED:
-        name = f"SiluMulFused{cls.__name__}"
-        fused = type(name, (cls,), {"forward": _fused_forward, "__module__": __name__, "__qualname__": name})
-        setattr(sys.modules[__name__], name, fused)  # findable by pickle
-        _FUSED[cls] = fused
-    return _FUSED[cls]
+def _switched_class(cls: type, prefix: str, forward: Callable[..., Tensor]) -> type:
+    if (cls, prefix) not in _FUSED:
+        name = f"{prefix}{cls.__name__}"
+        switched = type(name, (cls,), {"forward": forward, "__module__": __name__, "__qualname__": name})
+        setattr(sys.modules[__name__], name, switched)  # findable by pickle
+        _FUSED[(cls, prefix)] = switched
+    return _FUSED[(cls, prefix)]
+
+
+def _switch(
+    model: nn.Module,
+    pick: Callable[[nn.Module], bool],
+    probe: Callable[[nn.Module], bool],
+    prefix: str,
+    forward: Callable[..., Tensor],
+) -> dict[str, int]:
+    done: dict[str, int] = {}
+    passed: dict[type, bool] = {}  # probed once per class, in this model
+    for module in model.modules():
+        cls = type(module)
+        if cls in _FUSED.values() or not pick(module):
+            continue
+        if cls not in passed:
+            passed[cls] = probe(module)
+        if not passed[cls]:
+            continue
+        module.__class__ = _switched_class(cls, prefix, forward)
+        done[cls.__name__] = done.get(cls.__name__, 0) + 1
+    return done
 
 
 def fuse_gated_mlps(model: nn.Module) -> dict[str, int]:
     """Switch every gated-SiLU MLP of ``model`` whose class passes the probe to :class:`SiluMul`; returns
     {original class name: modules switched}."""
-    done: dict[str, int] = {}
-    passed: dict[type, bool] = {}  # probed once per class, in this model
-    for module in model.modules():
-        cls = type(module)
-        if cls in _FUSED.values() or not _gated(module):
-            continue
-        if cls not in passed:
-            passed[cls] = _probe(module)
-        if not passed[cls]:
-            continue
-        module.__class__ = _fused_class(cls)
-        done[cls.__name__] = done.get(cls.__name__, 0) + 1
-    return done
+
+    def probe(m: Any) -> bool:
+        return _probe(m, _fused_forward, int(m.gate_proj.in_features), m.gate_proj.weight)
+
+    return _switch(model, _gated, probe, "SiluMulFused", _fused_forward)
+
+
+def lean_rms_norms(model: nn.Module) -> dict[str, int]:
+    """Switch every RMSNorm of ``model`` whose own forward is Llama's, op for op (probed: Gemma's 1 + w, OLMo's order
+    and the like keep theirs), to one that keeps no normalised copy for backward; {class name: modules switched}."""
+
+    def probe(m: Any) -> bool:
+        return _probe(m, _lean_norm_forward, int(m.weight.shape[0]), m.weight)
+
+    return _switch(model, _rms_norm, probe, "Lean", _lean_norm_forward)

@@ -33,7 +33,7 @@ from prefzoo.train.density_ratio import (
 )
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.fsdp import FsdpEngine, check_fsdp
-from prefzoo.train.fused_mlp import fuse_gated_mlps
+from prefzoo.train.fused_mlp import fuse_gated_mlps, lean_rms_norms
 from prefzoo.train.logps import PolicyLogps
 from prefzoo.train.model import (
     apply_lora,
@@ -169,6 +169,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
         lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     if cfg.fused_mlp:
         _fuse_mlps(lm, accelerator)
+    if cfg.lean_norms:
+        _lean_norms(lm, accelerator)
     if cfg.sparse_dropout:
         _sparsify_dropout(lm, accelerator)
     fast = _fast_paths(cfg, loss, plan, train_tok, lm)
@@ -327,6 +329,17 @@ def _fuse_mlps(lm: Any, accelerator: Any) -> None:
         accelerator.print(
             f"prefzoo train: gated MLPs recompute silu(gate) and the product in backward: two intermediate-width "
             f"activations fewer kept per layer, same results ({which}; --no-fused-mlp turns it off)"
+        )
+
+
+def _lean_norms(lm: Any, accelerator: Any) -> None:
+    """RMSNorms that keep no normalised copy (prefzoo/train/fused_mlp.py), said in one line when any was switched."""
+    switched = lean_rms_norms(lm)
+    if switched:
+        which = ", ".join(f"{name} × {n}" for name, n in switched.items())
+        accelerator.print(
+            f"prefzoo train: RMSNorms recompute the normalised input in backward: one hidden-width activation fewer "
+            f"kept per norm, same results ({which}; --no-lean-norms turns it off)"
         )
 
 

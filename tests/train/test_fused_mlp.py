@@ -93,7 +93,7 @@ def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
     fuse_gated_mlps(fused)
     recomputed: set[int] = set()
     alive: list[torch.Tensor] = []  # held, so that no two recomputations share an address
-    real = fused_mlp._Product.recompute
+    real = fused_mlp._Recipe.recompute
 
     def recording(self):
         t = real(self)
@@ -101,7 +101,7 @@ def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
         alive.append(t)
         return t
 
-    monkeypatch.setattr(fused_mlp._Product, "recompute", recording)
+    monkeypatch.setattr(fused_mlp._Recipe, "recompute", recording)
     kept_plain = _kept_bytes(plain(input_ids=IDS, attention_mask=ATTN).logits.sum(), set())
     kept_fused = _kept_bytes(fused(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
     inter = plain.config.intermediate_size
@@ -149,8 +149,8 @@ def test_under_checkpointing_or_other_saved_tensor_hooks_the_product_is_left_to_
     fuse_gated_mlps(fused)
     made: list[object] = []
     monkeypatch = pytest.MonkeyPatch()
-    real_init = fused_mlp._Product.__init__
-    monkeypatch.setattr(fused_mlp._Product, "__init__", lambda self, *a: (made.append(self), real_init(self, *a))[1])
+    real_init = fused_mlp._Recipe.__init__
+    monkeypatch.setattr(fused_mlp._Recipe, "__init__", lambda self, *a: (made.append(self), real_init(self, *a))[1])
     try:
         fused(input_ids=IDS, attention_mask=ATTN).logits.sum().backward()
         assert len(made) == fused.config.num_hidden_layers
@@ -216,3 +216,71 @@ def test_other_architectures_give_the_same_bits_or_are_left_alone(model_type, sw
     fused = copy.deepcopy(plain)
     assert fuse_gated_mlps(fused) == switched
     _same(plain, fused)
+
+
+# --- RMSNorms that keep no normalised copy -------------------------------------------------------------------------
+
+
+def test_lean_norms_give_the_same_bits_and_keep_one_hidden_width_tensor_fewer_per_norm(monkeypatch):
+    from prefzoo.train import fused_mlp
+    from prefzoo.train.fused_mlp import lean_rms_norms
+
+    plain = build_model(build_tokenizer(), seed=3)
+    lean = copy.deepcopy(plain)
+    norms = 2 * plain.config.num_hidden_layers + 1  # two per layer and the final one
+    assert lean_rms_norms(lean) == {"LlamaRMSNorm": norms}
+    assert lean.state_dict().keys() == plain.state_dict().keys()
+    _same(plain, lean)
+    recomputed: set[int] = set()
+    alive: list[torch.Tensor] = []
+    real = fused_mlp._Recipe.recompute
+
+    def recording(self):
+        t = real(self)
+        recomputed.add(t.untyped_storage().data_ptr())
+        alive.append(t)
+        return t
+
+    monkeypatch.setattr(fused_mlp._Recipe, "recompute", recording)
+    kept_plain = _kept_bytes(plain(input_ids=IDS, attention_mask=ATTN).logits.sum(), set())
+    kept_lean = _kept_bytes(lean(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
+    assert len(recomputed) == norms
+    assert kept_plain - kept_lean == norms * IDS.numel() * plain.config.hidden_size * 4
+
+
+class _OnePlusNorm(nn.Module):
+    """Gemma's RMSNorm scales by (1 + w): not Llama's op for op, so the probe must leave it alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6) * 0.1)
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def test_a_norm_that_is_not_llamas_keeps_its_own_forward():
+    from prefzoo.train.fused_mlp import lean_rms_norms
+
+    model = nn.Sequential(_OnePlusNorm(), nn.Linear(6, 6))
+    assert lean_rms_norms(model) == {} and type(model[0]) is _OnePlusNorm
+
+
+@pytest.mark.parametrize(
+    ("model_type", "switched"),
+    [("mistral", {"MistralRMSNorm": 5}), ("qwen3", {"Qwen3RMSNorm": 9}), ("olmo2", {"Olmo2RMSNorm": 9}),
+     ("phi3", {"Phi3RMSNorm": 5}), ("qwen3_moe", {"Qwen3MoeRMSNorm": 9}),
+     ("gemma2", {}), ("cohere", {}), ("olmo", {})],  # (1 + w), a LayerNorm, a weightless norm: left alone
+)  # fmt: skip
+def test_lean_norms_on_other_architectures_give_the_same_bits_or_are_left_alone(model_type, switched):
+    """Qwen 3's per-head q/k norms and OLMo 2's norms after attention and MLP (not on the residual stream) included."""
+    from prefzoo.testing.architectures import build_tiny
+    from prefzoo.train.fused_mlp import lean_rms_norms
+
+    plain = build_tiny(model_type).train()
+    lean = copy.deepcopy(plain)
+    assert lean_rms_norms(lean) == switched
+    _same(plain, lean)
