@@ -323,35 +323,28 @@ def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
 
 def _fuse_mlps(lm: Any, accelerator: Any) -> None:
     """Gated-SiLU MLPs through SiluMul (prefzoo/train/fused_mlp.py), said in one line when any was switched."""
-    fused = fuse_gated_mlps(lm)
-    if fused:
-        which = ", ".join(f"{name} × {n}" for name, n in fused.items())
-        accelerator.print(
-            f"prefzoo train: gated MLPs recompute silu(gate) and the product in backward: two intermediate-width "
-            f"activations fewer kept per layer, same results ({which}; --no-fused-mlp turns it off)"
-        )
+    _say_switched(accelerator, fuse_gated_mlps(lm), "gated MLPs recompute silu(gate) and the product in backward: two "
+                  "intermediate-width activations fewer kept per layer, same results", "--no-fused-mlp")  # fmt: skip
 
 
 def _lean_norms(lm: Any, accelerator: Any) -> None:
     """RMSNorms that keep no normalised copy (prefzoo/train/fused_mlp.py), said in one line when any was switched."""
-    switched = lean_rms_norms(lm)
-    if switched:
-        which = ", ".join(f"{name} × {n}" for name, n in switched.items())
-        accelerator.print(
-            f"prefzoo train: RMSNorms recompute the normalised input in backward: one hidden-width activation fewer "
-            f"kept per norm, same results ({which}; --no-lean-norms turns it off)"
-        )
+    _say_switched(accelerator, lean_rms_norms(lm), "RMSNorms recompute the normalised input in backward: one "
+                  "hidden-width activation fewer kept per norm, same results", "--no-lean-norms")  # fmt: skip
 
 
 def _sparsify_dropout(lm: Any, accelerator: Any) -> None:
     """nn.Dropout modules through SparseDropout (prefzoo/train/sparse_dropout.py), said in one line when any was."""
-    switched = sparsify_dropout(lm)
+    rates = {f"at p={p:g}": n for p, n in sorted(sparsify_dropout(lm).items())}
+    _say_switched(accelerator, rates, "dropout draws only the dropped positions on CPU: same distribution, less "
+                  "time", "--no-sparse-dropout", count_first=True)  # fmt: skip
+
+
+def _say_switched(accelerator: Any, switched: dict[str, int], what: str, flag: str, count_first: bool = False) -> None:
+    """One log line for modules switched to a leaner forward: what changed, which (name × count), and the way out."""
     if switched:
-        which = ", ".join(f"{n} at p={p:g}" for p, n in sorted(switched.items()))
-        accelerator.print(
-            f"prefzoo train: dropout draws only the dropped positions on CPU: same distribution, less time "
-            f"({which}; --no-sparse-dropout turns it off)"
-        )
+        which = ", ".join(f"{n} {k}" if count_first else f"{k} × {n}" for k, n in switched.items())
+        accelerator.print(f"prefzoo train: {what} ({which}; {flag} turns it off)")
 
 
 def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any) -> Any:
@@ -374,9 +367,7 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
     unavailable = unavailable or caps.fast_path_block()
     refusal, share_refusal = caps.packing_refusal, caps.custom_mask_refusal  # flash: packs, does not share
     split = packing_takes_split(causal.get_decoder(), causal.config)  # packing without a mask: pays sooner
-    return fast_paths_for_run(
-        cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal, split
-    )
+    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal, split)
 
 
 def _check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:

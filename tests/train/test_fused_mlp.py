@@ -82,15 +82,10 @@ def _kept_bytes(out: torch.Tensor, recomputed: set[int]) -> int:
     return sum(seen.values())
 
 
-def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
-    """Of the four (tokens × intermediate) tensors a gated MLP keeps, the fused one keeps gate(x) and up(x) only:
-    SiluMul recomputes silu(gate(x)), and down_proj's input silu(gate(x)) · up(x) is recomputed from them when its
-    backward asks for it (saved-tensor hooks), so gradients are the same bits (tested above)."""
+def _kept_against_plain(plain: nn.Module, leaner: nn.Module, monkeypatch) -> tuple[int, int]:
+    """(bytes autograd keeps for ``plain`` minus for ``leaner``, recomputations the leaner one's graph holds)."""
     from prefzoo.train import fused_mlp
 
-    plain = build_model(build_tokenizer(), seed=3)
-    fused = copy.deepcopy(plain)
-    fuse_gated_mlps(fused)
     recomputed: set[int] = set()
     alive: list[torch.Tensor] = []  # held, so that no two recomputations share an address
     real = fused_mlp._Recipe.recompute
@@ -103,10 +98,21 @@ def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
 
     monkeypatch.setattr(fused_mlp._Recipe, "recompute", recording)
     kept_plain = _kept_bytes(plain(input_ids=IDS, attention_mask=ATTN).logits.sum(), set())
-    kept_fused = _kept_bytes(fused(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
-    inter = plain.config.intermediate_size
-    assert len(recomputed) == plain.config.num_hidden_layers  # down_proj's input, once per layer
-    assert kept_plain - kept_fused == 2 * plain.config.num_hidden_layers * IDS.numel() * inter * 4
+    kept = _kept_bytes(leaner(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
+    return kept_plain - kept, len(recomputed)
+
+
+def test_two_intermediate_width_tensors_fewer_are_kept_per_layer(monkeypatch):
+    """Of the four (tokens × intermediate) tensors a gated MLP keeps, the fused one keeps gate(x) and up(x) only:
+    SiluMul recomputes silu(gate(x)), and down_proj's input silu(gate(x)) · up(x) is recomputed from them when its
+    backward asks for it (saved-tensor hooks), so gradients are the same bits (tested above)."""
+
+    plain = build_model(build_tokenizer(), seed=3)
+    fused = copy.deepcopy(plain)
+    fuse_gated_mlps(fused)
+    fewer, recomputed = _kept_against_plain(plain, fused, monkeypatch)
+    assert recomputed == plain.config.num_hidden_layers  # down_proj's input, once per layer
+    assert fewer == 2 * plain.config.num_hidden_layers * IDS.numel() * plain.config.intermediate_size * 4
 
 
 def test_nothing_keeps_the_product_alive_after_the_forward(monkeypatch):
@@ -204,25 +210,29 @@ def test_silu_mul_backward_is_autograds():
 
 
 @pytest.mark.parametrize(
-    ("model_type", "switched"),
-    [("mistral", {"MistralMLP": 2}), ("qwen2", {"Qwen2MLP": 2}), ("qwen3", {"Qwen3MLP": 2}), ("olmo2", {"Olmo2MLP": 2}),
-     ("granite", {"GraniteMLP": 2}), ("cohere", {"CohereMLP": 2}),
-     ("gemma2", {}), ("phi3", {}), ("qwen3_moe", {})],  # GELU gate, fused gate_up_proj, grouped experts: left alone
+    ("switch", "model_type", "switched"),
+    [("mlp", "mistral", {"MistralMLP": 2}), ("mlp", "qwen2", {"Qwen2MLP": 2}), ("mlp", "qwen3", {"Qwen3MLP": 2}),
+     ("mlp", "olmo2", {"Olmo2MLP": 2}), ("mlp", "granite", {"GraniteMLP": 2}), ("mlp", "cohere", {"CohereMLP": 2}),
+     ("mlp", "gemma2", {}), ("mlp", "phi3", {}), ("mlp", "qwen3_moe", {}),  # GELU gate, fused gate_up, experts
+     ("norm", "mistral", {"MistralRMSNorm": 5}), ("norm", "qwen3", {"Qwen3RMSNorm": 9}),
+     ("norm", "olmo2", {"Olmo2RMSNorm": 9}), ("norm", "phi3", {"Phi3RMSNorm": 5}),
+     ("norm", "qwen3_moe", {"Qwen3MoeRMSNorm": 9}),  # Qwen 3's per-head q/k norms, OLMo 2's off the residual stream
+     ("norm", "gemma2", {}), ("norm", "cohere", {}), ("norm", "olmo", {})],  # (1 + w), LayerNorm, weightless
 )  # fmt: skip
-def test_other_architectures_give_the_same_bits_or_are_left_alone(model_type, switched):
+def test_other_architectures_give_the_same_bits_or_are_left_alone(switch, model_type, switched):
     from prefzoo.testing.architectures import build_tiny
+    from prefzoo.train.fused_mlp import lean_rms_norms
 
     plain = build_tiny(model_type).train()
-    fused = copy.deepcopy(plain)
-    assert fuse_gated_mlps(fused) == switched
-    _same(plain, fused)
+    leaner = copy.deepcopy(plain)
+    assert {"mlp": fuse_gated_mlps, "norm": lean_rms_norms}[switch](leaner) == switched
+    _same(plain, leaner)
 
 
 # --- RMSNorms that keep no normalised copy -------------------------------------------------------------------------
 
 
 def test_lean_norms_give_the_same_bits_and_keep_one_hidden_width_tensor_fewer_per_norm(monkeypatch):
-    from prefzoo.train import fused_mlp
     from prefzoo.train.fused_mlp import lean_rms_norms
 
     plain = build_model(build_tokenizer(), seed=3)
@@ -231,21 +241,9 @@ def test_lean_norms_give_the_same_bits_and_keep_one_hidden_width_tensor_fewer_pe
     assert lean_rms_norms(lean) == {"LlamaRMSNorm": norms}
     assert lean.state_dict().keys() == plain.state_dict().keys()
     _same(plain, lean)
-    recomputed: set[int] = set()
-    alive: list[torch.Tensor] = []
-    real = fused_mlp._Recipe.recompute
-
-    def recording(self):
-        t = real(self)
-        recomputed.add(t.untyped_storage().data_ptr())
-        alive.append(t)
-        return t
-
-    monkeypatch.setattr(fused_mlp._Recipe, "recompute", recording)
-    kept_plain = _kept_bytes(plain(input_ids=IDS, attention_mask=ATTN).logits.sum(), set())
-    kept_lean = _kept_bytes(lean(input_ids=IDS, attention_mask=ATTN).logits.sum(), recomputed)
-    assert len(recomputed) == norms
-    assert kept_plain - kept_lean == norms * IDS.numel() * plain.config.hidden_size * 4
+    fewer, recomputed = _kept_against_plain(plain, lean, monkeypatch)
+    assert recomputed == norms
+    assert fewer == norms * IDS.numel() * plain.config.hidden_size * 4
 
 
 class _OnePlusNorm(nn.Module):
@@ -267,20 +265,3 @@ def test_a_norm_that_is_not_llamas_keeps_its_own_forward():
 
     model = nn.Sequential(_OnePlusNorm(), nn.Linear(6, 6))
     assert lean_rms_norms(model) == {} and type(model[0]) is _OnePlusNorm
-
-
-@pytest.mark.parametrize(
-    ("model_type", "switched"),
-    [("mistral", {"MistralRMSNorm": 5}), ("qwen3", {"Qwen3RMSNorm": 9}), ("olmo2", {"Olmo2RMSNorm": 9}),
-     ("phi3", {"Phi3RMSNorm": 5}), ("qwen3_moe", {"Qwen3MoeRMSNorm": 9}),
-     ("gemma2", {}), ("cohere", {}), ("olmo", {})],  # (1 + w), a LayerNorm, a weightless norm: left alone
-)  # fmt: skip
-def test_lean_norms_on_other_architectures_give_the_same_bits_or_are_left_alone(model_type, switched):
-    """Qwen 3's per-head q/k norms and OLMo 2's norms after attention and MLP (not on the residual stream) included."""
-    from prefzoo.testing.architectures import build_tiny
-    from prefzoo.train.fused_mlp import lean_rms_norms
-
-    plain = build_tiny(model_type).train()
-    lean = copy.deepcopy(plain)
-    assert lean_rms_norms(lean) == switched
-    _same(plain, lean)
