@@ -59,6 +59,14 @@ def _chunk_logp_all(h_c: Tensor, w: Tensor, transform: LogitTransform, out: Tens
     return z if transform.identity else transform.apply_(z)  # (m, V) the model's logits
 
 
+def _chunk_buffer(h: Tensor, w: Tensor, chunk_size: int) -> Tensor | None:
+    """One (chunk, V) buffer that every chunk's logits are written into, or None where the GEMM cannot write into
+    it (under autocast the GEMM's dtype is autocast's; mixed dtypes need a cast): no fresh pages per chunk."""
+    if h.dtype != _acc(h) or w.dtype != h.dtype or torch.is_autocast_enabled(h.device.type):
+        return None
+    return h.new_empty(min(chunk_size, h.shape[0]), w.shape[0])
+
+
 def _exp_shifted(z: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
     """(lse (m,), s (m,)) of logits z (m, V), leaving e = exp(z − max) in ``out`` (which may be z itself).
 
@@ -106,10 +114,7 @@ class _HeadLogps(torch.autograd.Function):
         # e = exp(z − max) in place, log p(y) = z_y − lse, and the backward's softmax is e / s (kept: e and 1 / s).
         plain = not want_entropy and transform.identity
         inv_s = torch.empty_like(lp) if plain and kept is not None else None  # (M,) 1 / Σ e per position
-        reuse = (  # one (m, V) buffer for every chunk (under autocast the GEMM's dtype is autocast's: no out=)
-            kept is None and h.dtype == _acc(h) and w.dtype == h.dtype and not torch.is_autocast_enabled(h.device.type)
-        )
-        buf = h.new_empty(min(chunk_size, m_total), w.shape[0]) if reuse else None
+        buf = _chunk_buffer(h, w, chunk_size) if kept is None else None  # one (m, V) buffer for every chunk
         scratch = h.new_empty(min(chunk_size, m_total), w.shape[0], dtype=_acc(h)) if not plain else None
         for s in range(0, m_total, chunk_size):
             m = min(chunk_size, m_total - s)
@@ -186,10 +191,7 @@ class _HeadLogps(torch.autograd.Function):
         cs, transform = ctx.chunk_size, ctx.transform
         kept, ctx.kept = ctx.kept, None  # consumed in place below; a second backward recomputes
         inv_s, ctx.inv_s = ctx.inv_s, None
-        reuse = (  # recomputed chunks share one (m, V) buffer: every use of a chunk ends within its iteration
-            kept is None and h.dtype == _acc(h) and w.dtype == h.dtype and not torch.is_autocast_enabled(h.device.type)
-        )
-        buf = h.new_empty(min(cs, m_total), w.shape[0]) if reuse else None
+        buf = _chunk_buffer(h, w, cs) if kept is None else None  # every use of a recomputed chunk ends in its iteration
         for k, s in enumerate(range(0, m_total, cs)):
             h_c, tgt = h[s : s + cs], targets[s : s + cs]  # (m, H), (m,)
             g = g_lp[s : s + cs]  # (m,)

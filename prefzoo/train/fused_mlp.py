@@ -36,7 +36,7 @@ class SiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, g: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(g, u)
-        return torch.nn.functional.silu(g) * u
+        return _silu_product(g, u)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # type: ignore[override]
@@ -50,7 +50,7 @@ def silu_mul(g: Tensor, u: Tensor) -> Tensor:
     """silu(g) * u; through :class:`SiluMul` when autograd would keep anything, else plainly."""
     if torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
         return SiluMul.apply(g, u)  # type: ignore[no-any-return]
-    return torch.nn.functional.silu(g) * u
+    return _silu_product(g, u)
 
 
 def _fused_forward(self: Any, x: Tensor) -> Tensor:
@@ -61,7 +61,7 @@ def _fused_forward(self: Any, x: Tensor) -> Tensor:
 
 
 def _silu_product(g: Tensor, u: Tensor) -> Tensor:
-    return torch.nn.functional.silu(g) * u  # SiluMul.forward's own kernels: the bits down_proj was given
+    return torch.nn.functional.silu(g) * u  # SiluMul.forward's, and the recipe's: the bits down_proj was given
 
 
 def _other_saved_tensor_hooks() -> bool:
@@ -111,7 +111,7 @@ def recomputed_when_saved(target: Tensor, fn: Callable[..., Tensor], *args: Any)
         yield
 
 
-_FUSED: dict[tuple[type, str], type] = {}  # (original class, prefix) -> its switched subclass
+_SWITCHED: dict[tuple[type, str], type] = {}  # (original class, prefix) -> its switched subclass
 
 
 def _is_silu(act: Any) -> bool:
@@ -137,7 +137,7 @@ def _lean_norm_forward(self: Any, hidden_states: Tensor) -> Tensor:
     input_dtype = hidden_states.dtype
     h = hidden_states.to(torch.float32)
     r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-    normed = (h * r).to(input_dtype)
+    normed = _normalised(h, r, input_dtype)  # the recipe below runs this same function: the same bits
     with recomputed_when_saved(normed, _normalised, h, r, input_dtype):
         return self.weight * normed  # type: ignore[no-any-return]
 
@@ -165,12 +165,12 @@ def _probe(module: nn.Module, forward: Callable[[Any, Tensor], Tensor], width: i
 
 
 def _switched_class(cls: type, prefix: str, forward: Callable[..., Tensor]) -> type:
-    if (cls, prefix) not in _FUSED:
+    if (cls, prefix) not in _SWITCHED:
         name = f"{prefix}{cls.__name__}"
         switched = type(name, (cls,), {"forward": forward, "__module__": __name__, "__qualname__": name})
         setattr(sys.modules[__name__], name, switched)  # findable by pickle
-        _FUSED[(cls, prefix)] = switched
-    return _FUSED[(cls, prefix)]
+        _SWITCHED[(cls, prefix)] = switched
+    return _SWITCHED[(cls, prefix)]
 
 
 def _switch(
@@ -184,7 +184,7 @@ def _switch(
     passed: dict[type, bool] = {}  # probed once per class, in this model
     for module in model.modules():
         cls = type(module)
-        if cls in _FUSED.values() or not pick(module):
+        if cls in _SWITCHED.values() or not pick(module):
             continue
         if cls not in passed:
             passed[cls] = probe(module)

@@ -44,13 +44,13 @@ def drop_positions(n: int, p: float, generator: torch.Generator | None = None) -
     """
     mean = n * p
     m = int(mean + SLACK_SD * math.sqrt(mean) + 16)
-    ends = torch.empty(m, dtype=torch.int64).geometric_(p, generator=generator).cumsum_(0)
-    parts, last = [ends], int(ends[-1])
-    while last < n:  # fewer gaps than drops in [0, n): go on from the last end
-        more = torch.empty(m, dtype=torch.int64).geometric_(p, generator=generator).cumsum_(0).add_(last)
-        parts.append(more)
-        last = int(more[-1])
-    ends = torch.cat(parts) if len(parts) > 1 else ends
+    parts: list[Tensor] = []
+    last = 0
+    while not parts or last < n:  # fewer gaps than drops in [0, n): go on from the last end
+        ends = torch.empty(m, dtype=torch.int64).geometric_(p, generator=generator).cumsum_(0)
+        parts.append(ends.add_(last) if last else ends)
+        last = int(ends[-1])
+    ends = torch.cat(parts) if len(parts) > 1 else parts[0]
     return ends[ends <= n].sub_(1)
 
 
