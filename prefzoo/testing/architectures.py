@@ -142,8 +142,8 @@ def tiny_config(model_type: str) -> Any:
     settable = [k for k in dir(base) if not isinstance(getattr(cls, k, None), property)]
     kw = {k: v for k, v in _SIZES.items() if k in settable}
     kw.update({k: v for k, v in _TRANSFORM_VALUES.items() if k in settable})
-    if getattr(base, "unpadded_vocab_size", None) is not None and "unpadded_vocab_size" in settable:
-        kw["unpadded_vocab_size"] = VOCAB - 6  # Inkling 2: a head over the unpadded part of the vocabulary only
+    if "unpadded_vocab_size" in settable:  # Inkling 2: a head over its first rows; Inkling 1: logits cut to them
+        kw["unpadded_vocab_size"] = VOCAB - 6
     types = getattr(base, "layer_types", None)
     if getattr(base, "use_sliding_window", None) is False and hasattr(base, "sliding_window"):
         kw["use_sliding_window"] = True  # layer types rebuilt by the config: layer 0 full, layer 1 sliding
@@ -197,11 +197,15 @@ def tiny_pairs(
 
 
 def _token_range(model: Any) -> int:
-    """Token ids the pairs may use: the model's vocabulary, or fewer where its head covers fewer (a model whose head
-    leaves out the padded end of the embedding table, such as Inkling 2, is never given those ids)."""
+    """Token ids the pairs may use: the model's vocabulary, or fewer where its logits cover fewer (a model whose head
+    leaves out the padded end of the embedding table, such as Inkling 2, or whose forward cuts its logits to the
+    first rows, such as Inkling 1, is never given those ids: they have no probability)."""
+    from prefzoo.train.arch import vocab_cut
+
     head = model.get_output_embeddings()
     rows = getattr(head, "out_features", None) if head is not None else None
-    return min(VOCAB, int(rows)) if isinstance(rows, int) else VOCAB
+    cut = vocab_cut(model.config)
+    return min(VOCAB, *(int(n) for n in (rows, cut) if isinstance(n, int)))
 
 
 def _model_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:

@@ -7,23 +7,29 @@ what each layer's attention pattern is.  Both are read from the config the way t
 
 - logit transform z = cap · tanh(s · (h Wᵀ) / cap) (cap = None: z = s · h Wᵀ), with s from
 
-  ============================================================  ============================  ===========
-  model types                                                   config field                  s
-  ============================================================  ============================  ===========
-  cohere, cohere2, cohere2_moe, cohere_compass                  ``logit_scale``               × value
-  granite, granite_swa, granitemoe(+_swa, hybrid, shared),      ``logits_scaling``            ÷ value
+  ============================================================  ==================================  ===========
+  model types                                                   config field                        s
+  ============================================================  ==================================  ===========
+  cohere, cohere2, cohere2_moe, cohere_compass                  ``logit_scale``                     × value
+  granite, granite_swa, granitemoe(+_swa, hybrid, shared),      ``logits_scaling``                  ÷ value
   minicpm3 (divides the hidden state: the same for a bias-free head)
-  hyperclovax                                                   ``logits_scaling``            × value
-  falcon_h1                                                     ``lm_head_multiplier``        × value
-  muse_glimmer, muse_spark                                      ``output_multiplier``         × value
+  hyperclovax                                                   ``logits_scaling``                  × value
+  falcon_h1                                                     ``lm_head_multiplier``              × value
+  muse_glimmer, muse_spark                                      ``output_multiplier``               × value
+  inkling_text, inkling_mm_model (Inkling 1; divides the        ``logits_mup_width_multiplier``     ÷ value
+  hidden state: the same for a bias-free head)
   other transformers model types                                none (their forward scales nothing)
   remote-code models (TRL's reading)                            ``logit_scale``, ``output_multiplier``,
                                                                 ``lm_head_multiplier`` ×; ``logits_scaling`` ÷
-  ============================================================  ============================  ===========
+  ============================================================  ==================================  ===========
 
   and cap from ``final_logit_softcapping`` (Gemma 2/3/3n/4, VaultGemma, nanochat, Mistral Large 4, Muse...),
   ``logits_soft_cap`` (RecurrentGemma) or ``output_logit_soft_cap`` (xLSTM).  An architecture that does anything
   else is caught by the run-start self-check (:mod:`prefzoo.train.selfcheck`).
+- vocabulary cut: Inkling 1 (``inkling_text``, ``inkling_mm_model``) applies a head over the whole embedding table,
+  then keeps only the first ``unpadded_vocab_size`` logits, so the softmax runs over those;
+  :func:`logits_head` returns that head as :class:`FirstRows` (the same logits, and a weight of the first rows for
+  the fused head).  Inkling 2 builds its head with those rows only, so it needs nothing.
 - attention pattern per layer: ``config.layer_types`` ("full_attention" / "sliding_attention", window
   ``config.sliding_window``), or every layer sliding when the config has a ``sliding_window`` and no layer types.
 - router loss: a mixture-of-experts model whose (text) config sets ``output_router_logits`` adds its load-balancing
@@ -45,6 +51,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "ATTENTION_TYPES",
+    "FirstRows",
     "LogitTransform",
     "ModelCapabilities",
     "attention_layer_types",
@@ -55,6 +62,7 @@ __all__ = [
     "shared_prompt_refusal",
     "text_config",
     "varlen_attention",
+    "vocab_cut",
 ]
 
 _MUL, _DIV = "mul", "div"
@@ -68,7 +76,9 @@ _SCALE_BY_TYPE: dict[str, tuple[str, str]] = {
     "falcon_h1": ("lm_head_multiplier", _MUL),
     "muse_glimmer": ("output_multiplier", _MUL),
     "muse_spark": ("output_multiplier", _MUL),
+    **dict.fromkeys(("inkling_text", "inkling_mm_model"), ("logits_mup_width_multiplier", _DIV)),
 }
+_VOCAB_CUT_BY_TYPE = dict.fromkeys(("inkling_text", "inkling_mm_model"), "unpadded_vocab_size")
 _GENERIC_SCALES = (("logit_scale", _MUL), ("output_multiplier", _MUL), ("lm_head_multiplier", _MUL))
 _GENERIC_DIVISORS = (("logits_scaling", _DIV),)
 _SOFTCAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
@@ -160,17 +170,58 @@ def logit_transform(config: Any) -> LogitTransform:
     return LogitTransform(scale=scale, softcap=cap)
 
 
+def vocab_cut(config: Any) -> int | None:
+    """How many logits the architecture's forward keeps (its first ``n``), where it cuts them; None: all of them."""
+    key = _VOCAB_CUT_BY_TYPE.get(getattr(config, "model_type", None) or "")
+    n = _number(text_config(config), key) if key else None
+    if n is None:
+        return None
+    if n != int(n) or n < 1:
+        raise ValueError(f"model config {key}={n}: the architecture keeps that many logits; it must be a count >= 1")
+    return int(n)
+
+
+class FirstRows(nn.Module):
+    """A linear LM head whose logits the architecture cuts to the first ``n`` (Inkling 1's ``unpadded_vocab_size``):
+    the same logits as the model's forward, and ``weight`` / ``bias`` views of the first ``n`` rows, so the fused head
+    computes them (and its gradient reaches exactly those rows)."""
+
+    def __init__(self, head: nn.Linear, n: int) -> None:
+        super().__init__()
+        self.head, self.n = head, n
+
+    @property
+    def weight(self) -> Tensor:
+        return self.head.weight[: self.n]
+
+    @property
+    def bias(self) -> Tensor | None:
+        b = self.head.bias
+        return None if b is None else b[: self.n]
+
+    @property
+    def out_features(self) -> int:
+        return self.n
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x)[..., : self.n]
+
+
 def logits_head(causal: Any) -> Any:
     """The module that maps the decoder's last hidden state to logits (before the transform above).
 
     Usually the output embedding (``lm_head``); BERT-style decoders wrap it in a prediction head (dense, activation,
-    norm, then the output embedding: ``cls`` / ``lm_head``), which is returned whole.
+    norm, then the output embedding: ``cls`` / ``lm_head``), which is returned whole.  A linear head whose logits the
+    architecture cuts (:func:`vocab_cut`) is returned as :class:`FirstRows`.
     """
     out_emb = causal.get_output_embeddings()
     for name in ("lm_head", "cls"):
         m = getattr(causal, name, None)
         if isinstance(m, nn.Module) and m is not out_emb and any(x is out_emb for x in m.modules()):
             return m
+    n = vocab_cut(causal.config)
+    if n is not None and isinstance(out_emb, nn.Linear) and n < out_emb.out_features:
+        return FirstRows(out_emb, n)
     return out_emb
 
 

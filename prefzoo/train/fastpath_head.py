@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prefzoo.train.arch import LogitTransform
+from prefzoo.train.arch import FirstRows, LogitTransform
 
 __all__ = ["MAX_CHUNK_ELEMENTS", "MAX_KEEP_BYTES", "fusable_head", "head_logps"]
 
@@ -35,12 +35,14 @@ MAX_KEEP_BYTES = 512 << 20  # trainable head: keep the float32 log p for backwar
 
 
 def fusable_head(head: nn.Module) -> bool:
-    """A plain bias-free ``nn.Linear`` with its full weight present (not a LoRA layer, not ZeRO-3 partitioned)."""
+    """A plain bias-free ``nn.Linear`` with its full weight present (not a LoRA layer, not ZeRO-3 partitioned), or
+    the first rows of one (:class:`~prefzoo.train.arch.FirstRows`: ``head.weight`` is then those rows)."""
+    inner = head.head if type(head) is FirstRows else head
     return (
-        type(head) is nn.Linear
-        and head.bias is None
-        and not hasattr(head.weight, "ds_id")
-        and head.weight.dim() == 2
+        type(inner) is nn.Linear
+        and inner.bias is None
+        and not hasattr(inner.weight, "ds_id")
+        and inner.weight.dim() == 2
         and head.weight.numel() > 0
     )
 

@@ -90,16 +90,22 @@ def test_tiny_pairs_are_the_seed_0_draw_by_default_with_the_documented_lengths()
 def test_a_head_over_part_of_the_vocabulary_is_kept_smaller_and_the_pairs_stay_below_it():
     """Inkling 2's head covers ``unpadded_vocab_size`` rows of a larger embedding table (200,058 of 201,024).  The
     tiny one keeps a smaller head (not the full 200,058 rows, which made it too big to build), and the sweep's pairs
-    draw their ids below it, as real data never holds the padded ids; a model without the field is left as it is."""
+    draw their ids below it, as real data never holds the padded ids; a model without the field is left as it is.
+    Inkling 1 has the field too (None by default) but cuts its logits in forward: the tiny one sets it, so the
+    sweep checks the cut, and its pairs stay below it as well."""
     pytest.importorskip("transformers.models.inkling2")
+    pytest.importorskip("transformers.models.inkling")
     from prefzoo.testing.architectures import VOCAB, _token_range, build_tiny, check_architecture
 
     model = build_tiny("inkling2_text")
     assert model.get_input_embeddings().num_embeddings == VOCAB
     assert model.get_output_embeddings().out_features == _token_range(model) == VOCAB - 6
     assert _token_range(build_tiny("llama")) == VOCAB
-    assert tiny_config("inkling_text").unpadded_vocab_size is None  # Inkling 1's default: no field to shrink
+    inkling1 = build_tiny("inkling_text")
+    assert inkling1.config.unpadded_vocab_size == _token_range(inkling1) == VOCAB - 6
+    assert inkling1.get_output_embeddings().out_features == VOCAB  # the whole table: the forward cuts the logits
     assert check_architecture("inkling2_text").status == "pass"
+    assert check_architecture("inkling_text").status == "pass"
 
 
 def test_a_model_too_big_after_shrinking_is_refused_with_its_size_in_millions(monkeypatch):
