@@ -20,5 +20,8 @@ def patch_result(monkeypatch: Any, owner: Any, name: str, change: Callable[[Any]
 
 
 def roll_flat_slots(layout: Any) -> None:
-    """A packed row's split attention puts every output back one slot off (``FlatLayout.out`` rolled by one)."""
+    """A packed row's split attention puts its outputs back in the wrong places: ``FlatLayout.out`` rolled by one (the
+    gathered split) and its row blocks in reverse order (the row-by-row split on CPU)."""
     layout.out = layout.out.roll(1)
+    if layout.rows is not None:
+        layout.rows = layout.rows[::-1]

@@ -15,7 +15,16 @@ from torch.nn import functional as F
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.train import fastpath_prompt, fastpath_split
 from prefzoo.train.fastpath_prompt import shared_prompt_mask
-from prefzoo.train.fastpath_split import IMPLEMENTATION, split_attention, split_plan, split_refusal, split_sdpa_forward
+from prefzoo.train.fastpath_split import (
+    CHOSEN,
+    IMPLEMENTATION,
+    PROMPT,
+    REJECTED,
+    split_attention,
+    split_plan,
+    split_refusal,
+    split_sdpa_forward,
+)
 
 pytest.importorskip("transformers")
 
@@ -212,19 +221,28 @@ def test_a_window_the_config_switches_off_is_no_refusal():
 # ---- one padding-free row (packing under SDPA): the split gathered from the flat row --------------------------------
 
 
-def _flat(seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) collated segment ids → (flat_of (B, T), N): the rows' real tokens end to end, pair after pair."""
+def _flat(seg: torch.Tensor, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) collated segment ids → (flat_of (B, T), N): the rows' real tokens end to end, pair after pair (the last
+    row first with ``reverse``, as first-fit-decreasing packing may order them)."""
     valid = seg != 0
     flat_of = torch.zeros(seg.shape, dtype=torch.long)
-    flat_of[valid] = torch.arange(int(valid.sum()))
-    return flat_of, int(valid.sum())
+    start = 0
+    for r in reversed(range(seg.shape[0])) if reverse else range(seg.shape[0]):
+        n_r = int(valid[r].sum())
+        flat_of[r, :n_r] = torch.arange(start, start + n_r)
+        start += n_r
+    return flat_of, start
 
 
 @pytest.mark.parametrize("layout", [*sorted(LAYOUTS), "plain"])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
-def test_the_split_on_one_flat_row_equals_the_masked_attention_of_the_collated_rows(layout, heads, kv_heads):
+@pytest.mark.parametrize("path", ["row-by-row", "row-by-row, rows reversed", "gathered"])
+def test_the_split_on_one_flat_row_equals_the_masked_attention_of_the_collated_rows(
+    layout, heads, kv_heads, path, monkeypatch
+):
     """q, k, v laid out as one row of the real tokens only: the outputs and gradients of every real token equal
-    the masked attention over the collated rows (plain rows [x, y]: causal within each row, part 1 only)."""
+    the masked attention over the collated rows (plain rows [x, y]: causal within each row, part 1 only), whether the
+    split runs row by row on slices (CPU; rows in any order) or gathered into padded collated rows (other devices)."""
     rows = [(4, 0, 0), (1, 0, 0), (7, 0, 0), (2, 0, 0)] if layout == "plain" else LAYOUTS[layout]
     seg = _segments(rows)
     q, k, v = _qkv(seg, heads, kv_heads)
@@ -234,11 +252,18 @@ def test_the_split_on_one_flat_row_equals_the_masked_attention_of_the_collated_r
     want = _masked(q, k, v, seg)
     want_grads = torch.autograd.grad(want, (q, k, v), g_out)
 
-    flat_of, n = _flat(seg)
+    flat_of, n = _flat(seg, reverse="reversed" in path)
+    order = flat_of[:, 0].argsort()
 
     def to_flat(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) → (1, H, N, D) in flat order
-        return x.transpose(1, 2)[real].transpose(0, 1)[None]
+        return x[order].transpose(1, 2)[real[order]].transpose(0, 1)[None]
 
+    taken = []
+    for name in ("_rows_split", "_flat_split"):
+        sound = getattr(fastpath_split, name)
+        monkeypatch.setattr(fastpath_split, name, lambda *a, _f=sound, _n=name: taken.append(_n) or _f(*a))
+    if path == "gathered":
+        monkeypatch.setattr(fastpath_split, "ROW_BY_ROW_DEVICES", ())
     qf, kf, vf = (to_flat(x).detach().requires_grad_() for x in (q, k, v))
     plan = split_plan(seg)
     plan.flat = fastpath_split.flat_layout(plan, seg, flat_of, n)
@@ -246,8 +271,9 @@ def test_the_split_on_one_flat_row_equals_the_masked_attention_of_the_collated_r
     got, _ = split_sdpa_forward(_Module(heads // kv_heads), qf, kf, vf, None, prefzoo_split=plan)  # (1, N, H, D)
     got_grads = torch.autograd.grad(got, (qf, kf, vf), to_flat(g_out).transpose(1, 2))
 
+    assert taken == ["_flat_split" if path == "gathered" else "_rows_split"]
     assert plan.calls == 1 and got.shape == (1, n, heads, 8)
-    torch.testing.assert_close(got[0], want.transpose(1, 2)[real], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got[0], to_flat(want)[0].transpose(0, 1), atol=1e-12, rtol=1e-12)
     for name, a, b in zip("qkv", got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, to_flat(b), atol=1e-12, rtol=1e-12, msg=f"grad {name}")
 
@@ -357,3 +383,23 @@ def test_a_non_finite_sequence_in_the_flat_row_stays_in_its_own_pair():
     hit[[first, pairs + first]] = True  # its chosen and rejected rows
     assert bool(got[hit].isnan().all())
     torch.testing.assert_close(got[~hit], clean[~hit], atol=1e-12, rtol=1e-12)
+
+
+def test_row_blocks_are_taken_only_when_they_tile_the_flat_row():
+    """The row-by-row split reads each row as one slice of the flat row; a layout whose rows leave a gap, or whose row
+    is not one block in its collated order, gets no row blocks (the gathered split handles any layout)."""
+    seg = _segments(LAYOUTS[sorted(LAYOUTS)[0]])
+    flat_of, n = _flat(seg)
+    plan = split_plan(seg)
+    rows = fastpath_split.flat_layout(plan, seg, flat_of, n).rows
+    assert rows is not None and [r[0] for r in rows] == flat_of[:, 0].tolist()
+    assert [(l1, p, c) for _, l1, p, c in rows] == [
+        (int(((s == PROMPT) | (s == CHOSEN)).sum()), int((s == PROMPT).sum()), int((s == REJECTED).sum())) for s in seg
+    ]
+    assert fastpath_split.flat_layout(plan, seg, flat_of, n + 1).rows is None  # a gap at the end
+    gap = flat_of.clone()
+    gap[1:][seg[1:] != 0] += 1  # a gap between rows 0 and 1
+    assert fastpath_split.flat_layout(plan, seg, gap, n + 1).rows is None
+    swapped = flat_of.clone()
+    swapped[0, 1:3] = swapped[0, 1:3].flip(0)  # row 0's second and third tokens swapped: it still tiles
+    assert fastpath_split.flat_layout(plan, seg, swapped, n).rows is None
