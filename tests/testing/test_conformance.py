@@ -291,6 +291,9 @@ def test_gloo_gather_in_a_process_group_returns_a_detached_copy_in_rank_order():
         assert torch.equal(out, t.detach().T)
         for x in (t.detach(), torch.arange(5.0)):  # (3, 2) and (5,): each shard's rows pad into the buffer
             assert torch.equal(gloo_gather(x), x)
+        for x in (torch.tensor([1 / 3, -2 / 7], dtype=torch.float64), torch.tensor([2**40 + 1, -3])):
+            out = gloo_gather(x)  # the buffer keeps the dtype: float64 digits and int64 values survive
+            assert out.dtype == x.dtype and torch.equal(out, x)
     finally:
         dist.destroy_process_group()
 
