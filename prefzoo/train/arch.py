@@ -45,7 +45,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -186,17 +186,17 @@ class FirstRows(nn.Module):
     the same logits as the model's forward, and ``weight`` / ``bias`` views of the first ``n`` rows, so the fused head
     computes them (and its gradient reaches exactly those rows)."""
 
-    def __init__(self, head: nn.Linear, n: int) -> None:
+    def __init__(self, head: nn.Module, n: int) -> None:
         super().__init__()
         self.head, self.n = head, n
 
     @property
     def weight(self) -> Tensor:
-        return self.head.weight[: self.n]
+        return cast(Tensor, self.head.weight)[: self.n]
 
     @property
     def bias(self) -> Tensor | None:
-        b = self.head.bias
+        b: Tensor | None = getattr(self.head, "bias", None)
         return None if b is None else b[: self.n]
 
     @property
@@ -219,8 +219,8 @@ def logits_head(causal: Any) -> Any:
         m = getattr(causal, name, None)
         if isinstance(m, nn.Module) and m is not out_emb and any(x is out_emb for x in m.modules()):
             return m
-    n = vocab_cut(causal.config)
-    if n is not None and isinstance(out_emb, nn.Linear) and n < out_emb.out_features:
+    n, rows = vocab_cut(causal.config), getattr(out_emb, "out_features", None)
+    if n is not None and isinstance(rows, int) and n < rows:  # a plain linear head, or a LoRA layer wrapping one
         return FirstRows(out_emb, n)
     return out_emb
 

@@ -145,3 +145,23 @@ def test_a_biased_head_cut_to_its_first_rows_is_not_fused():
     x = torch.randn(2, 4)
     assert torch.equal(biased(x), biased.head(x)[:, :3])
     assert fusable_head(FirstRows(nn.Linear(4, 6, bias=False), 3))
+
+
+def test_a_lora_layer_on_the_head_is_cut_too(inkling):
+    """LoRA on lm_head wraps the linear head: its logits are cut all the same (the chunked path runs the LoRA layer),
+    and the log-probs equal the wrapped model's own."""
+    peft = pytest.importorskip("peft")
+    from prefzoo.train.arch import FirstRows, logits_head
+    from prefzoo.train.logps import unwrap_causal_lm
+
+    model = peft.get_peft_model(
+        build_tiny("inkling_text").double(), peft.LoraConfig(r=4, target_modules=["lm_head"], init_lora_weights=False)
+    )
+    model.base_model.model.set_experts_implementation("eager")
+    head = logits_head(unwrap_causal_lm(model))
+    assert type(head) is FirstRows and type(head.head) is not nn.Linear
+    b = _batch(inkling)
+    with torch.no_grad():
+        want, got = _own(model, b), _ours(model, b)
+    for name, w, g in zip(("sequence", "token", "entropy"), want, got, strict=True):
+        assert float((g - w).abs().max()) <= 1e-10, name
