@@ -58,6 +58,7 @@ class _Exchange:
     """An in-process all-gather among ``n`` threads (one call per thread per round)."""
 
     def __init__(self, n: int) -> None:
+        self.n = n  # the world size (the tests' ThreadAccelerator reads it as num_processes)
         self.slots: list[Tensor | None] = [None] * n
         self.barrier = threading.Barrier(n, timeout=30)
         self.result: Tensor | None = None
