@@ -66,3 +66,30 @@ def test_without_hypothesis_registering_profiles_is_a_no_op(monkeypatch) -> None
 
     with pytest.raises(hypothesis.errors.InvalidArgument):
         settings.get_profile("absent-dev")  # nothing was registered
+
+
+def test_the_profiles_are_what_the_module_promises() -> None:
+    """Each profile has the settings its docstring and docs/properties.md promise: dev 30 examples; ci Hypothesis'
+    own ci profile (derandomized) with 100 and the reproduction blob; thorough 1000 with the blob; mutation 10,
+    derandomized, no database; none has a deadline, and all let slow or large data through."""
+    from hypothesis import HealthCheck, settings
+
+    from prefzoo.testing.pytest_plugin import register_profiles
+
+    previous = settings.get_current_profile_name()
+    settings.load_profile("default")  # as at pytest's start, when the plugin registers them: nothing inherited
+    try:
+        register_profiles("probe-")
+    finally:
+        settings.load_profile(previous)
+    got = {n: settings.get_profile(f"probe-{n}") for n in ("dev", "ci", "thorough", "mutation")}
+    want = {  # max_examples, derandomize, print_blob, database is None
+        "dev": (30, False, False, False),
+        "ci": (100, True, True, settings.get_profile("ci").database is None),
+        "thorough": (1000, False, True, False),
+        "mutation": (10, True, False, True),
+    }
+    for name, s in got.items():
+        assert (s.max_examples, s.derandomize, s.print_blob, s.database is None) == want[name], name
+        assert s.deadline is None, name
+        assert set(s.suppress_health_check) == {HealthCheck.too_slow, HealthCheck.data_too_large}, name
