@@ -205,7 +205,7 @@ def _token_range(model: Any) -> int:
     head = model.get_output_embeddings()
     rows = getattr(head, "out_features", None) if head is not None else None
     cut = vocab_cut(model.config)
-    return min(VOCAB, *(int(n) for n in (rows, cut) if isinstance(n, int)))
+    return min([VOCAB, *(int(n) for n in (rows, cut) if isinstance(n, int))])  # VOCAB alone: min of one
 
 
 def _model_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
