@@ -25,6 +25,7 @@ from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
 from prefzoo.losses._common import (
+    EXP_CAP,
     NLL_NOTE,
     NLL_REDUCTIONS,
     average_logps,
@@ -137,12 +138,29 @@ def f_delta(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
     return f_w - f_l
 
 
+def _both_capped(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
+    """Where both f'-scores are past the cap of :func:`exp_capped` (forward KL and α-divergence only): there both are
+    about (1 + h)·e^80, and flat, so their float32 rounding is all the error their difference has."""
+    kind, a = p.f_divergence, p.alpha_divergence_coef - 1.0
+    if kind == "forward_kl":
+        return (-rho_w > EXP_CAP) & (-rho_l > EXP_CAP)
+    if kind == "alpha_divergence" and abs(a) >= 1e-6:
+        return (a * rho_w > EXP_CAP) & (a * rho_l > EXP_CAP)
+    return torch.zeros_like(rho_w, dtype=torch.bool)
+
+
 def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDPOParams) -> Tensor:
-    """f'_w/|y_w| − f'_l/|y_l|; with equal lengths Δ/|y_w| (Δ without the cancellation of two capped exponentials),
-    else the two terms as they are (rewriting them around Δ would cancel in bfloat16 when the lengths differ)."""
+    """f'_w/|y_w| − f'_l/|y_l|; with equal lengths Δ/|y_w| (Δ without the cancellation of two capped exponentials).
+    With different lengths, the two terms as they are (rewriting them around Δ would cancel in bfloat16), except where
+    both scores are past the cap: there the two terms, each about 1.1·e^80/|y|, cancel to their length difference's
+    share, and their float32 rounding (relative 2⁻²⁴ of each) would be |y| times the result's; the rewrite
+    Δ/|y_w| + f'_l·(|y_l| − |y_w|)/(|y_w|·|y_l|) has no such cancellation."""
     f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = lw.to(f_l.dtype), ll.to(f_l.dtype)
-    return torch.where(lw == ll, f_delta(rho_w, rho_l, p) / lw, f_w / lw - f_l / ll)
+    delta = f_delta(rho_w, rho_l, p)
+    around = delta / lw + f_l * ((ll - lw) / (lw * ll))
+    apart = torch.where(_both_capped(rho_w, rho_l, p), around, f_w / lw - f_l / ll)
+    return torch.where(lw == ll, delta / lw, apart)
 
 
 def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:

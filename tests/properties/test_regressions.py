@@ -39,3 +39,17 @@ def test_ipo_forward_kl_is_finite_in_float32():
 def test_ipo_passes_the_finite_property_in_float32():
     report = check_loss("ipo", properties=["finite"], dtypes=["float32"], max_examples=60)
     report.raise_if_failed()
+
+
+def test_length_averaged_scores_past_the_exponential_cap_keep_float32_precision():
+    """Found by the low-precision property (under mutmut's copy of the suite, whose derandomized examples differ):
+    with both log-ratios at −85 (forward KL) and lengths 1,338 and 1,339, sigmoid-norm subtracted two terms of about
+    1.1·e^80/1,338 that differ by a 1,339th; their float32 rounding was 1.3 times the property's tolerance."""
+    from prefzoo.testing.properties import check_low_precision
+
+    f = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    for div, rho in (("forward_kl", -85.0), ("alpha_divergence", -200.0)):  # past the cap: −ρ > 80, (α − 1)·ρ > 80
+        loss = prefzoo.get_loss("sigmoid-norm", f_divergence=div, alpha_divergence_coef=0.5)
+        b = prefzoo.PreferenceBatch(f([rho, rho]), f([rho, rho]), f([0.0, 0.0]), f([0.0, 0.0]),
+                                    torch.tensor([1338, 7]), torch.tensor([1339, 9]))  # fmt: skip
+        check_low_precision(loss, b)
