@@ -1,0 +1,106 @@
+"""The shaped checks' edges that a complete mutation run of prefzoo/testing/properties_shapes.py found untested: each
+score named in a finite or detached failure, a reference leaked by a little, the reference-free check's own random
+draw, and the list-monotone check's worst completion, its ties and its scale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefzoo.testing import properties_shapes as S
+from prefzoo.testing.properties import PropertyFailure
+from prefzoo.types import GroupBatch
+from tests.testing._probes import changed, probe_loss
+from tests.testing.test_shape_checks import _groups
+
+F = torch.float64
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("field", ["chosen_rewards", "rejected_rewards"])
+def test_finite_names_a_non_finite_score(field):
+    bad = changed("dpo-pl", **{field: lambda b, o, f=field: getattr(o, f) * torch.tensor([1.0, NAN], dtype=F)})
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_finite(probe_loss(bad, "dpo-pl"), _groups())
+    assert str(e.value) == f"probe: {field}[1] = nan is not finite (dtype torch.float64)"
+
+
+@pytest.mark.parametrize("field", ["chosen_rewards", "rejected_rewards", "rewards"])
+def test_detached_names_each_score_that_keeps_the_graph(field):
+    def attached(b, o, f=field):
+        t = getattr(o, f)
+        return t + 0.0 * (b.policy_logps if f == "rewards" else b.policy_logps[:, 0])
+
+    with pytest.raises(PropertyFailure) as e:
+        S.check_shape_detached(probe_loss(changed("dpo-pl", **{field: attached}), "dpo-pl"), _groups())
+    assert str(e.value) == f"probe: {field} requires grad; return it .detach()ed"
+    S.check_shape_detached(probe_loss(changed("dpo-pl", rewards=lambda b, o: None), "dpo-pl"), _groups())
+
+
+def _with_lengths() -> GroupBatch:
+    return _groups(lengths=torch.tensor([[3, 4, 5], [2, 6, 1]]))
+
+
+def _leaky(eps: float, base: str):
+    """``base`` (reference-free) plus eps·Σ tanh(reference) where one is given: it reads the reference a little."""
+
+    def losses(b, o):
+        return o.losses if b.ref_logps is None else o.losses + eps * torch.tanh(b.ref_logps).sum(1)
+
+    return probe_loss(changed(base, losses=losses), base)
+
+
+def test_reference_free_fails_a_loss_that_reads_the_reference_by_a_little():
+    """rrhf (the one reference-free list loss) plus 1e-6·Σ tanh(reference): a leak far below any tolerance but 0."""
+    with pytest.raises(PropertyFailure, match=r"^probe: losses changed when reference log-probs were supplied"):
+        S.check_shape_reference_free(_leaky(1e-6, "rrhf"), _with_lengths())
+    S.check_shape_reference_free(_leaky(0.0, "rrhf"), _with_lengths())
+
+
+def test_reference_free_draws_its_fake_references_from_its_own_generator():
+    seen = []
+
+    def record(b, o):
+        if b.ref_logps is not None:
+            seen.append(b.ref_logps.clone())
+        return o.losses
+
+    loss = probe_loss(changed("rrhf", losses=record), "rrhf")
+    state = torch.get_rng_state()
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        S.check_shape_reference_free(loss, _with_lengths())
+    torch.set_rng_state(state)
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # the same draw under two global seeds
+    assert seen[0].dtype == F and bool((seen[0] < 0).all()) and float(seen[0].min()) < -100  # log-probs, far from 0
+
+
+def _tilted_worst(eps: float):
+    """∂L/∂log π = −eps on every completion: the wrong way (≤ 0 is required ≥ 0) only for the worst ones."""
+    return changed("dpo-pl", losses=lambda b, o: -eps * b.policy_logps.sum(1))
+
+
+def test_list_monotone_names_the_worst_completion_that_is_pushed_up():
+    with pytest.raises(PropertyFailure) as e:
+        S.check_list_monotone(probe_loss(_tilted_worst(1e-3), "dpo-pl"), _groups())
+    assert str(e.value).startswith("probe: ∂L/∂log π of group 0's worst completion (slot 2) is -0.001 with ")
+
+
+def test_list_monotone_has_no_unique_worst_or_best_in_a_group_of_ties_or_a_shared_worst():
+    """Two completions tied for worst, and a group all tied: none of them is a unique worst or best, so gradients
+    the wrong way on them are no failure; in the first group, the unique best still is checked."""
+    scores = torch.tensor([[3.0, 1.0, 1.0], [2.0, 2.0, 2.0]], dtype=F)
+    g = _groups(scores=scores)
+    S.check_list_monotone(probe_loss(_tilted_worst(1e-3), "dpo-pl"), g)
+    up = changed("dpo-pl", losses=lambda b, o: 1e-3 * b.policy_logps.sum(1))  # every completion pushed down
+    with pytest.raises(PropertyFailure, match=r"group 0's best completion \(slot 0\)"):
+        S.check_list_monotone(probe_loss(up, "dpo-pl"), g)
+
+
+def test_list_monotone_reads_only_real_slots_for_the_best_and_the_worst():
+    """A padding slot's score is no completion's: the worst of group 0 is slot 1 once slot 2 is masked out."""
+    g = GroupBatch(policy_logps=_groups().policy_logps, ref_logps=_groups().ref_logps, scores=_groups().scores,
+                   mask=torch.tensor([[True, True, False], [True, True, True]]))  # fmt: skip
+    with pytest.raises(PropertyFailure) as e:
+        S.check_list_monotone(probe_loss(_tilted_worst(1e-3), "dpo-pl"), g)
+    assert str(e.value).startswith("probe: ∂L/∂log π of group 0's worst completion (slot 1) is -0.001 with ")
