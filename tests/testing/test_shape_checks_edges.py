@@ -104,3 +104,11 @@ def test_list_monotone_reads_only_real_slots_for_the_best_and_the_worst():
     with pytest.raises(PropertyFailure) as e:
         S.check_list_monotone(probe_loss(_tilted_worst(1e-3), "dpo-pl"), g)
     assert str(e.value).startswith("probe: ∂L/∂log π of group 0's worst completion (slot 1) is -0.001 with ")
+
+
+def test_every_shaped_property_declares_the_shape_it_checks():
+    """The kit picks a property's batches by its ``shape``: a list property without it would be drawn pairs."""
+    from prefzoo.types import Shape
+
+    assert [p.shape for p in S.LIST_PROPERTIES] == [Shape.LIST] * len(S.LIST_PROPERTIES)
+    assert [p.shape for p in S.UNPAIRED_PROPERTIES] == [Shape.UNPAIRED] * len(S.UNPAIRED_PROPERTIES)
