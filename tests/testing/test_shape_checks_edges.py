@@ -11,7 +11,7 @@ from prefzoo.testing import properties_shapes as S
 from prefzoo.testing.properties import PropertyFailure
 from prefzoo.types import GroupBatch
 from tests.testing._probes import changed, probe_loss
-from tests.testing.test_shape_checks import _groups
+from tests.testing.test_shape_checks import _groups, _unpaired
 
 F = torch.float64
 NAN = float("nan")
@@ -112,3 +112,39 @@ def test_every_shaped_property_declares_the_shape_it_checks():
 
     assert [p.shape for p in S.LIST_PROPERTIES] == [Shape.LIST] * len(S.LIST_PROPERTIES)
     assert [p.shape for p in S.UNPAIRED_PROPERTIES] == [Shape.UNPAIRED] * len(S.UNPAIRED_PROPERTIES)
+
+
+def _unpaired_tilt(eps: float):
+    """Every completion's loss eps·log π: ∂L/∂log π = eps, the wrong way for desirable completions when eps > 0."""
+    return changed("kto", losses=lambda b, o: eps * b.policy_logps)
+
+
+def test_unpaired_monotone_names_the_completion_and_its_label():
+    with pytest.raises(PropertyFailure) as e:
+        S.check_unpaired_monotone(probe_loss(_unpaired_tilt(1e-3), "kto"), _unpaired())
+    assert str(e.value).startswith("probe: ∂L/∂log π(y) = 0.001 for a desirable completion 0 with ")
+    with pytest.raises(PropertyFailure) as e:
+        S.check_unpaired_monotone(probe_loss(_unpaired_tilt(-1e-3), "kto"), _unpaired())
+    assert str(e.value).startswith("probe: ∂L/∂log π(y) = -0.001 for a undesirable completion 1 with ")
+
+
+def test_unpaired_monotone_tolerates_rounding_of_the_batchs_own_dtype_only():
+    """As for lists: 1e-9 the wrong way fails in float64; 1e-6 in float32 is float32 rounding and passes."""
+    with pytest.raises(PropertyFailure, match=r"= 1e-09 for a desirable completion 0 "):
+        S.check_unpaired_monotone(probe_loss(_unpaired_tilt(1e-9), "kto"), _unpaired())
+    u = _unpaired()
+    b32 = type(u)(policy_logps=u.policy_logps.float(), labels=u.labels, ref_logps=u.ref_logps.float(),
+                  kl_policy_logps=u.kl_policy_logps.float(), kl_ref_logps=u.kl_ref_logps.float())  # fmt: skip
+    S.check_unpaired_monotone(probe_loss(_unpaired_tilt(1e-6), "kto"), b32)
+
+
+def test_a_monotonicity_declared_per_params_makes_the_monotone_checks_apply():
+    import dataclasses
+
+    import prefzoo
+
+    spec = dataclasses.replace(prefzoo.loss_spec("kto"), monotone=lambda p: p.beta < 1.0)
+    assert S._monotone_possible(spec) and not S._monotone_possible(dataclasses.replace(spec, monotone=False))
+    loss = prefzoo.Loss(dataclasses.replace(spec, fn=_unpaired_tilt(1e-3)), spec.params(beta=0.5))
+    with pytest.raises(PropertyFailure):  # declared for β = 0.5 (read with the loss's own params)
+        S.check_unpaired_monotone(loss, _unpaired())
