@@ -148,3 +148,20 @@ def test_a_monotonicity_declared_per_params_makes_the_monotone_checks_apply():
     loss = prefzoo.Loss(dataclasses.replace(spec, fn=_unpaired_tilt(1e-3)), spec.params(beta=0.5))
     with pytest.raises(PropertyFailure):  # declared for β = 0.5 (read with the loss's own params)
         S.check_unpaired_monotone(loss, _unpaired())
+
+
+def test_the_shaped_properties_apply_where_their_conditions_hold():
+    """batch-decoupled applies to the losses not declared batch-coupled, reference-free to those that do not need
+    the reference, for lists and unpaired completions alike."""
+    import dataclasses
+
+    import prefzoo
+
+    for props, free, needs_ref in ((S.LIST_PROPERTIES, "rrhf", "dpo-pl"), (S.UNPAIRED_PROPERTIES, None, "kto")):
+        by_name = {p.name.split("-", 1)[1]: p for p in props}
+        spec = prefzoo.loss_spec(needs_ref)
+        decoupled, coupled = (dataclasses.replace(spec, batch_coupled=c) for c in (False, True))
+        assert by_name["batch-decoupled"].applies(decoupled) and not by_name["batch-decoupled"].applies(coupled)
+        assert not by_name["reference-free"].applies(spec)
+        if free is not None:
+            assert by_name["reference-free"].applies(prefzoo.loss_spec(free))
