@@ -76,6 +76,8 @@ def test_monotone_names_the_first_pair_with_a_wrong_sign(side):
         P.check_monotone(probe_loss(wrong), _batch())
     pair_1 = "policy_chosen_logps=-4.0, policy_rejected_logps=-1.5, ref_chosen_logps=-3.0, ref_rejected_logps=-2.0"
     assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {value:.6g} {op} 0 at example 1 ({pair_1}) with ")
+    what = "chosen likelihood increases" if side == "chosen" else "rejected likelihood decreases"
+    assert str(e.value).endswith(f": raising the {what} the loss, but the spec declares monotone=True")
 
 
 def _linear(gw, gl) -> prefzoo.Loss:
@@ -264,3 +266,21 @@ def test_the_reference_free_check_draws_its_fake_references_from_its_own_generat
         torch.manual_seed(seed)
         P.check_reference_free(Spy(), batch)
     assert len(seen) == 2 and torch.equal(seen[0], seen[1])
+    assert seen[0].dtype == F and bool((seen[0] < 0).all()) and float(seen[0].min()) < -100  # log-probs, far from 0
+
+
+def test_the_reference_free_check_supplies_both_references():
+    """A loss that reads only the chosen reference (1e-6·tanh of it), on pairs given without references: the check
+    must supply the chosen reference too, or the leak goes unseen."""
+    base = prefzoo.get_loss("simpo")
+
+    def fn(b, p, ctx):
+        out = base.spec.fn(b, p, ctx)
+        leak = 0.0 if b.ref_chosen_logps is None else 1e-6 * torch.tanh(b.ref_chosen_logps)
+        return dataclasses.replace(out, losses=out.losses + leak)
+
+    lengths = torch.tensor([3, 5, 4])
+    batch = _batch(chosen_lengths=lengths, rejected_lengths=lengths.flip(0))
+    bare = batch.replace(ref_chosen_logps=None, ref_rejected_logps=None)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: losses changed when reference log-probs were supplied"):
+        P.check_reference_free(probe_loss(fn, "simpo"), bare)
