@@ -165,3 +165,11 @@ def test_the_shaped_properties_apply_where_their_conditions_hold():
         assert not by_name["reference-free"].applies(spec)
         if free is not None:
             assert by_name["reference-free"].applies(prefzoo.loss_spec(free))
+
+
+@pytest.mark.parametrize(("name", "prop"), [("dpo-pl", "list-low-precision"), ("kto", "unpaired-low-precision")])
+def test_the_kit_runs_each_shaped_low_precision_property_on_a_sound_loss(name, prop):
+    from prefzoo.testing import check_loss
+
+    report = check_loss(name, properties=[prop], max_examples=3)
+    assert [(r.name, r.status) for r in report.results] == [(prop, "passed")]
