@@ -107,6 +107,8 @@ def test_monotone_allows_rounding_up_to_its_bound_exactly_and_names_the_pair_bey
         return _linear(w, [1.0, 0.0, 0.0]) if side == "chosen" else _linear([-1.0, 0.0, 0.0], w)
 
     P.check_monotone(loss(s, 0.0, 0.0), b)
+    with pytest.raises(P.PropertyFailure):  # just past the bound: 65/64 of it (the bound's 64, 1 and 1 are exact)
+        P.check_monotone(loss(s * 65 / 64, 0.0, 0.0), b)
     with pytest.raises(P.PropertyFailure) as e:
         P.check_monotone(loss(s, 2 * s, 0.0), b)
     assert str(e.value).startswith(f"probe: ∂L/∂log π({y}) = {sign * 2 * s:.6g} {op} 0 at example 1 (")

@@ -9,7 +9,7 @@ import torch
 
 from prefzoo.testing import properties_shapes as S
 from prefzoo.testing.properties import PropertyFailure
-from prefzoo.types import GroupBatch
+from prefzoo.types import GroupBatch, UnpairedBatch
 from tests.testing._probes import changed, probe_loss
 from tests.testing.test_shape_checks import _groups, _unpaired
 
@@ -173,3 +173,96 @@ def test_the_kit_runs_each_shaped_low_precision_property_on_a_sound_loss(name, p
 
     report = check_loss(name, properties=[prop], max_examples=3)
     assert [(r.name, r.status) for r in report.results] == [(prop, "passed")]
+
+
+def _linear_groups(w):
+    """L_g = Σ_k w_gk·log π_gk per group (dpo-pl's spec, declared monotone): ∂L/∂log π = w."""
+    from prefzoo.types import LossOutput
+
+    a = torch.tensor(w, dtype=F)
+
+    def fn(b, p, ctx):
+        z = torch.zeros(b.policy_logps.shape[0], dtype=F)
+        return LossOutput((a * b.policy_logps).sum(1), z, z)
+
+    return probe_loss(fn, "dpo-pl")
+
+
+def _linear_completions(w):
+    """L_i = w_i·log π_i per completion (kto's spec, declared monotone): ∂L/∂log π = w."""
+    from prefzoo.types import LossOutput
+
+    a = torch.tensor(w, dtype=F)
+
+    def fn(b, p, ctx):
+        z = torch.zeros_like(b.policy_logps.detach())
+        return LossOutput(a * b.policy_logps, z, z)
+
+    return probe_loss(fn, "kto")
+
+
+S45 = 2.0**-45  # 64·2⁻⁵³·(1 + max|∂L| = 1)·(1 + max|log π| = 1): the monotone bound, exactly
+OVER = S45 * 65 / 64  # just past it (the bound with 65 for 64, or 2 for either 1)
+
+
+@pytest.mark.parametrize("side", ["best", "worst"])
+def test_list_monotone_allows_rounding_up_to_its_bound_exactly_and_no_further(side):
+    """Slot 1 is neither best nor worst: its gradient of 1 is allowed and sets max|∂L| = 1; log-probs within ±1."""
+    lp = torch.tensor([[-1.0, -0.5, -0.25]], dtype=F)
+    g = GroupBatch(policy_logps=lp, ref_logps=lp - 3.0, scores=torch.tensor([[3.0, 2.0, 1.0]], dtype=F))
+    slot, sign = (0, 1.0) if side == "best" else (2, -1.0)
+
+    def loss(x):
+        w = [0.0, 1.0, 0.0]
+        w[slot] = sign * x
+        return _linear_groups([w])
+
+    S.check_list_monotone(loss(S45), g)
+    with pytest.raises(PropertyFailure, match=rf"^probe: ∂L/∂log π of group 0's {side} completion \(slot {slot}\)"):
+        S.check_list_monotone(loss(OVER), g)
+
+
+@pytest.mark.parametrize("label", [True, False])
+def test_unpaired_monotone_allows_rounding_up_to_its_bound_exactly_and_no_further(label):
+    """Completion 1 carries the allowed gradient of magnitude 1 for its label; completion 0 the wrong-signed one."""
+    lp = torch.tensor([-1.0, -0.5], dtype=F)
+    u = UnpairedBatch(policy_logps=lp, labels=torch.tensor([label, label]), ref_logps=lp - 3.0,
+                      kl_policy_logps=lp - 3.0, kl_ref_logps=lp - 4.0)  # fmt: skip
+    sign = 1.0 if label else -1.0  # the wrong way: up for desirable, down for undesirable
+
+    def loss(x):
+        return _linear_completions([sign * x, -sign * 1.0])
+
+    S.check_unpaired_monotone(loss(S45), u)
+    with pytest.raises(PropertyFailure, match=r"^probe: ∂L/∂log π\(y\) = .* completion 0 with "):
+        S.check_unpaired_monotone(loss(OVER), u)
+
+
+def test_list_monotone_finds_the_best_among_negative_scores_beside_padding():
+    """Scores all below 0 and a padding slot: the best real completion is still found (padding is no candidate)."""
+    lp = torch.tensor([[-1.0, -0.5, 0.0]], dtype=F)
+    g = GroupBatch(policy_logps=lp, ref_logps=lp - 3.0, scores=torch.tensor([[-1.0, -2.0, 0.0]], dtype=F),
+                   mask=torch.tensor([[True, True, False]]))  # fmt: skip
+    with pytest.raises(PropertyFailure, match=r"group 0's best completion \(slot 0\)"):
+        S.check_list_monotone(_linear_groups([[1e-3, 0.0, 0.0]]), g)
+
+
+def test_a_list_monotonicity_declared_per_params_is_read_with_the_loss_params():
+    import dataclasses
+
+    import prefzoo
+
+    spec = dataclasses.replace(prefzoo.loss_spec("dpo-pl"), monotone=lambda p: p.beta < 1.0)
+    loss = prefzoo.Loss(dataclasses.replace(spec, fn=_linear_groups([[1e-3, 0.0, 0.0], [0.0] * 3]).spec.fn),
+                        spec.params(beta=0.5))  # fmt: skip
+    with pytest.raises(PropertyFailure):
+        S.check_list_monotone(loss, _groups())
+
+
+def test_the_shaped_low_precision_check_leaves_the_global_rng_alone():
+    import prefzoo
+
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    S.check_shape_low_precision(prefzoo.get_loss("dpo-pl"), _groups())
+    assert torch.equal(torch.get_rng_state(), before)
