@@ -266,3 +266,10 @@ def test_the_shaped_low_precision_check_leaves_the_global_rng_alone():
     before = torch.get_rng_state()
     S.check_shape_low_precision(prefzoo.get_loss("dpo-pl"), _groups())
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_fresh_casts_every_field_after_a_missing_one():
+    """A group batch without ref_logps (an earlier field): the scores after it are still cast and copied."""
+    g = GroupBatch(policy_logps=torch.zeros(1, 2, dtype=F), scores=torch.tensor([[1.0, 2.0]], dtype=F))
+    f = S.fresh(g, torch.float32)
+    assert f.ref_logps is None and f.scores.dtype == torch.float32 and f.scores is not g.scores
