@@ -12,6 +12,7 @@ import torch
 import prefzoo.testing.architectures as arch
 import prefzoo.train.logps as logps
 from prefzoo.testing.architectures import ArchResult, build_tiny, check_architecture
+from tests.archs.test_sweep_faults import _nth_call_raises
 
 
 def test_the_sweep_covers_every_causal_lm_type_in_order():
@@ -108,27 +109,18 @@ def test_a_long_build_error_is_cut(monkeypatch, error, reason):
     assert check_architecture("llama").reason == reason
 
 
-def _calls_from(monkeypatch, first: int, change) -> None:
-    """sequence_logps' calls from the ``first``-th on (1 fused, 2 chunked, 3 the shared layout) go through
-    ``change(out)`` (or raise, if ``change`` is an exception)."""
+def _shifted_from(monkeypatch, first: int, delta: float) -> None:
+    """sequence_logps' log-probs from its ``first``-th call on (1 fused, 2 chunked, 3 the shared layout) + ``delta``."""
     sound, calls = logps.sequence_logps, []
 
     def counted(*args, **kw):
         calls.append(1)
-        if len(calls) >= first and isinstance(change, Exception):
-            raise change
         out = sound(*args, **kw)
-        return change(out) if len(calls) >= first else out
-
-    monkeypatch.setattr(logps, "sequence_logps", counted)
-
-
-def _shifted(delta: float):
-    def change(out):
-        out["logps"] = out["logps"] + delta
+        if len(calls) >= first:
+            out["logps"] = out["logps"] + delta
         return out
 
-    return change
+    monkeypatch.setattr(logps, "sequence_logps", counted)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +133,7 @@ def _shifted(delta: float):
     ],
 )
 def test_the_sweep_compares_at_ten_times_the_token_tolerance(monkeypatch, first, delta, status, reason):
-    _calls_from(monkeypatch, first, _shifted(delta))
+    _shifted_from(monkeypatch, first, delta)
     res = check_architecture("llama")
     assert (res.status, res.reason.split(";")[0]) == (status, reason), res
 
@@ -151,16 +143,16 @@ def test_a_refusal_reason_is_the_text_after_its_first_colon_or_the_whole_text():
 
     for message, reason in [("shared prompt: refused here", "refused here"), ("no colon here", "no colon here")]:
         with pytest.MonkeyPatch.context() as mp:
-            _calls_from(mp, 3, SharedPromptError(message))
+            _nth_call_raises(mp, 3, SharedPromptError(message))
             res = check_architecture("llama")
         assert (res.status, res.reason) == ("pass", "sharing refused: " + reason), res
 
 
 def test_long_crash_messages_are_cut(monkeypatch):
-    _calls_from(monkeypatch, 1, RuntimeError("r" * 150))
+    _nth_call_raises(monkeypatch, 1, RuntimeError("r" * 150))
     assert check_architecture("llama").reason.startswith("fast path cannot run: RuntimeError: " + "r" * 100 + "; ")
     monkeypatch.undo()
-    _calls_from(monkeypatch, 3, ValueError("s" * 150))
+    _nth_call_raises(monkeypatch, 3, ValueError("s" * 150))
     assert check_architecture("llama").reason.startswith("shared layout crashed: ValueError: " + "s" * 80 + "; ")
 
 

@@ -7,21 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefzoo.types import GroupBatch, LossContext, PreferenceBatch, PreferenceBatchError, UnpairedBatch, error_summary
+from prefzoo.types import GroupBatch, LossContext, PreferenceBatch, UnpairedBatch, error_summary
+from tests.losses.test_batch_errors import _pair, _raises
 
 F = torch.float64
 NAN, INF = float("nan"), float("inf")
-
-
-def _message(build) -> str:
-    with pytest.raises(PreferenceBatchError) as e:
-        build()
-    return str(e.value)
-
-
-def _pair(**kw) -> PreferenceBatch:
-    z = torch.zeros(2, dtype=F)
-    return PreferenceBatch(**{"policy_chosen_logps": z, "policy_rejected_logps": z, **kw})
 
 
 def _group(**kw) -> GroupBatch:
@@ -57,7 +47,7 @@ TOK = torch.zeros(1, 2, 3, dtype=F)
     ids=["empty", "four-values-shown", "first-non-positive-length", "no-ids", "token-level-with-id"],
 )  # fmt: skip
 def test_pair_batch_messages_whole(build, message):
-    assert _message(build) == message
+    _raises(message, build)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +86,7 @@ def test_pair_batch_messages_whole(build, message):
          "token-non-finite", "token-device"],
 )  # fmt: skip
 def test_group_batch_messages_whole(build, message):
-    assert _message(build) == message
+    _raises(message, build)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +108,7 @@ def test_group_batch_messages_whole(build, message):
     ids=["int-labels", "field-shape", "non-finite", "first-negative-weight", "token-mask-dtype", "token-lead"],
 )  # fmt: skip
 def test_unpaired_batch_messages_whole(build, message):
-    assert _message(build) == message
+    _raises(message, build)
 
 
 def test_whole_float_lengths_and_boundary_values_are_accepted():

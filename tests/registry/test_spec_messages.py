@@ -23,6 +23,7 @@ from prefzoo.spec import (
     upcast,
 )
 from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, PreferenceBatchError, Shape, UnpairedBatch
+from tests.registry.test_param_text import _spec as _param_text_spec
 
 F = torch.float64
 
@@ -40,9 +41,7 @@ class _Empty(LossParams):
 
 
 def _spec(**kw) -> LossSpec:
-    base = dict(name="x", fn=lambda b, p, c: None, params_cls=_Bounded, family="x", formula="x", paper="x",
-                scores="x")  # fmt: skip
-    return LossSpec(**{**base, **kw})
+    return _param_text_spec(**{"params_cls": _Bounded, **kw})
 
 
 def test_a_pair_without_an_equals_sign_shows_the_default_example():
