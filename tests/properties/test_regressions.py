@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import prefzoo
@@ -53,3 +54,23 @@ def test_length_averaged_scores_past_the_exponential_cap_keep_float32_precision(
         b = prefzoo.PreferenceBatch(f([rho, rho]), f([rho, rho]), f([0.0, 0.0]), f([0.0, 0.0]),
                                     torch.tensor([1338, 7]), torch.tensor([1339, 9]))  # fmt: skip
         check_low_precision(loss, b)
+
+
+def test_length_averaged_scores_past_the_cap_equal_a_50_digit_transcription_in_float32():
+    """The same case against the formula evaluated independently in 50-digit arithmetic (mpmath, which torch's sympy
+    brings): e^x capped as e^80·(1 + h − h²/(h + x − 80)) with h = 0.1, f' = 1 − e^{−ρ} (forward KL),
+    L = −log σ(β(f'_w/|y_w| − f'_l/|y_l|)).  float32 is within 1e-6 relative (it was 1e-4 off before the fix)."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+
+    def capped(x):
+        x = mp.mpf(x)
+        return mp.e**x if x <= 80 else mp.e**80 * (1 + mp.mpf("0.1") - mp.mpf("0.01") / (mp.mpf("0.1") + x - 80))
+
+    for rw, rl, lw, ll in ((-85, -85, 1338, 1339), (-100, -85, 7, 9), (-3, -1, 5, 8)):
+        z = mp.mpf("0.1") * ((1 - capped(-rw)) / lw - (1 - capped(-rl)) / ll)
+        want = float(-mp.log(1 / (1 + mp.e ** (-z))))
+        t = lambda v: torch.tensor([float(v)])  # noqa: E731
+        b = prefzoo.PreferenceBatch(t(rw), t(rl), t(0), t(0), torch.tensor([lw]), torch.tensor([ll]))
+        got = prefzoo.get_loss("sigmoid-norm", f_divergence="forward_kl")(b).losses.item()
+        assert abs(got - want) <= 1e-6 * abs(want), (rw, rl, lw, ll, got, want)
