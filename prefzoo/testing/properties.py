@@ -168,12 +168,17 @@ def check_detached_rewards(loss: Loss, batch: PreferenceBatch) -> None:
             _fail(f"{loss.name}: metrics[{k!r}] requires grad; return it .detach()ed")
 
 
+def seeded_permutation(n: int) -> Tensor:
+    """A permutation of ``n`` seeded by ``n``, never the identity for n > 1 (the seeded draw for 2 is: reversed)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+    return torch.flip(perm, (0,)) if n > 1 and bool((perm == torch.arange(n)).all()) else perm
+
+
 def check_permutation(loss: Loss, batch: PreferenceBatch) -> None:
     """Permuting the pairs permutes the per-example losses (batch-coupled too: min, max and sort are symmetric)."""
     b = cast_batch(batch, torch.float64)
     n = b.batch_size
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
-    perm = torch.flip(perm, (0,)) if n > 1 and bool((perm == torch.arange(n)).all()) else perm
+    perm = seeded_permutation(n)
     base = loss(b).losses.detach()
     permuted = loss(_perm_batch(b, perm)).losses.detach()
     tol = 1e-9 * (1 + base.abs().max())

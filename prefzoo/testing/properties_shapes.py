@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from prefzoo.spec import Loss, LossOutputError
-from prefzoo.testing.properties import U32, U64, Property, PropertyFailure, _perturbed_params
+from prefzoo.testing.properties import U32, U64, Property, PropertyFailure, _perturbed_params, seeded_permutation
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
 from prefzoo.types import GroupBatch, LossOutput, Need, Shape, UnpairedBatch
 
@@ -118,7 +118,7 @@ def check_shape_permutation(loss: Loss, batch: Batch) -> None:
     """Permuting the groups (completions) permutes the per-example losses."""
     b = fresh(batch, torch.float64)
     n = b.batch_size
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+    perm = seeded_permutation(n)
     base = loss(b).losses.detach()
     got = loss(_take(b, perm)).losses.detach()
     _close(loss, f"losses after permuting the {_kind(b)}s by {perm.tolist()}", got, base[perm],
@@ -202,7 +202,7 @@ def check_within_group_permutation(loss: Loss, batch: GroupBatch) -> None:
     b = fresh(batch, torch.float64)
     if b.scores is None:
         b = b.replace(scores=b.ranking_scores.clone())
-    perm = torch.randperm(b.group_size, generator=torch.Generator().manual_seed(b.group_size))
+    perm = seeded_permutation(b.group_size)
     base = loss(b).losses.detach()
     got = loss(_take(b, perm, dim=1)).losses.detach()
     _close(loss, f"losses after permuting every group's completions by {perm.tolist()}", got, base,

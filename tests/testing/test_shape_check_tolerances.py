@@ -45,7 +45,7 @@ CHECKS = {
         S.check_shape_permutation,
         lambda i, b, ctx: i == 1,
         1e-9,
-        "losses after permuting the groups by [0, 1]",
+        "losses after permuting the groups by [1, 0]",
     ),
     "within-group": (
         S.check_within_group_permutation,

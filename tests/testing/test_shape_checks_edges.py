@@ -273,3 +273,29 @@ def test_fresh_casts_every_field_after_a_missing_one():
     g = GroupBatch(policy_logps=torch.zeros(1, 2, dtype=F), scores=torch.tensor([[1.0, 2.0]], dtype=F))
     f = S.fresh(g, torch.float32)
     assert f.ref_logps is None and f.scores.dtype == torch.float32 and f.scores is not g.scores
+
+
+def _by_position(dim: int):
+    """dpo-pl plus half of each group's position in the batch (dim 0) or its first completion's slot (dim 1, read
+    from the log-probs, which move with their completion): permuting the groups or the completions changes it."""
+
+    def losses(b, o):
+        if dim == 0:
+            return o.losses + 0.5 * torch.arange(b.batch_size, dtype=F)
+        return o.losses + 0.5 * (b.policy_logps[:, 0] == _groups().policy_logps[:, 0]).to(F)
+
+    return probe_loss(changed("dpo-pl", losses=losses), "dpo-pl")
+
+
+def test_the_shaped_permutations_are_never_the_identity_for_two_groups_or_two_completions():
+    """The seeded draw for 2 is the identity, which no loss can fail: both shaped checks reverse it, as the pair check
+    does.  Two groups of two completions: a loss that reads positions fails under [1, 0]."""
+    two = _groups(**{n: getattr(_groups(), n)[:, :2] for n in ("policy_logps", "ref_logps", "scores")})
+    with pytest.raises(PropertyFailure, match=r"^probe: losses after permuting the groups by \[1, 0\] at index 0"):
+        S.check_shape_permutation(_by_position(0), two)
+    with pytest.raises(PropertyFailure, match=r"^probe: losses after permuting every group's completions by \[1, 0\]"):
+        S.check_within_group_permutation(_by_position(1), two)
+    import prefzoo
+
+    for check in (S.check_shape_permutation, S.check_within_group_permutation):
+        check(prefzoo.get_loss("dpo-pl"), two)
