@@ -6,9 +6,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import prefzoo
+import torch
 
-__all__ = ["changed", "probe_loss"]
+import prefzoo
+from prefzoo.types import LossOutput
+
+__all__ = ["changed", "drifting", "probe_loss"]
 
 
 def probe_loss(fn: Callable[..., Any], base: str = "dpo", **spec_changes: Any) -> prefzoo.Loss:
@@ -25,3 +28,27 @@ def changed(base: str, **out_changes: Callable[[Any, Any], Any]) -> Callable[...
         return dataclasses.replace(out, **{k: f(batch, out) for k, f in out_changes.items()})
 
     return fn
+
+
+def drifting(
+    base: str,
+    read: Callable[[Any], torch.Tensor],
+    picks: Callable[[int, Any, Any], bool],
+    value: float = 0.0,
+    grad: float = 0.0,
+    level: float = 0.0,
+    slope: float = 0.0,
+) -> prefzoo.Loss:
+    """L = level + slope·read(batch) per example; on the calls ``picks(call index, batch, ctx)`` chooses, ``value``
+    more, and ``grad`` more on the gradient of what ``read`` sums with the value unchanged.  Zero scores; ``base``'s
+    spec, not batch-coupled.  A check's tolerance is pinned by a drift just past it failing and one within passing."""
+    calls = [0]
+
+    def fn(b: Any, p: Any, ctx: Any) -> LossOutput:
+        on = picks(calls[0], b, ctx)
+        calls[0] += 1
+        x = read(b)
+        z = torch.zeros(b.batch_size, dtype=x.dtype)
+        return LossOutput(level + value * on + slope * x + grad * on * (x - x.detach()), z, z)
+
+    return probe_loss(fn, base, batch_coupled=False)

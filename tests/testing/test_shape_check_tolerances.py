@@ -14,29 +14,15 @@ import torch
 from prefzoo.testing import properties_shapes as S
 from prefzoo.testing.properties import U32, PropertyFailure
 from prefzoo.types import GroupBatch, LossOutput
-from tests.testing._probes import probe_loss
+from tests.testing._probes import drifting, probe_loss
 from tests.testing.test_shape_checks import _groups
 
 F = torch.float64
 
-# picks(call index, batch, ctx): whether the drift applies to this call of the loss
-Picks = Callable[[int, GroupBatch, object], bool]
 
-
-def _drifting(picks: Picks, value: float = 0.0, grad: float = 0.0, level: float = 0.0, slope: float = 0.0):
-    """L_g = level + slope·Σ_k log π_gk over the real slots; on the calls ``picks`` chooses, ``value`` more and
-    ``grad`` more on ∂L/∂log π of each real slot, the value unchanged (dpo-pl's spec, not batch-coupled).
-    Invariant under permutations, padding and splits but for the drift."""
-    calls = [0]
-
-    def fn(b, p, ctx):
-        on = picks(calls[0], b, ctx)
-        calls[0] += 1
-        lp = torch.where(b.valid, b.policy_logps, torch.zeros_like(b.policy_logps)).sum(1)
-        z = torch.zeros(b.batch_size, dtype=F)
-        return LossOutput(level + value * on + slope * lp + grad * on * (lp - lp.detach()), z, z)
-
-    return probe_loss(fn, "dpo-pl", batch_coupled=False)
+def _drifting(picks, **kw):
+    """:func:`drifting` over the real slots' Σ_k log π_gk: invariant under permutations, padding and splits."""
+    return drifting("dpo-pl", lambda b: torch.where(b.valid, b.policy_logps, 0.0).sum(1), picks, **kw)
 
 
 # (check, the calls that are its transformed batch, the constant k of its tolerance k·(1 + |x|), the failure's text)

@@ -1,0 +1,87 @@
+"""Each pair check's tolerance, pinned (prefzoo/testing/properties.py): a loss whose transformed call drifts just past
+the documented tolerance fails, one that drifts just within it passes, as tests/testing/test_shape_check_tolerances.py
+does for lists.  A complete mutation run of the module found these constants free (``2 + |L|`` for ``1 + |L|``,
+``/`` for ``·``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from prefzoo.testing import properties as P
+from tests.testing._probes import drifting
+from tests.testing.test_property_checks import _batch
+
+F = torch.float64
+
+
+def _margin(b):
+    return (b.policy_chosen_logps - b.ref_chosen_logps) - (b.policy_rejected_logps - b.ref_rejected_logps)
+
+
+def _drifting(picks, **kw):
+    """:func:`drifting` over DPO's margin: invariant under permutations, splits and shifts but for the drift."""
+    return drifting("dpo", _margin, picks, **kw)
+
+
+# (check, the calls that are its transformed batch, the constant k of its tolerance k·(1 + |x|), the failure's text)
+CHECKS = {
+    "permutation": (P.check_permutation, lambda i, b, ctx: i == 1, 1e-9, "losses after permutation [1, 0, 2]"),
+    "sharded": (
+        P.check_sharded_gather,
+        lambda i, b, ctx: ctx.distributed,
+        1e-9,
+        "per-example loss sharded as [1, 1, 1] with the gather hook",
+    ),
+    "decoupled": (
+        P.check_batch_decoupled,
+        lambda i, b, ctx: i >= 1,
+        1e-12,
+        "per-example loss in micro-batches [2, 1] differs from the full batch, but the spec says batch_coupled=False",
+    ),
+    "shift": (
+        P.check_shift_invariance,
+        lambda i, b, ctx: i == 3,  # after the loss itself and its two margin perturbations
+        1e-9,
+        "loss changed when c was added to policy and reference log-probs of one response",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_loss_that_drifts_half_again_its_tolerance_fails(name):
+    """|L| = 0: the tolerance is k exactly, and a drift of 1.5·k is past it (``2 + |L|`` would allow it)."""
+    check, picks, k, what = CHECKS[name]
+    with pytest.raises(P.PropertyFailure, match="^" + re.escape(f"probe: {what} at example 0 (")):
+        check(_drifting(picks, value=1.5 * k), _batch())
+    check(_drifting(picks), _batch())
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_loss_that_drifts_half_its_tolerance_passes(name):
+    """|L| = 10: the tolerance is 11·k, and a drift of 5.5·k is within it (``k / (1 + |L|)`` would not allow it)."""
+    check, picks, k, _ = CHECKS[name]
+    check(_drifting(picks, value=5.5 * k, level=10.0), _batch())
+
+
+def test_the_reference_formula_is_matched_to_one_part_in_a_billion():
+    """The reference says 0 (then 10): the loss 1.5e-9 away fails, 5.5e-9 away from 10 passes."""
+    always = lambda i, b, ctx: True  # noqa: E731
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss vs float64 reference formula at example 0 \("):
+        P.check_matches_reference(_drifting(always, value=1.5e-9), _batch(), lambda b, p: torch.zeros(3, dtype=F))
+    ten = lambda b, p: torch.full((b.batch_size,), 10.0, dtype=F)  # noqa: E731
+    P.check_matches_reference(_drifting(always, value=5.5e-9, level=10.0), _batch(), ten)
+
+
+def test_sharded_gradients_within_their_tolerance_pass_and_past_it_fail():
+    """∂L/∂log π(y_w) = 10 (tolerance 11e-9) drifting by 5.5e-9 on the ranks passes; = 0 (tolerance 1e-9) drifting
+    by 1.5e-9 fails, named by the gradient and the split."""
+    on_ranks = CHECKS["sharded"][1]
+    P.check_sharded_gather(_drifting(on_ranks, grad=5.5e-9, slope=10.0), _batch())
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_sharded_gather(_drifting(on_ranks, grad=1.5e-9), _batch())
+    assert str(e.value).startswith("probe: ∂ΣL/∂policy_chosen_logps sharded as [1, 1, 1] at index 0: got "), str(
+        e.value
+    )

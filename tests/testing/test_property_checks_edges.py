@@ -1,0 +1,94 @@
+"""The pair checks' edges that a complete mutation run of prefzoo/testing/properties.py found untested: the shift
+check on pairs without references and the shifts it applies, the decoupled check's float64, the reference check's
+per-example default, its float64 and its messages, and the reference-free check's bare call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import prefzoo
+from prefzoo.testing import properties as P
+from prefzoo.types import LossOutput
+from tests.testing._probes import drifting, probe_loss
+from tests.testing.test_property_checks import _batch
+
+F = torch.float64
+NEVER = lambda i, b, ctx: False  # noqa: E731
+LENGTHS = torch.tensor([3, 5, 4])
+
+
+def _recording(seen: list, base: str = "dpo"):
+    """A sound loss (DPO's margin, or the policy's for reference-free ``base``) that keeps every batch it is given."""
+
+    def read(b):
+        seen.append(b)
+        if b.ref_chosen_logps is None:
+            return b.policy_chosen_logps - b.policy_rejected_logps
+        return (b.policy_chosen_logps - b.ref_chosen_logps) - (b.policy_rejected_logps - b.ref_rejected_logps)
+
+    return drifting(base, read, NEVER)
+
+
+def test_the_shift_check_shifts_each_response_by_its_own_c_of_either_sign():
+    """c_w = 100·sin k and c_l = −50·cos k for pair k = 1..B, on the policy and the reference alike, in float64:
+    shifts that differ per pair and per side, of either sign and up to 100."""
+    seen: list = []
+    P.check_shift_invariance(_recording(seen), _batch())
+    b, k = _batch(), torch.arange(1.0, 4.0, dtype=F)
+    shifted = seen[-1]
+    for side, c in (("chosen", 100 * torch.sin(k)), ("rejected", -50 * torch.cos(k))):
+        for who in ("policy", "ref"):
+            name = f"{who}_{side}_logps"
+            assert torch.equal(getattr(shifted, name), getattr(b, name) + c), name
+
+
+def test_the_shift_check_runs_on_pairs_without_references():
+    """A reference-free loss declared shift-invariant is checked on bare pairs (the shifted batch has no references
+    either): a constant loss passes, and simpo, which reads log π(y) itself, fails with the check's message."""
+    const = probe_loss(lambda b, p, ctx: LossOutput(0.0 * b.policy_chosen_logps, *[torch.zeros(3, dtype=F)] * 2),
+                       "simpo", shift_invariant=True)  # fmt: skip
+    bare = _batch(ref_chosen_logps=None, ref_rejected_logps=None, chosen_lengths=LENGTHS, rejected_lengths=LENGTHS)
+    P.check_shift_invariance(const, bare)
+    reads = probe_loss(prefzoo.loss_spec("simpo").fn, "simpo", shift_invariant=True)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added to policy and reference"):
+        P.check_shift_invariance(reads, bare)
+
+
+def test_the_decoupled_and_reference_checks_compute_in_float64_for_any_batch():
+    """Their tolerances (1e-12 and 1e-9 relative) are only meaningful in float64: float32 pairs are cast first."""
+    seen: list = []
+    names = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
+    b32 = _batch(**{n: getattr(_batch(), n).float() for n in names})
+    loss = _recording(seen)
+    P.check_batch_decoupled(loss, b32)
+    P.check_matches_reference(loss, b32, lambda b, p: torch.zeros(3))
+    assert len(seen) == 4 and all(b.policy_chosen_logps.dtype == F for b in seen)
+
+
+def _margin_of(b):
+    return (b.policy_chosen_logps - b.ref_chosen_logps) - (b.policy_rejected_logps - b.ref_rejected_logps)
+
+
+def test_the_reference_check_reads_a_formula_of_plain_floats_in_float64():
+    """A reference formula may return Python floats: they are read as float64 (float32 would be off by 1e-8)."""
+    third = drifting("dpo", lambda b: b.policy_chosen_logps * 0.0, NEVER, level=1 / 3)
+    P.check_matches_reference(third, _batch(), lambda b, p: [1 / 3] * 3)
+
+
+def test_the_reference_check_compares_each_pair_unless_asked_for_the_mean():
+    """A loss that gives the formula's values to the wrong pairs has the right mean: it fails per pair (the default),
+    at its first wrong pair, and passes ``mean_only``; a wrong mean fails there at index 0 of the one mean."""
+    flipped = drifting("dpo", lambda b: _margin_of(b).flip(0), NEVER, slope=1.0)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss vs float64 reference formula at example 0 \(policy_"):
+        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b))
+    P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b), mean_only=True)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss vs float64 reference formula at index 0: got "):
+        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b) + 1.0, mean_only=True)
+
+
+def test_the_reference_free_check_calls_the_loss_first_without_any_reference():
+    """Then with both: a loss that read a reference half-removed would go unseen."""
+    seen: list = []
+    P.check_reference_free(_recording(seen, "simpo"), _batch(chosen_lengths=LENGTHS, rejected_lengths=LENGTHS))
+    assert [(b.ref_chosen_logps is None, b.ref_rejected_logps is None) for b in seen] == [(True, True), (False, False)]
