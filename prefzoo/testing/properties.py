@@ -290,6 +290,9 @@ def _shift(t: Tensor | None, c: Tensor) -> Tensor | None:
 def check_shift_invariance(loss: Loss, batch: PreferenceBatch) -> None:
     """Declared shift invariance: adding c to log π(y) and log π_ref(y) of the same response leaves L unchanged.
 
+    Pair k = 1..B gets c_w = 100·sin k on its chosen response and c_l = −50·cos k on its rejected one (float64):
+    shifts that differ per pair and per side, of either sign and up to 100.
+
     Tolerance 1e-9·(1 + |L|) + 100·Δ, Δ the larger change of L under the two margin perturbations of relative size
     1e-12 (:func:`_sensitivity`'s first two patterns): room for the rounding of x + c, not for a dependence on c."""
     b = cast_batch(batch, torch.float64, requires_grad=False)
