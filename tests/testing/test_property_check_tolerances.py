@@ -85,3 +85,16 @@ def test_sharded_gradients_within_their_tolerance_pass_and_past_it_fail():
     assert str(e.value).startswith("probe: ∂ΣL/∂policy_chosen_logps sharded as [1, 1, 1] at index 0: got "), str(
         e.value
     )
+
+
+def test_the_shift_tolerance_is_a_hundred_times_the_margin_sensitivity():
+    """One pair with margin 0 but log-ratios of 1: the margin perturbations (±1e-12) move L = 1e6·margin by 2e-6,
+    so the tolerance is 1e-9 + 100·2e-6.  A drift of 0.995 of it passes and 1.005 of it fails (101·Δ would allow it)."""
+    t = lambda v: torch.tensor([v], dtype=F)  # noqa: E731
+    one = _batch(policy_chosen_logps=t(-1.0), ref_chosen_logps=t(-2.0), policy_rejected_logps=t(-3.0),
+                 ref_rejected_logps=t(-4.0))  # fmt: skip
+    tol = 1e-9 + 100 * 1e6 * 2e-12
+    after_shift = CHECKS["shift"][1]
+    P.check_shift_invariance(_drifting(after_shift, value=0.995 * tol, slope=1e6), one)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added"):
+        P.check_shift_invariance(_drifting(after_shift, value=1.005 * tol, slope=1e6), one)

@@ -55,15 +55,16 @@ def test_the_shift_check_runs_on_pairs_without_references():
         P.check_shift_invariance(reads, bare)
 
 
-def test_the_decoupled_and_reference_checks_compute_in_float64_for_any_batch():
-    """Their tolerances (1e-12 and 1e-9 relative) are only meaningful in float64: float32 pairs are cast first."""
+def test_the_permutation_decoupled_and_reference_checks_compute_in_float64_for_any_batch():
+    """Their tolerances (1e-9 and 1e-12 relative) are only meaningful in float64: float32 pairs are cast first."""
     seen: list = []
     names = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
     b32 = _batch(**{n: getattr(_batch(), n).float() for n in names})
     loss = _recording(seen)
+    P.check_permutation(loss, b32)
     P.check_batch_decoupled(loss, b32)
     P.check_matches_reference(loss, b32, lambda b, p: torch.zeros(3))
-    assert len(seen) == 4 and all(b.policy_chosen_logps.dtype == F for b in seen)
+    assert len(seen) == 2 + 3 + 1 and all(b.policy_chosen_logps.dtype == F for b in seen)
 
 
 def _margin_of(b):
