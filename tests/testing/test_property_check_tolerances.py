@@ -98,3 +98,23 @@ def test_the_shift_tolerance_is_a_hundred_times_the_margin_sensitivity():
     P.check_shift_invariance(_drifting(after_shift, value=0.995 * tol, slope=1e6), one)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added"):
         P.check_shift_invariance(_drifting(after_shift, value=1.005 * tol, slope=1e6), one)
+
+
+def test_low_precision_tolerance_is_sixteen_times_the_change_under_u_plus_sixteen_u_exactly():
+    """L = log π(y_w) = −100 on float32 pairs: each of the sensitivity's patterns (the two margin ones, then random
+    signs) changes it by exactly 100·u, so the tolerance is 16·100·u + 16·u·(1 + 100).  A drift a hair within
+    passes and a hair past fails (17 for either 16 would allow it)."""
+    t = lambda v: torch.tensor([v, v], dtype=F)  # noqa: E731
+    pairs = _batch(policy_chosen_logps=t(-100.0), policy_rejected_logps=t(-3.0), ref_chosen_logps=t(-1.0),
+                   ref_rejected_logps=t(-2.0))  # fmt: skip
+    tol = 16 * 100 * P.U32 + 16 * P.U32 * (1 + 100)
+    margin = 8 * 100 * P.U32**2  # far above float64 rounding at |L| = 100
+    low = lambda i, b, ctx: b.policy_chosen_logps.dtype == torch.float32  # noqa: E731
+
+    def check(drift):
+        loss = drifting("dpo", lambda b: b.policy_chosen_logps.double(), low, value=drift, slope=1.0)
+        P.check_low_precision(loss, pairs, dtypes=(torch.float32,))
+
+    check(tol - margin)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: torch.float32 loss vs float64 on the same inputs at exam"):
+        check(tol + margin)

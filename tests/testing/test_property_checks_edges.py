@@ -93,3 +93,16 @@ def test_the_reference_free_check_calls_the_loss_first_without_any_reference():
     seen: list = []
     P.check_reference_free(_recording(seen, "simpo"), _batch(chosen_lengths=LENGTHS, rejected_lengths=LENGTHS))
     assert [(b.ref_chosen_logps is None, b.ref_rejected_logps is None) for b in seen] == [(True, True), (False, False)]
+
+
+def test_the_permutation_is_seeded_by_the_batch_size_not_the_global_rng():
+    """The same permutation under any global seed (a failure reproduces), and the caller's RNG left as it was."""
+    perms = []
+    for seed in (0, 1):
+        seen: list = []
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        P.check_permutation(_recording(seen), _batch())
+        assert torch.equal(torch.get_rng_state(), before)
+        perms.append(seen[1].policy_chosen_logps)
+    assert torch.equal(perms[0], perms[1]) and perms[0].tolist() == [-4.0, -1.0, -2.0]  # [1, 0, 2]
