@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from prefzoo.testing import properties as P
-from tests.testing._probes import drifting
+from prefzoo.types import LossOutput
+from tests.testing._probes import drifting, probe_loss
 from tests.testing.test_property_checks import _batch
 
 F = torch.float64
@@ -118,3 +119,29 @@ def test_low_precision_tolerance_is_sixteen_times_the_change_under_u_plus_sixtee
     check(tol - margin)
     with pytest.raises(P.PropertyFailure, match=r"^probe: torch.float32 loss vs float64 on the same inputs at exam"):
         check(tol + margin)
+
+
+def test_the_shift_sensitivity_moves_the_margin_each_way_with_the_params_the_other_way():
+    """L = M·(β/β₀)·m − M·m₀ at β = β₀, with log-ratios 2 (chosen) and 1 (rejected): m₀ = 1.  The two patterns,
+    chosen × (1 + u), rejected × (1 − u), β × (1 − u), then all reversed, change L by M·u·|3 − 1| = 2·M·u each
+    (u = 1e-12, M = 1e6): the tolerance is 1e-9 + 100·2e-6.  Pairing the margin's directions with the other β
+    signs (or moving the margin one way only) measures 4·M·u and would let a drift of 3e-4 pass."""
+    t = lambda v: torch.tensor([v], dtype=F)  # noqa: E731
+    one = _batch(policy_chosen_logps=t(-1.0), ref_chosen_logps=t(-3.0), policy_rejected_logps=t(-2.0),
+                 ref_rejected_logps=t(-3.0))  # fmt: skip
+    m, beta0 = 1e6, 0.1
+
+    def loss(drift):
+        calls = [0]
+
+        def fn(b, p, ctx):
+            calls[0] += 1
+            out = m * (p.beta / beta0) * _margin(b) - m * 1.0 + drift * (calls[0] == 4)  # the 4th call: shifted
+            z = torch.zeros(b.batch_size, dtype=F)
+            return LossOutput(out, z, z)
+
+        return probe_loss(fn, "dpo", batch_coupled=False)
+
+    P.check_shift_invariance(loss(1.9e-4), one)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added"):
+        P.check_shift_invariance(loss(3e-4), one)

@@ -106,3 +106,23 @@ def test_the_permutation_is_seeded_by_the_batch_size_not_the_global_rng():
         assert torch.equal(torch.get_rng_state(), before)
         perms.append(seen[1].policy_chosen_logps)
     assert torch.equal(perms[0], perms[1]) and perms[0].tolist() == [-4.0, -1.0, -2.0]  # [1, 0, 2]
+
+
+def test_the_low_precision_check_leaves_the_global_rng_alone():
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    P.check_low_precision(prefzoo.get_loss("dpo"), _batch())
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_batch_coupled_loss_is_compared_through_its_mean_and_named_by_index():
+    """The low-precision and shift checks compare a batch-coupled loss's mean (a per-pair split may jump at ties):
+    a failure names index 0 of that one mean, not a pair."""
+    low = lambda i, b, ctx: b.policy_chosen_logps.dtype != F  # noqa: E731
+    coupled = probe_loss(drifting("dpo", _margin_of, low, value=1.0).spec.fn, "dpo", batch_coupled=True)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: torch.float32 loss vs float64 on the same inputs at index 0"):
+        P.check_low_precision(coupled, _batch(), dtypes=(torch.float32,))
+    shifted = probe_loss(drifting("dpo", _margin_of, lambda i, b, ctx: i == 3, value=1.0).spec.fn, "dpo",
+                         batch_coupled=True)  # fmt: skip
+    with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added .* response at index 0: got"):
+        P.check_shift_invariance(shifted, _batch())
