@@ -145,3 +145,21 @@ def test_the_shift_sensitivity_moves_the_margin_each_way_with_the_params_the_oth
     P.check_shift_invariance(loss(1.9e-4), one)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added"):
         P.check_shift_invariance(loss(3e-4), one)
+
+
+@pytest.mark.parametrize("field", ["chosen_rewards", "rejected_rewards"])
+def test_sharded_scores_are_held_to_one_part_in_a_billion(field):
+    """A score that drifts on the ranks by 1.5e-9 from 0 fails, named by the score; by 5.5e-9 from 10 passes."""
+
+    def loss(value, level):
+        def fn(b, p, ctx):
+            x = _margin(b)
+            r = torch.full_like(x, level + value * ctx.distributed).detach()
+            scores = {"chosen_rewards": torch.zeros_like(r), "rejected_rewards": torch.zeros_like(r), field: r}
+            return LossOutput(x, scores["chosen_rewards"], scores["rejected_rewards"])
+
+        return probe_loss(fn, "dpo", batch_coupled=False)
+
+    with pytest.raises(P.PropertyFailure, match=rf"^probe: {field} sharded as \[1, 1, 1\] at example 0 \("):
+        P.check_sharded_gather(loss(1.5e-9, 0.0), _batch())
+    P.check_sharded_gather(loss(5.5e-9, 10.0), _batch())
