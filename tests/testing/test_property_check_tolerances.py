@@ -163,3 +163,17 @@ def test_sharded_scores_are_held_to_one_part_in_a_billion(field):
     with pytest.raises(P.PropertyFailure, match=rf"^probe: {field} sharded as \[1, 1, 1\] at example 0 \("):
         P.check_sharded_gather(loss(1.5e-9, 0.0), _batch())
     P.check_sharded_gather(loss(5.5e-9, 10.0), _batch())
+
+
+def test_low_precision_draws_each_input_its_own_random_sign():
+    """L = log π(y_w) − log π_ref(y_w) with both −100: the margin patterns move both inputs alike (no change), a
+    random pattern with the two signs apart changes it by 200·u, so the tolerance is 16·200·u + 16·u.  Random signs
+    from {−1, −½} would measure 50·u and fail a drift just within."""
+    t = lambda v: torch.tensor([v, v], dtype=F)  # noqa: E731
+    pairs = _batch(policy_chosen_logps=t(-100.0), policy_rejected_logps=t(-3.0), ref_chosen_logps=t(-100.0),
+                   ref_rejected_logps=t(-2.0))  # fmt: skip
+    tol = 16 * 200 * P.U32 + 16 * P.U32
+    low = lambda i, b, ctx: b.policy_chosen_logps.dtype == torch.float32  # noqa: E731
+    read = lambda b: (b.policy_chosen_logps - b.ref_chosen_logps).double()  # noqa: E731
+    P.check_low_precision(drifting("dpo", read, low, value=tol - 8 * 200 * P.U32**2, slope=1.0), pairs,
+                          dtypes=(torch.float32,))  # fmt: skip
