@@ -16,6 +16,7 @@ from tests.testing.test_property_checks import _batch
 F = torch.float64
 NEVER = lambda i, b, ctx: False  # noqa: E731
 LENGTHS = torch.tensor([3, 5, 4])
+LOGP_FIELDS = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
 
 
 def _recording(seen: list, base: str = "dpo"):
@@ -58,8 +59,7 @@ def test_the_shift_check_runs_on_pairs_without_references():
 def test_the_permutation_decoupled_and_reference_checks_compute_in_float64_for_any_batch():
     """Their tolerances (1e-9 and 1e-12 relative) are only meaningful in float64: float32 pairs are cast first."""
     seen: list = []
-    names = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
-    b32 = _batch(**{n: getattr(_batch(), n).float() for n in names})
+    b32 = _batch(**{n: getattr(_batch(), n).float() for n in LOGP_FIELDS})
     loss = _recording(seen)
     P.check_permutation(loss, b32)
     P.check_batch_decoupled(loss, b32)
@@ -126,3 +126,22 @@ def test_a_batch_coupled_loss_is_compared_through_its_mean_and_named_by_index():
                          batch_coupled=True)  # fmt: skip
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added .* response at index 0: got"):
         P.check_shift_invariance(shifted, _batch())
+
+
+def test_finite_names_the_loss_and_the_pair_that_is_not_finite():
+    nan_at_1 = drifting("dpo", lambda b: torch.log(torch.tensor([1.0, -1.0, 1.0], dtype=F)) + 0 * _margin_of(b),
+                        NEVER, slope=1.0)  # fmt: skip
+    with pytest.raises(P.PropertyFailure) as e:
+        P.check_finite(nan_at_1, _batch())
+    assert str(e.value) == (
+        "probe: losses[1] = nan is not finite at example 1 (policy_chosen_logps=-4.0, policy_rejected_logps=-1.5, "
+        "ref_chosen_logps=-3.0, ref_rejected_logps=-2.0) (dtype torch.float64)"
+    )
+
+
+def test_the_sharded_check_splits_across_four_ranks_by_default():
+    """Five pairs over four ranks, the first holding one: [1, 2, 1, 1] (five ranks would be [1, 1, 1, 1, 1])."""
+    five = _batch(**{n: torch.cat((getattr(_batch(), n), getattr(_batch(), n)[:2])) for n in LOGP_FIELDS})
+    drift = drifting("dpo", _margin_of, lambda i, b, ctx: ctx.distributed, value=1.0)
+    with pytest.raises(P.PropertyFailure, match=r"^probe: per-example loss sharded as \[1, 2, 1, 1\] with the gather"):
+        P.check_sharded_gather(drift, five)
