@@ -261,3 +261,18 @@ def test_open_switches_and_short_completions_reach_every_outcome():
     run()
     assert seen["flag"] == {True, False} and seen["group_tokens"] == {True, False}
     assert True in seen["group_one"] and True in seen["unpaired_one"]
+
+
+def test_batches_for_a_loss_draw_the_inputs_it_does_not_need_either_way():
+    """simpo needs lengths, not a reference: its pairs come with and without one and always with lengths; dpo needs
+    a reference, not lengths: always a reference, lengths either way."""
+    simpo = batches_for(prefzoo.loss_spec("simpo"), dtypes=("float64",), max_size=3)
+    assert _outcomes(simpo, lambda b: (b.ref_chosen_logps is not None, b.chosen_lengths is not None)) == {
+        (True, True),
+        (False, True),
+    }
+    dpo = batches_for(prefzoo.loss_spec("dpo"), dtypes=("float64",), max_size=3)
+    assert _outcomes(dpo, lambda b: (b.ref_chosen_logps is not None, b.chosen_lengths is not None)) == {
+        (True, True),
+        (True, False),
+    }
