@@ -276,3 +276,29 @@ def test_batches_for_a_loss_draw_the_inputs_it_does_not_need_either_way():
         (True, True),
         (True, False),
     }
+
+
+def test_batches_for_a_loss_without_token_or_kl_needs_draws_none_and_kl_either_way():
+    """dpo reads no token-level input: its pairs never carry any; bco needs no KL reference point: its unpaired
+    batches come with and without one, while kto's always have it."""
+    dpo = batches_for(prefzoo.loss_spec("dpo"), dtypes=("float64",), max_size=3)
+    assert _outcomes(dpo, lambda b: b.policy_chosen_token_logps is not None) == {False}
+    unpaired = prefzoo.Shape.UNPAIRED
+    bco = batches_for(prefzoo.loss_spec("bco"), unpaired, dtypes=("float64",), max_size=3)
+    assert _outcomes(bco, lambda b: b.kl_policy_logps is not None) == {True, False}
+    kto = batches_for(prefzoo.loss_spec("kto"), unpaired, dtypes=("float64",), max_size=3)
+    assert _outcomes(kto, lambda b: b.kl_policy_logps is not None) == {True}
+
+
+def test_list_batches_for_a_loss_keep_a_smaller_max_size_and_cap_a_larger_one_at_sixteen():
+    from hypothesis import find
+    from hypothesis.errors import NoSuchExample
+
+    spec, lists = prefzoo.loss_spec("dpo-pl"), prefzoo.Shape.LIST
+    assert _outcomes(batches_for(spec, lists, dtypes=("float64",), max_size=2), lambda g: g.batch_size <= 2) == {True}
+    quick = settings(max_examples=300, derandomize=True, database=None)
+    for kw in ({}, {"max_size": 64}):  # the default, and a larger one asked for
+        groups = batches_for(spec, lists, dtypes=("float64",), max_k=2, **kw)
+        assert find(groups, lambda g: g.batch_size == 16, settings=quick).batch_size == 16
+        with pytest.raises(NoSuchExample):
+            find(groups, lambda g: g.batch_size > 16, settings=quick)
