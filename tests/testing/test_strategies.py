@@ -302,3 +302,26 @@ def test_list_batches_for_a_loss_keep_a_smaller_max_size_and_cap_a_larger_one_at
         assert find(groups, lambda g: g.batch_size == 16, settings=quick).batch_size == 16
         with pytest.raises(NoSuchExample):
             find(groups, lambda g: g.batch_size > 16, settings=quick)
+
+
+def test_int_params_reach_every_value_their_bounds_allow():
+    """ge=1, lt=4: 1, 2 and 3 (3 = ⌈lt⌉ − 1 included); only le=2: −8..2; no bounds: −10..0."""
+    from dataclasses import dataclass
+
+    from prefzoo.testing.strategies import param_strategy
+
+    @dataclass(frozen=True, kw_only=True)
+    class Ints(prefzoo.LossParams):
+        upper: int = prefzoo.param(0, "only an upper bound", le=2)
+        free: int = prefzoo.param(0, "no bounds")
+
+    infos = {i.name: i for i in param_infos(Ints)}
+    assert _outcomes(param_strategy(_int_info()), lambda k: k) == {1, 2, 3}
+    assert _outcomes(param_strategy(infos["upper"]), lambda k: -8 <= k <= 2) == {True}
+    assert {-8, 2} <= _outcomes(param_strategy(infos["upper"]), lambda k: k)
+    assert {-10, 0} <= _outcomes(param_strategy(infos["free"]), lambda k: k) <= set(range(-10, 1))
+
+
+def test_dtypes_may_be_given_as_torch_dtypes():
+    batches = preference_batches(dtypes=(torch.float32,), max_size=2)
+    assert _outcomes(batches, lambda b: b.policy_chosen_logps.dtype) == {torch.float32}
