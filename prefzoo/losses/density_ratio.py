@@ -53,7 +53,8 @@ class DensityRatioClassifier:
         x = torch.cat([desirable, undesirable]).detach().to(torch.float64).cpu()  # (n, D)
         y = torch.cat([torch.ones(n_d), torch.zeros(n_u)]).to(torch.float64)  # (n,)
         n = n_d + n_u
-        s = torch.where(y > 0, torch.tensor(n / (2 * n_d)), torch.tensor(n / (2 * n_u))).to(torch.float64)  # (n,)
+        # (n,) the balanced class weights in float64 (torch.tensor of a Python float would round them to float32)
+        s = torch.where(y > 0, y.new_tensor(n / (2 * n_d)), y.new_tensor(n / (2 * n_u)))
         theta = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)  # (w, b)
         opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-16,
                                 history_size=20, line_search_fn="strong_wolfe")  # fmt: skip
