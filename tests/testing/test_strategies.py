@@ -325,3 +325,25 @@ def test_int_params_reach_every_value_their_bounds_allow():
 def test_dtypes_may_be_given_as_torch_dtypes():
     batches = preference_batches(dtypes=(torch.float32,), max_size=2)
     assert _outcomes(batches, lambda b: b.policy_chosen_logps.dtype) == {torch.float32}
+
+
+def test_float_params_reach_a_closed_bound_and_the_span_above_an_open_one():
+    """ge=1, le=2: 1.0 itself is drawn and nothing below it; gt=2 alone: draws go up to 2 + 10 (a span of 10 above
+    the bound, not above 0)."""
+    from dataclasses import dataclass
+
+    from hypothesis import find
+
+    from prefzoo.testing.strategies import param_strategy
+
+    @dataclass(frozen=True, kw_only=True)
+    class Floats(prefzoo.LossParams):
+        closed: float = prefzoo.param(1.5, "closed", ge=1.0, le=2.0)
+        open_below: float = prefzoo.param(3.0, "open, unbounded above", gt=2.0)
+
+    infos = {i.name: i for i in param_infos(Floats)}
+    quick = settings(max_examples=300, derandomize=True, database=None)
+    closed = param_strategy(infos["closed"])
+    assert _outcomes(closed, lambda v: 1.0 <= v <= 2.0) == {True}
+    assert find(closed, lambda v: v == 1.0, settings=quick) == 1.0
+    assert find(param_strategy(infos["open_below"]), lambda v: v > 11.0, settings=quick) <= 12.0
