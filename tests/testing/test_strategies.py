@@ -329,7 +329,7 @@ def test_dtypes_may_be_given_as_torch_dtypes():
 
 def test_float_params_reach_a_closed_bound_and_the_span_above_an_open_one():
     """ge=1, le=2: 1.0 itself is drawn and nothing below it; gt=2 alone: draws go up to 2 + 10 (a span of 10 above
-    the bound, not above 0); le=−20 or lt=−20 alone: draws go down to −30."""
+    the bound, not above 0); le=−20 or lt=−20 alone: down to −30; no bounds: −10..10; ge=0 alone: 0..10."""
     from dataclasses import dataclass
 
     from hypothesis import find
@@ -342,6 +342,8 @@ def test_float_params_reach_a_closed_bound_and_the_span_above_an_open_one():
         open_below: float = prefzoo.param(3.0, "open, unbounded above", gt=2.0)
         upper: float = prefzoo.param(-25.0, "closed above, unbounded below", le=-20.0)
         open_upper: float = prefzoo.param(-25.0, "open above, unbounded below", lt=-20.0)
+        free: float = prefzoo.param(0.0, "no bounds")
+        non_negative: float = prefzoo.param(1.0, "closed below at 0, unbounded above", ge=0.0)
 
     infos = {i.name: i for i in param_infos(Floats)}
     quick = settings(max_examples=300, derandomize=True, database=None)
@@ -349,6 +351,11 @@ def test_float_params_reach_a_closed_bound_and_the_span_above_an_open_one():
     assert _outcomes(closed, lambda v: 1.0 <= v <= 2.0) == {True}
     assert find(closed, lambda v: v == 1.0, settings=quick) == 1.0
     assert find(param_strategy(infos["open_below"]), lambda v: v > 11.0, settings=quick) <= 12.0
+    for name, lo, hi in (("free", -10.0, 10.0), ("non_negative", 0.0, 10.0)):  # no bounds: ±10; ge=0: 0..10
+        drawn = param_strategy(infos[name])
+        assert _outcomes(drawn, lambda v, lo=lo, hi=hi: lo <= v <= hi) == {True}
+        assert find(drawn, lambda v, lo=lo: v < lo + 1.0, settings=quick) >= lo
+        assert find(drawn, lambda v, hi=hi: v > hi - 1.0, settings=quick) <= hi
     for name in ("upper", "open_upper"):  # a span of 10 below an upper bound alone
         below = param_strategy(infos[name])
         assert _outcomes(below, lambda v: -30.0 <= v <= -20.0) == {True}
