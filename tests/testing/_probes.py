@@ -32,23 +32,25 @@ def changed(base: str, **out_changes: Callable[[Any, Any], Any]) -> Callable[...
 
 def drifting(
     base: str,
-    read: Callable[[Any], torch.Tensor],
+    read: Callable[[Any, Any], torch.Tensor],
     picks: Callable[[int, Any, Any], bool],
     value: float = 0.0,
     grad: float = 0.0,
     level: float = 0.0,
     slope: float = 0.0,
+    **spec_changes: Any,
 ) -> prefzoo.Loss:
-    """L = level + slope·read(batch) per example; on the calls ``picks(call index, batch, ctx)`` chooses, ``value``
-    more, and ``grad`` more on the gradient of what ``read`` sums with the value unchanged.  Zero scores; ``base``'s
-    spec, not batch-coupled.  A check's tolerance is pinned by a drift just past it failing and one within passing."""
+    """L = level + slope·read(batch, params) per example; on the calls ``picks(call index, batch, ctx)`` chooses,
+    ``value`` more, and ``grad`` more on the gradient of what ``read`` sums with the value unchanged.  Zero scores;
+    ``base``'s spec, not batch-coupled unless ``spec_changes`` say so.  A check's tolerance is pinned by a drift just
+    past it failing and one within passing."""
     calls = [0]
 
     def fn(b: Any, p: Any, ctx: Any) -> LossOutput:
         on = picks(calls[0], b, ctx)
         calls[0] += 1
-        x = read(b)
+        x = read(b, p)
         z = torch.zeros(b.batch_size, dtype=x.dtype)
         return LossOutput(level + value * on + slope * x + grad * on * (x - x.detach()), z, z)
 
-    return probe_loss(fn, base, batch_coupled=False)
+    return probe_loss(fn, base, **{"batch_coupled": False, **spec_changes})

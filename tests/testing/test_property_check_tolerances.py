@@ -24,7 +24,17 @@ def _margin(b):
 
 def _drifting(picks, **kw):
     """:func:`drifting` over DPO's margin: invariant under permutations, splits and shifts but for the drift."""
-    return drifting("dpo", _margin, picks, **kw)
+    return drifting("dpo", lambda b, p: _margin(b), picks, **kw)
+
+
+def _pairs(pc: float, pr: float, rc: float, rr: float, n: int = 1):
+    """``n`` equal pairs of these log-probs."""
+    t = lambda v: torch.full((n,), v, dtype=F)  # noqa: E731
+    return _batch(policy_chosen_logps=t(pc), policy_rejected_logps=t(pr), ref_chosen_logps=t(rc),
+                  ref_rejected_logps=t(rr))  # fmt: skip
+
+
+FLOAT32 = lambda i, b, ctx: b.policy_chosen_logps.dtype == torch.float32  # noqa: E731  (the low-precision call)
 
 
 # (check, the calls that are its transformed batch, the constant k of its tolerance k·(1 + |x|), the failure's text)
@@ -91,9 +101,7 @@ def test_sharded_gradients_within_their_tolerance_pass_and_past_it_fail():
 def test_the_shift_tolerance_is_a_hundred_times_the_margin_sensitivity():
     """One pair with margin 0 but log-ratios of 1: the margin perturbations (±1e-12) move L = 1e6·margin by 2e-6,
     so the tolerance is 1e-9 + 100·2e-6.  A drift of 0.995 of it passes and 1.005 of it fails (101·Δ would allow it)."""
-    t = lambda v: torch.tensor([v], dtype=F)  # noqa: E731
-    one = _batch(policy_chosen_logps=t(-1.0), ref_chosen_logps=t(-2.0), policy_rejected_logps=t(-3.0),
-                 ref_rejected_logps=t(-4.0))  # fmt: skip
+    one = _pairs(-1.0, -3.0, -2.0, -4.0)
     tol = 1e-9 + 100 * 1e6 * 2e-12
     after_shift = CHECKS["shift"][1]
     P.check_shift_invariance(_drifting(after_shift, value=0.995 * tol, slope=1e6), one)
@@ -105,15 +113,12 @@ def test_low_precision_tolerance_is_sixteen_times_the_change_under_u_plus_sixtee
     """L = log π(y_w) = −100 on float32 pairs: each of the sensitivity's patterns (the two margin ones, then random
     signs) changes it by exactly 100·u, so the tolerance is 16·100·u + 16·u·(1 + 100).  A drift a hair within
     passes and a hair past fails (17 for either 16 would allow it)."""
-    t = lambda v: torch.tensor([v, v], dtype=F)  # noqa: E731
-    pairs = _batch(policy_chosen_logps=t(-100.0), policy_rejected_logps=t(-3.0), ref_chosen_logps=t(-1.0),
-                   ref_rejected_logps=t(-2.0))  # fmt: skip
+    pairs = _pairs(-100.0, -3.0, -1.0, -2.0, n=2)
     tol = 16 * 100 * P.U32 + 16 * P.U32 * (1 + 100)
     margin = 8 * 100 * P.U32**2  # far above float64 rounding at |L| = 100
-    low = lambda i, b, ctx: b.policy_chosen_logps.dtype == torch.float32  # noqa: E731
 
     def check(drift):
-        loss = drifting("dpo", lambda b: b.policy_chosen_logps.double(), low, value=drift, slope=1.0)
+        loss = drifting("dpo", lambda b, p: b.policy_chosen_logps.double(), FLOAT32, value=drift, slope=1.0)
         P.check_low_precision(loss, pairs, dtypes=(torch.float32,))
 
     check(tol - margin)
@@ -126,21 +131,12 @@ def test_the_shift_sensitivity_moves_the_margin_each_way_with_the_params_the_oth
     chosen × (1 + u), rejected × (1 − u), β × (1 − u), then all reversed, change L by M·u·|3 − 1| = 2·M·u each
     (u = 1e-12, M = 1e6): the tolerance is 1e-9 + 100·2e-6.  Pairing the margin's directions with the other β
     signs (or moving the margin one way only) measures 4·M·u and would let a drift of 3e-4 pass."""
-    t = lambda v: torch.tensor([v], dtype=F)  # noqa: E731
-    one = _batch(policy_chosen_logps=t(-1.0), ref_chosen_logps=t(-3.0), policy_rejected_logps=t(-2.0),
-                 ref_rejected_logps=t(-3.0))  # fmt: skip
+    one = _pairs(-1.0, -2.0, -3.0, -3.0)
     m, beta0 = 1e6, 0.1
 
     def loss(drift):
-        calls = [0]
-
-        def fn(b, p, ctx):
-            calls[0] += 1
-            out = m * (p.beta / beta0) * _margin(b) - m * 1.0 + drift * (calls[0] == 4)  # the 4th call: shifted
-            z = torch.zeros(b.batch_size, dtype=F)
-            return LossOutput(out, z, z)
-
-        return probe_loss(fn, "dpo", batch_coupled=False)
+        read = lambda b, p: m * (p.beta / beta0) * _margin(b) - m * 1.0  # noqa: E731
+        return drifting("dpo", read, CHECKS["shift"][1], value=drift, slope=1.0)
 
     P.check_shift_invariance(loss(1.9e-4), one)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added"):
@@ -169,11 +165,8 @@ def test_low_precision_draws_each_input_its_own_random_sign():
     """L = log π(y_w) − log π_ref(y_w) with both −100: the margin patterns move both inputs alike (no change), a
     random pattern with the two signs apart changes it by 200·u, so the tolerance is 16·200·u + 16·u.  Random signs
     from {−1, −½} would measure 50·u and fail a drift just within."""
-    t = lambda v: torch.tensor([v, v], dtype=F)  # noqa: E731
-    pairs = _batch(policy_chosen_logps=t(-100.0), policy_rejected_logps=t(-3.0), ref_chosen_logps=t(-100.0),
-                   ref_rejected_logps=t(-2.0))  # fmt: skip
+    pairs = _pairs(-100.0, -3.0, -100.0, -2.0, n=2)
     tol = 16 * 200 * P.U32 + 16 * P.U32
-    low = lambda i, b, ctx: b.policy_chosen_logps.dtype == torch.float32  # noqa: E731
-    read = lambda b: (b.policy_chosen_logps - b.ref_chosen_logps).double()  # noqa: E731
-    P.check_low_precision(drifting("dpo", read, low, value=tol - 8 * 200 * P.U32**2, slope=1.0), pairs,
+    read = lambda b, p: (b.policy_chosen_logps - b.ref_chosen_logps).double()  # noqa: E731
+    P.check_low_precision(drifting("dpo", read, FLOAT32, value=tol - 8 * 200 * P.U32**2, slope=1.0), pairs,
                           dtypes=(torch.float32,))  # fmt: skip

@@ -9,8 +9,8 @@ import torch
 
 import prefzoo
 from prefzoo.testing import properties as P
-from prefzoo.types import LossOutput
 from tests.testing._probes import drifting, probe_loss
+from tests.testing.test_property_check_tolerances import _margin
 from tests.testing.test_property_checks import _batch
 
 F = torch.float64
@@ -22,11 +22,9 @@ LOGP_FIELDS = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps
 def _recording(seen: list, base: str = "dpo"):
     """A sound loss (DPO's margin, or the policy's for reference-free ``base``) that keeps every batch it is given."""
 
-    def read(b):
+    def read(b, p):
         seen.append(b)
-        if b.ref_chosen_logps is None:
-            return b.policy_chosen_logps - b.policy_rejected_logps
-        return (b.policy_chosen_logps - b.ref_chosen_logps) - (b.policy_rejected_logps - b.ref_rejected_logps)
+        return b.policy_chosen_logps - b.policy_rejected_logps if b.ref_chosen_logps is None else _margin(b)
 
     return drifting(base, read, NEVER)
 
@@ -47,8 +45,7 @@ def test_the_shift_check_shifts_each_response_by_its_own_c_of_either_sign():
 def test_the_shift_check_runs_on_pairs_without_references():
     """A reference-free loss declared shift-invariant is checked on bare pairs (the shifted batch has no references
     either): a constant loss passes, and simpo, which reads log π(y) itself, fails with the check's message."""
-    const = probe_loss(lambda b, p, ctx: LossOutput(0.0 * b.policy_chosen_logps, *[torch.zeros(3, dtype=F)] * 2),
-                       "simpo", shift_invariant=True)  # fmt: skip
+    const = drifting("simpo", lambda b, p: 0.0 * b.policy_chosen_logps, NEVER, shift_invariant=True)
     bare = _batch(ref_chosen_logps=None, ref_rejected_logps=None, chosen_lengths=LENGTHS, rejected_lengths=LENGTHS)
     P.check_shift_invariance(const, bare)
     reads = probe_loss(prefzoo.loss_spec("simpo").fn, "simpo", shift_invariant=True)
@@ -67,25 +64,21 @@ def test_the_permutation_decoupled_and_reference_checks_compute_in_float64_for_a
     assert len(seen) == 2 + 3 + 1 and all(b.policy_chosen_logps.dtype == F for b in seen)
 
 
-def _margin_of(b):
-    return (b.policy_chosen_logps - b.ref_chosen_logps) - (b.policy_rejected_logps - b.ref_rejected_logps)
-
-
 def test_the_reference_check_reads_a_formula_of_plain_floats_in_float64():
     """A reference formula may return Python floats: they are read as float64 (float32 would be off by 1e-8)."""
-    third = drifting("dpo", lambda b: b.policy_chosen_logps * 0.0, NEVER, level=1 / 3)
+    third = drifting("dpo", lambda b, p: b.policy_chosen_logps * 0.0, NEVER, level=1 / 3)
     P.check_matches_reference(third, _batch(), lambda b, p: [1 / 3] * 3)
 
 
 def test_the_reference_check_compares_each_pair_unless_asked_for_the_mean():
     """A loss that gives the formula's values to the wrong pairs has the right mean: it fails per pair (the default),
     at its first wrong pair, and passes ``mean_only``; a wrong mean fails there at index 0 of the one mean."""
-    flipped = drifting("dpo", lambda b: _margin_of(b).flip(0), NEVER, slope=1.0)
+    flipped = drifting("dpo", lambda b, p: _margin(b).flip(0), NEVER, slope=1.0)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss vs float64 reference formula at example 0 \(policy_"):
-        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b))
-    P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b), mean_only=True)
+        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin(b))
+    P.check_matches_reference(flipped, _batch(), lambda b, p: _margin(b), mean_only=True)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss vs float64 reference formula at index 0: got "):
-        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin_of(b) + 1.0, mean_only=True)
+        P.check_matches_reference(flipped, _batch(), lambda b, p: _margin(b) + 1.0, mean_only=True)
 
 
 def test_the_reference_free_check_calls_the_loss_first_without_any_reference():
@@ -119,18 +112,17 @@ def test_a_batch_coupled_loss_is_compared_through_its_mean_and_named_by_index():
     """The low-precision and shift checks compare a batch-coupled loss's mean (a per-pair split may jump at ties):
     a failure names index 0 of that one mean, not a pair."""
     low = lambda i, b, ctx: b.policy_chosen_logps.dtype != F  # noqa: E731
-    coupled = probe_loss(drifting("dpo", _margin_of, low, value=1.0).spec.fn, "dpo", batch_coupled=True)
+    coupled = drifting("dpo", lambda b, p: _margin(b), low, value=1.0, batch_coupled=True)
     with pytest.raises(P.PropertyFailure, match=r"^probe: torch.float32 loss vs float64 on the same inputs at index 0"):
         P.check_low_precision(coupled, _batch(), dtypes=(torch.float32,))
-    shifted = probe_loss(drifting("dpo", _margin_of, lambda i, b, ctx: i == 3, value=1.0).spec.fn, "dpo",
-                         batch_coupled=True)  # fmt: skip
+    shifted = drifting("dpo", lambda b, p: _margin(b), lambda i, b, ctx: i == 3, value=1.0, batch_coupled=True)
     with pytest.raises(P.PropertyFailure, match=r"^probe: loss changed when c was added .* response at index 0: got"):
         P.check_shift_invariance(shifted, _batch())
 
 
 def test_finite_names_the_loss_and_the_pair_that_is_not_finite():
-    nan_at_1 = drifting("dpo", lambda b: torch.log(torch.tensor([1.0, -1.0, 1.0], dtype=F)) + 0 * _margin_of(b),
-                        NEVER, slope=1.0)  # fmt: skip
+    nan = lambda b, p: torch.log(torch.tensor([1.0, -1.0, 1.0], dtype=F)) + 0 * _margin(b)  # noqa: E731
+    nan_at_1 = drifting("dpo", nan, NEVER, slope=1.0)
     with pytest.raises(P.PropertyFailure) as e:
         P.check_finite(nan_at_1, _batch())
     assert str(e.value) == (
@@ -142,6 +134,6 @@ def test_finite_names_the_loss_and_the_pair_that_is_not_finite():
 def test_the_sharded_check_splits_across_four_ranks_by_default():
     """Five pairs over four ranks, the first holding one: [1, 2, 1, 1] (five ranks would be [1, 1, 1, 1, 1])."""
     five = _batch(**{n: torch.cat((getattr(_batch(), n), getattr(_batch(), n)[:2])) for n in LOGP_FIELDS})
-    drift = drifting("dpo", _margin_of, lambda i, b, ctx: ctx.distributed, value=1.0)
+    drift = drifting("dpo", lambda b, p: _margin(b), lambda i, b, ctx: ctx.distributed, value=1.0)
     with pytest.raises(P.PropertyFailure, match=r"^probe: per-example loss sharded as \[1, 2, 1, 1\] with the gather"):
         P.check_sharded_gather(drift, five)

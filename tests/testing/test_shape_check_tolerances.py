@@ -13,8 +13,8 @@ import torch
 
 from prefzoo.testing import properties_shapes as S
 from prefzoo.testing.properties import U32, PropertyFailure
-from prefzoo.types import GroupBatch, LossOutput
-from tests.testing._probes import drifting, probe_loss
+from prefzoo.types import GroupBatch
+from tests.testing._probes import drifting
 from tests.testing.test_shape_checks import _groups
 
 F = torch.float64
@@ -22,7 +22,7 @@ F = torch.float64
 
 def _drifting(picks, **kw):
     """:func:`drifting` over the real slots' Σ_k log π_gk: invariant under permutations, padding and splits."""
-    return drifting("dpo-pl", lambda b: torch.where(b.valid, b.policy_logps, 0.0).sum(1), picks, **kw)
+    return drifting("dpo-pl", lambda b, p: torch.where(b.valid, b.policy_logps, 0.0).sum(1), picks, **kw)
 
 
 # (check, the calls that are its transformed batch, the constant k of its tolerance k·(1 + |x|), the failure's text)
@@ -112,24 +112,14 @@ X = -100.0  # exact in bfloat16 and float32; x·(1 ± u) and its change are exac
 MARGIN = 8 * 100 * U32**2  # far above float64 rounding at |L| = 100, below any change of the tolerance's terms
 
 
-def _low_precision_probe(read: Callable[[GroupBatch, object], torch.Tensor], drift: float):
-    """L = read(batch, params), plus ``drift`` on the float32 call: the float64 loss the check compares it with is
-    the same function on the same (rounded) inputs."""
-
-    def fn(b, p, ctx):
-        z = torch.zeros(b.batch_size, dtype=F)
-        return LossOutput(read(b, p).double() + drift * (b.policy_logps.dtype == torch.float32), z, z)
-
-    return probe_loss(fn, "dpo-pl", batch_coupled=False)
-
-
-def _x_groups() -> GroupBatch:
+def _low(read: Callable[[GroupBatch, object], torch.Tensor], drift: float) -> None:
+    """The low-precision check on float32 groups of L = read(batch, params), plus ``drift`` on the float32 call: the
+    float64 loss it is compared with is the same function on the same (rounded) inputs."""
     lp = torch.tensor([[X, X, -1.0], [X, X, -2.0]], dtype=F)
-    return GroupBatch(policy_logps=lp, ref_logps=lp - 0.5, scores=torch.tensor([[3.0, 2.0, 1.0]] * 2, dtype=F))
-
-
-def _low(loss) -> None:
-    S.check_shape_low_precision(loss, _x_groups(), dtypes=(torch.float32,))
+    groups = GroupBatch(policy_logps=lp, ref_logps=lp - 0.5, scores=torch.tensor([[3.0, 2.0, 1.0]] * 2, dtype=F))
+    low = lambda i, b, ctx: b.policy_logps.dtype == torch.float32  # noqa: E731
+    loss = drifting("dpo-pl", lambda b, p: read(b, p).double(), low, value=drift, slope=1.0)
+    S.check_shape_low_precision(loss, groups, dtypes=(torch.float32,))
 
 
 def test_low_precision_tolerance_is_sixteen_times_the_change_under_u_plus_sixteen_u_exactly():
@@ -138,16 +128,16 @@ def test_low_precision_tolerance_is_sixteen_times_the_change_under_u_plus_sixtee
     17 for 16, ``2 + |L|`` or x / (1 ± u) for x·(1 ± u) in the perturbation all allow the second."""
     tol = 16 * 100 * U32 + 16 * U32 * (1 + 100)
     first = lambda b, p: b.policy_logps[:, 0]  # noqa: E731
-    _low(_low_precision_probe(first, tol - MARGIN))
+    _low(first, tol - MARGIN)
     with pytest.raises(PropertyFailure, match=r"^probe: torch.float32 loss vs float64 on the same inputs at index 0"):
-        _low(_low_precision_probe(first, tol + MARGIN))
+        _low(first, tol + MARGIN)
 
 
 def test_low_precision_perturbs_each_input_with_its_own_sign():
     """L = log π₀ − log π₁ with both −100: the float64 loss is 0, but signs drawn apart change it by 200·u, so the
     tolerance is 16·200·u + 16·u.  Signs all equal (or all of one kind, or no perturbed inputs) would measure less."""
     tol = 16 * 200 * U32 + 16 * U32
-    _low(_low_precision_probe(lambda b, p: b.policy_logps[:, 0] - b.policy_logps[:, 1], tol - MARGIN))
+    _low(lambda b, p: b.policy_logps[:, 0] - b.policy_logps[:, 1], tol - MARGIN)
 
 
 @pytest.mark.parametrize("side", [1.0, -1.0])
@@ -156,4 +146,4 @@ def test_low_precision_perturbs_the_params_both_ways(side):
     tolerance 16·100·u + 16·u lets a drift of 800·u pass; perturbing β one way only would measure Δ_u = 0 on one
     side and fail it."""
     read = lambda b, p: 1000 * torch.relu(torch.full((b.batch_size,), side * (p.beta - 0.1), dtype=F))  # noqa: E731
-    _low(_low_precision_probe(read, 800 * U32))
+    _low(read, 800 * U32)
