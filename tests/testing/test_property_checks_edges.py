@@ -101,10 +101,16 @@ def test_the_permutation_is_seeded_by_the_batch_size_not_the_global_rng():
     assert torch.equal(perms[0], perms[1]) and perms[0].tolist() == [-4.0, -1.0, -2.0]  # [1, 0, 2]
 
 
-def test_the_low_precision_check_leaves_the_global_rng_alone():
+@pytest.mark.parametrize("shape", ["pairs", "groups"])
+def test_the_low_precision_checks_leave_the_global_rng_alone(shape):
+    from prefzoo.testing import properties_shapes as S
+    from tests.testing.test_shape_checks import _groups
+
+    check, name, batch = (P.check_low_precision, "dpo", _batch) if shape == "pairs" else (
+        S.check_shape_low_precision, "dpo-pl", _groups)  # fmt: skip
     torch.manual_seed(5)
     before = torch.get_rng_state()
-    P.check_low_precision(prefzoo.get_loss("dpo"), _batch())
+    check(prefzoo.get_loss(name), batch())
     assert torch.equal(torch.get_rng_state(), before)
 
 

@@ -259,15 +259,6 @@ def test_a_list_monotonicity_declared_per_params_is_read_with_the_loss_params():
         S.check_list_monotone(loss, _groups())
 
 
-def test_the_shaped_low_precision_check_leaves_the_global_rng_alone():
-    import prefzoo
-
-    torch.manual_seed(5)
-    before = torch.get_rng_state()
-    S.check_shape_low_precision(prefzoo.get_loss("dpo-pl"), _groups())
-    assert torch.equal(torch.get_rng_state(), before)
-
-
 def test_fresh_casts_every_field_after_a_missing_one():
     """A group batch without ref_logps (an earlier field): the scores after it are still cast and copied."""
     g = GroupBatch(policy_logps=torch.zeros(1, 2, dtype=F), scores=torch.tensor([[1.0, 2.0]], dtype=F))
