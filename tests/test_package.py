@@ -36,14 +36,42 @@ def test_prefzoo_train_prints_its_first_lines_before_torch_loads():
     assert lines[2].startswith("ImportError:") and "torch" in lines[2], proc.stdout
 
 
-def test_every_public_name_is_lazy_and_loads_from_the_module_that_type_checkers_see():
-    tree = ast.parse(INIT.read_text(encoding="utf-8"))
+def _type_checked_names(package) -> dict[str, str]:
+    """name -> module of the ``if TYPE_CHECKING:`` imports of a lazy package's ``__init__``."""
+    tree = ast.parse(Path(package.__file__).read_text(encoding="utf-8"))
     guard = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
-    seen = {a.name: imp.module for imp in guard.body if isinstance(imp, ast.ImportFrom) for a in imp.names}
+    return {a.name: imp.module for imp in guard.body if isinstance(imp, ast.ImportFrom) for a in imp.names}
+
+
+def _assert_lazy_names_match(package, seen: dict[str, str], extra: set[str]) -> None:
+    assert seen == package._LAZY
+    assert set(package.__all__) == {*seen, *extra}
+    for name in package.__all__:
+        if name not in extra:
+            assert getattr(package, name) is getattr(sys.modules[seen[name]], name), name
+
+
+def test_every_public_name_is_lazy_and_loads_from_the_module_that_type_checkers_see():
+    seen = _type_checked_names(prefzoo)
     seen["sequence_logps"] = "prefzoo.train.logps"  # not in that block: an import of the train layer points up
-    assert seen == prefzoo._LAZY
-    assert set(prefzoo.__all__) == {*seen, "__version__"}
-    for name in prefzoo.__all__:
-        value = getattr(prefzoo, name)
-        if name != "__version__":
-            assert value is getattr(sys.modules[seen[name]], name), name
+    _assert_lazy_names_match(prefzoo, seen, {"__version__"})
+
+
+def test_the_testing_kit_is_lazy_and_loads_from_the_module_that_type_checkers_see():
+    import prefzoo.testing
+
+    _assert_lazy_names_match(prefzoo.testing, _type_checked_names(prefzoo.testing), set())
+
+
+_KIT_CHILD = """
+import sys
+import prefzoo.testing, prefzoo.testing.pytest_plugin
+heavy = sorted(m for m in ("torch", "hypothesis", "transformers", "numpy") if m in sys.modules)
+print(heavy)
+"""
+
+
+def test_the_pytest_plugin_and_the_kit_package_import_nothing_heavy():
+    """Every pytest session where prefzoo is installed imports the plugin: it must not load torch or Hypothesis."""
+    proc = subprocess.run([sys.executable, "-c", _KIT_CHILD], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""pytest plugin (entry point ``pytest11``): registers prefzoo's Hypothesis profiles, and loads none.
+"""pytest plugin (entry point ``pytest11``): prefzoo's Hypothesis profiles, registered only when a session asks.
 
 Profiles: ``prefzoo-dev`` (fast), ``prefzoo-ci`` (Hypothesis' built-in ``ci`` profile, derandomized, more
 examples), ``prefzoo-thorough`` (>= 1000 examples per property) and ``prefzoo-mutation`` (10 derandomized
@@ -6,12 +6,17 @@ examples: the suite runs once per mutant, docs/properties.md).  All four have no
 64 pairs under a loaded 2-core machine is slow but not wrong); ``prefzoo-ci`` and ``prefzoo-thorough`` print
 the reproduction blob of a failure.  Select one with ``--hypothesis-profile prefzoo-ci``.
 
-The names are prefixed and nothing is loaded, so a project that merely has prefzoo installed keeps its own
-Hypothesis settings (and its own ``ci`` profile, which Hypothesis loads by itself on CI).  prefzoo's own test
-suite selects a profile in ``tests/conftest.py`` (``HYPOTHESIS_PROFILE=dev|ci|thorough|mutation``, default ``dev``).
+Every pytest session of an environment with prefzoo installed loads this module, so it imports nothing but
+pytest: not torch, not Hypothesis, not the rest of :mod:`prefzoo.testing`.  Hypothesis is imported and the
+profiles registered only when ``--hypothesis-profile`` names one of them; any other session (a project that
+merely has prefzoo installed, with or without Hypothesis) keeps its own settings and its own ``ci`` profile.
+prefzoo's own test suite selects a profile in ``tests/conftest.py`` (``HYPOTHESIS_PROFILE=dev|ci|thorough|mutation``,
+default ``dev``).
 """
 
 from __future__ import annotations
+
+import pytest
 
 PROFILES = ("prefzoo-dev", "prefzoo-ci", "prefzoo-thorough", "prefzoo-mutation")
 
@@ -37,4 +42,9 @@ def register_profiles(prefix: str = "prefzoo-") -> None:
         suppress_health_check=quiet,
     )
 
-register_profiles()
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin loads the profile the option names
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the profiles when ``--hypothesis-profile`` names one of :data:`PROFILES`; otherwise do nothing."""
+    if config.getoption("--hypothesis-profile", default=None) in PROFILES:  # None where Hypothesis is absent
+        register_profiles()

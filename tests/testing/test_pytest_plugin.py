@@ -1,19 +1,23 @@
-"""The ``prefzoo`` pytest plugin registers its Hypothesis profiles and loads none in other projects' sessions."""
+"""The ``prefzoo`` pytest plugin registers its Hypothesis profiles only when asked and never fails a foreign session."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
 
 import hypothesis._settings
 import hypothesis.errors
 import pytest
 
 FOREIGN_TEST = '''
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, errors, settings
 
 def test_prefzoo_plugin_leaves_my_settings_alone(request):
     assert request.config.pluginmanager.get_plugin("prefzoo") is not None  # the plugin did load
-    assert settings.get_profile("prefzoo-thorough").max_examples == 1000  # and registered its profiles
+    with pytest.raises(errors.InvalidArgument):
+        settings.get_profile("prefzoo-thorough")  # and registered nothing: no session asked for a prefzoo profile
     assert settings.get_current_profile_name() == EXPECTED_PROFILE
     assert settings.default.max_examples == 100  # Hypothesis' default, not prefzoo's 30
     assert HealthCheck.data_too_large not in settings.default.suppress_health_check
@@ -39,6 +43,51 @@ def test_a_foreign_session_keeps_hypothesis_defaults(foreign_project, monkeypatc
     foreign_project.makepyfile(test_foreign=f"EXPECTED_PROFILE = {profile!r}\n" + FOREIGN_TEST)
     result = foreign_project.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_a_foreign_session_that_asks_for_a_prefzoo_profile_gets_it(foreign_project, monkeypatch) -> None:
+    """``--hypothesis-profile prefzoo-thorough`` (a plugin author's session) registers and loads prefzoo's profiles."""
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    foreign_project.makepyfile(
+        test_author="""
+from hypothesis import settings
+
+def test_profile():
+    assert settings.get_current_profile_name() == "prefzoo-thorough"
+    assert settings.default.max_examples == 1000 and settings.default.deadline is None
+"""
+    )
+    result = foreign_project.runpytest_subprocess("-p", "no:cacheprovider", "--hypothesis-profile", "prefzoo-thorough")
+    result.assert_outcomes(passed=1)
+
+
+# A project's own pytest run in an environment without Hypothesis (prefzoo installed with only [train]): Hypothesis
+# and its plugin cannot be imported, prefzoo's plugin loads through its entry point, and the session runs.
+_NO_HYPOTHESIS_SESSION = """
+import sys
+
+class NotInstalled:  # a finder that makes importing Hypothesis fail, as where it is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "hypothesis" or name.startswith(("hypothesis.", "_hypothesis")):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NotInstalled())
+import pytest
+code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:randomly", sys.argv[1]])
+loaded = [m for m in ("torch", "transformers") if m in sys.modules]
+print("heavy modules loaded:", loaded)
+sys.exit(code)
+"""
+
+
+def test_a_foreign_session_without_hypothesis_runs(foreign_project, tmp_path) -> None:
+    (tmp_path / "test_mine.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_HYPOTHESIS_SESSION, str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout and "heavy modules loaded: []" in proc.stdout, proc.stdout
 
 
 def test_prefzoo_own_tests_run_under_the_selected_profile() -> None:
