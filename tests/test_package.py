@@ -75,3 +75,24 @@ def test_the_pytest_plugin_and_the_kit_package_import_nothing_heavy():
     """Every pytest session where prefzoo is installed imports the plugin: it must not load torch or Hypothesis."""
     proc = subprocess.run([sys.executable, "-c", _KIT_CHILD], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+def test_the_metadata_declares_an_spdx_license_expression_and_ships_the_license_file(tmp_path):
+    """PEP 639: ``license`` is an SPDX expression and ``license-files`` names the text (setuptools drops the table
+    form ``license = {text = ...}`` after 2027-02-18).  Built here from pyproject.toml, warnings as errors."""
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys, warnings
+        warnings.simplefilter("error")
+        from setuptools import build_meta
+        print(build_meta.prepare_metadata_for_build_wheel({str(tmp_path)!r}))
+    """)
+    root = INIT.parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist_info = tmp_path / proc.stdout.strip().splitlines()[-1]
+    metadata = (dist_info / "METADATA").read_text(encoding="utf-8")
+    assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:1500]
+    assert "License-File: LICENSE" in metadata.splitlines(), metadata[:1500]
+    assert (root / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
