@@ -29,13 +29,43 @@ from prefzoo.spec import Loss, LossParamError
 from prefzoo.train.distributed import make_gather
 from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
-__all__ = ["CONFIG_PARAMS", "TRL_RANGE", "DPOTrainer", "TRLVersionError", "check_trl_version", "resolve_loss"]
+__all__ = [
+    "CONFIG_PARAMS",
+    "TRL_RANGE",
+    "DPOTrainer",
+    "PolicyDivergedError",
+    "TRLVersionError",
+    "check_trl_version",
+    "resolve_loss",
+]
 
 TRL_RANGE = ">=1.16,<1.17"  # the `trl` extra of pyproject.toml pins the same range (a test compares them)
 
 
 class TRLVersionError(ImportError):
     """The installed TRL is outside :data:`TRL_RANGE`: its ``DPOTrainer`` internals may differ."""
+
+
+class PolicyDivergedError(FloatingPointError):
+    """The policy's log-probs are not finite: training diverged (typically float16 at a high learning rate).
+
+    TRL's own loop goes on with NaN weights; the adapter stops at the first non-finite log-prob, in one line.
+    """
+
+
+def check_policy_finite(logps: Tensor, step: int, dtype: torch.dtype) -> None:
+    """Raise :class:`PolicyDivergedError` (one line: the step, the dtype, what to try) if ``logps`` has a NaN/inf."""
+    bad = ~torch.isfinite(logps.detach())
+    if bool(bad.any()):
+        value = logps.detach()[bad][0].item()
+        dtype_name = str(dtype).removeprefix("torch.")
+        hint = "a lower learning_rate, or bf16=True (float16's narrow range overflows)" if dtype == torch.float16 else (
+            "a lower learning_rate, or gradient clipping (max_grad_norm)"
+        )
+        raise PolicyDivergedError(
+            f"the policy diverged at step {step} in {dtype_name}: its sequence log-probs are {value} "
+            f"({int(bad.sum())} of {bad.numel()} sequences); the weights are no longer finite: stop, and try {hint}"
+        )
 
 
 def check_trl_version(version: str) -> None:
@@ -59,6 +89,9 @@ try:
 except ImportError:
     raise ImportError("prefzoo.integrations.trl needs TRL: pip install 'prefzoo[trl]'") from None
 check_trl_version(trl.__version__)
+# TRL's trainer as imported: a script that applies the drop-in everywhere (``trl.DPOTrainer = DPOTrainer``) must not
+# make the adapter read its own signature where it means TRL's
+_TRL_DPO_TRAINER = next(c for c in trl.DPOTrainer.__mro__ if c.__module__.startswith("trl."))
 
 # DPOConfig fields that mean the same as a prefzoo loss parameter: DPOConfig field -> parameter name
 CONFIG_PARAMS: dict[str, str] = {
@@ -172,7 +205,7 @@ def resolve_loss(loss: str | Loss, loss_params: Mapping[str, Any] | None, config
     return bound_loss
 
 
-class DPOTrainer(trl.DPOTrainer):
+class DPOTrainer(_TRL_DPO_TRAINER):
     """TRL's ``DPOTrainer`` with one more argument: ``loss=`` (a registered name, a weighted sum, a ``prefzoo.Loss``).
 
     ``loss_params={...}`` sets the loss's parameters; DPOConfig's ``beta``, ``label_smoothing``,
@@ -184,7 +217,7 @@ class DPOTrainer(trl.DPOTrainer):
     def __init__(
         self, *args: Any, loss: str | Loss | None = None, loss_params: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        config = inspect.signature(trl.DPOTrainer.__init__).bind(None, *args, **kwargs).arguments.get("args")
+        config = inspect.signature(_TRL_DPO_TRAINER.__init__).bind(None, *args, **kwargs).arguments.get("args")
         if loss is None and loss_params:
             raise LossParamError("loss_params= needs loss=: name the prefzoo loss they belong to")
         # resolved before TRL loads anything, so a bad name or parameter fails in a second
@@ -225,7 +258,9 @@ class DPOTrainer(trl.DPOTrainer):
         needs = self.prefzoo_loss.needs
         seq_len = mask.size(1)
         token_logps = outputs.log_probs[:, -seq_len:]  # (2B, T−1), 0 off the completion; PEFT prompts cut
-        chosen, rejected = token_logps.sum(dim=1).chunk(2, dim=0)  # (B,), (B,): the batch is [chosen; rejected]
+        sums = token_logps.sum(dim=1)  # (2B,)
+        check_policy_finite(sums, self.state.global_step + 1, next(self.model.parameters()).dtype)
+        chosen, rejected = sums.chunk(2, dim=0)  # (B,), (B,): the batch is [chosen; rejected]
         fields: dict[str, Tensor | None] = {"policy_chosen_logps": chosen, "policy_rejected_logps": rejected}
         chosen_mask, rejected_mask = mask.bool().chunk(2, dim=0)  # (B, T−1) each
         if Need.LENGTHS in needs:

@@ -56,6 +56,32 @@ def test_a_bad_loss_argument_is_one_line_before_loading(tmp_path, loss, loss_par
     assert expected in _one_line(excinfo)
 
 
+@pytest.mark.parametrize(
+    ("loss_params", "cfg", "expected"),
+    [
+        ({"beta": 0.5}, {"beta": 0.2}, "DPOConfig.beta=0.2 and loss_params['beta']=0.5 disagree"),
+        (None, {"loss_type": "ipo"}, "DPOConfig.loss_type=['ipo'] does not apply with loss='dpo'"),
+    ],
+)
+def test_the_config_is_read_when_trl_dpotrainer_is_the_adapter(tmp_path, monkeypatch, loss_params, cfg, expected):
+    """``trl.DPOTrainer = prefzoo.integrations.trl.DPOTrainer`` (a drop-in applied across a codebase): the adapter
+    still finds DPOConfig among its arguments, positional or keyword, and still refuses what it refused."""
+    import trl
+
+    from prefzoo.integrations import trl as adapter
+
+    monkeypatch.setattr(trl, "DPOTrainer", adapter.DPOTrainer)
+    with pytest.raises(LossParamError) as excinfo:
+        _construct(tmp_path, "dpo", loss_params, **cfg)
+    assert expected in _one_line(excinfo)
+    seen = []
+    monkeypatch.setattr(adapter, "resolve_loss", lambda loss, params, config: seen.append(config) or 1 / 0)
+    args = config(tmp_path, beta=0.5)
+    with pytest.raises(ZeroDivisionError):
+        trl.DPOTrainer("no-model", args=args, loss="dpo")
+    assert seen == [args]  # bound by keyword too, and handed to the loss as it is: beta 0.5, not the default 0.1
+
+
 def test_an_unknown_loss_names_close_ones(tmp_path):
     with pytest.raises(prefzoo.UnknownLossError) as excinfo:
         _construct(tmp_path, "mmpoo")
@@ -130,3 +156,29 @@ def test_the_trl_extra_pins_the_checked_range():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert f"trl{TRL_RANGE}" in extras["trl"]
+
+
+def test_a_policy_that_diverges_in_float16_stops_in_one_line_naming_step_and_dtype(trl_model_dir, tmp_path):
+    """TRL's ``test_train_model_dtype`` at learning rate 0.1 in float16: TRL's own trainer goes on with NaN weights;
+    the adapter stops at the first non-finite log-prob with the step, the dtype and what to try."""
+    import torch
+
+    from prefzoo.integrations.trl import PolicyDivergedError
+    from tests.integrations.trl_support import make_pairs, train
+
+    with pytest.raises(PolicyDivergedError) as excinfo:
+        train(trl_model_dir, tmp_path, make_pairs(8), adapter=True, loss="dpo", optim="adamw_torch",
+              learning_rate=0.1, max_steps=4, model_init_kwargs={"dtype": torch.float16})  # fmt: skip
+    text = _one_line(excinfo)
+    assert text.startswith("the policy diverged at step 2 in float16: its sequence log-probs are nan"), text
+    assert "lower learning_rate" in text and "bf16=True" in text, text
+
+
+def test_the_divergence_check_names_the_dtype_and_passes_finite_log_probs():
+    import torch
+
+    from prefzoo.integrations.trl import PolicyDivergedError, check_policy_finite
+
+    check_policy_finite(torch.tensor([-3.0, -7.5]), 1, torch.float32)  # finite: nothing happens
+    with pytest.raises(PolicyDivergedError, match=r"at step 5 in bfloat16: .* are inf \(1 of 2 sequences\)"):
+        check_policy_finite(torch.tensor([float("inf"), -1.0]), 5, torch.bfloat16)
