@@ -11,7 +11,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["final_state_dict", "model_card_front_matter", "save_model_folder", "versions", "write_final_model"]
+__all__ = [
+    "final_state_dict",
+    "load_final_model",
+    "model_card_front_matter",
+    "save_model_folder",
+    "versions",
+    "write_final_model",
+]
 
 _PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "bitsandbytes")
 
@@ -117,6 +124,16 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
         tmp.rename(final)
     accelerator.wait_for_everyone()
     return final
+
+
+def load_final_model(folder: Path) -> Any:
+    """The model :func:`write_final_model` saved in ``folder``, whole on this process and in eval mode, whichever
+    engine trained it (a sharded run's ``TrainResult.model`` holds only this rank's shards): the full or merged
+    model, or the LoRA adapter on its base model."""
+    from prefzoo.train.model import load_model_and_tokenizer
+
+    model, _, _ = load_model_and_tokenizer(str(folder))
+    return model.eval()
 
 
 def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:

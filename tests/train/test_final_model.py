@@ -9,19 +9,16 @@ rounding: DDP and FSDP2 within 1e-5 (tests/distributed/test_fsdp.py), ZeRO withi
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.launch import torchrun_prefzoo
 from tests.train.helpers import max_param_diff, params_of
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 _DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 ENGINES = {
     "ddp": [],
@@ -55,15 +52,10 @@ def finals(tmp_path_factory, tied_dir, pairs_file):
 
 
 def _train(model: Path, data: Path, out: Path, flags: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "prefzoo",
-           "train", "--loss", "dpo", "--model", str(model), "--dataset", str(data), "--output-dir", str(out),
-           "--max-steps", "1", "--per-device-batch-size", "4", "--lr", "1e-2", "--warmup-ratio", "0",
-           "--eval-fraction", "0", "--report-to", "none", "--no-progress", "--share-prompt", "off", "--packing", "off",
-           "--group-by-length", "off", *flags]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)  # a hang guard only
-    assert proc.returncode == 0, f"{flags}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    torchrun_prefzoo("train", "--loss", "dpo", "--model", str(model), "--dataset", str(data), "--output-dir", str(out),
+                     "--max-steps", "1", "--per-device-batch-size", "4", "--lr", "1e-2", "--warmup-ratio", "0",
+                     "--eval-fraction", "0", "--report-to", "none", "--no-progress", "--share-prompt", "off",
+                     "--packing", "off", "--group-by-length", "off", *flags)  # fmt: skip
 
 
 def _saved_keys(folder: Path) -> set[str]:
