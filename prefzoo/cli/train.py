@@ -348,18 +348,25 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data
     before = evaluate_policy(task, task.load_model(), tokenizer) if main else {}
     result = train(cfg, train_dataset=train_data, eval_dataset=eval_data)
     _print_summary(result)
-    if main and not result.already_complete and result.evals:
-        print("prefzoo train: scoring the trained policy", flush=True)
-        after = evaluate_policy(task, result.model.eval(), tokenizer)
-        acc = [e["eval/reward_accuracy"] for e in result.evals]
-        print(f"{'':24}{'before':>10}{'after':>10}")
-        print(f"{'eval reward accuracy':24}{acc[0]:>10.3f}{acc[-1]:>10.3f}")
-        print(
-            f"{'win-rate vs start':24}{before.get('win_rate', 0.5):>10.3f}{after.get('win_rate', float('nan')):>10.3f}"
-        )
-        print(
-            f"{'retention (skill B)':24}{before.get('retention', float('nan')):>10.3f}"
-            f"{after.get('retention', float('nan')):>10.3f}"
-        )
+    if main and not result.already_complete and result.final_dir is not None and result.evals:
+        _print_report(task, tokenizer, before, result)
         print(_produced(result, cfg, time.perf_counter() - t0))
     return 0
+
+
+def _print_report(task: Any, tokenizer: Any, before: dict[str, float], result: Any) -> None:
+    """Score the saved final model (whole whatever the engine: under --fsdp or ZeRO-3 ``result.model`` holds this
+    rank's shards) and print the before/after table of the default task."""
+    from prefzoo.eval.default_task import evaluate_policy
+    from prefzoo.train.runcard import load_final_model
+
+    print("prefzoo train: scoring the trained policy", flush=True)
+    after = evaluate_policy(task, load_final_model(result.final_dir), tokenizer)
+    acc = [e["eval/reward_accuracy"] for e in result.evals]
+    print(f"{'':24}{'before':>10}{'after':>10}")
+    print(f"{'eval reward accuracy':24}{acc[0]:>10.3f}{acc[-1]:>10.3f}")
+    print(f"{'win-rate vs start':24}{before.get('win_rate', 0.5):>10.3f}{after.get('win_rate', float('nan')):>10.3f}")
+    print(
+        f"{'retention (skill B)':24}{before.get('retention', float('nan')):>10.3f}"
+        f"{after.get('retention', float('nan')):>10.3f}"
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["DeepSpeedMissingError", "build_accelerator", "deepspeed_config", "make_gather"]
+__all__ = ["DeepSpeedMissingError", "build_accelerator", "deepspeed_config", "end_accelerator", "make_gather"]
 
 
 class DeepSpeedMissingError(RuntimeError):
@@ -175,3 +175,15 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str) ->
     AcceleratorState._reset_state()
     GradientState._reset_state()
     return Accelerator(**kwargs)
+
+
+def end_accelerator(accelerator: Any) -> None:
+    """The end of a run on this process: accelerate's ``end_training`` (trackers, the process group), then, under
+    DeepSpeed, transformers' process-wide ZeRO-3 switch that accelerate turned on when the run began.  Left on, every
+    later ``from_pretrained`` in the process (the default task scoring ``final/``, a user's own load) would partition
+    the model with ``zero.Init`` and wait forever for a process group that is gone."""
+    accelerator.end_training()
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()

@@ -18,6 +18,7 @@ import torch
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
+from prefzoo.train.distributed import end_accelerator
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
@@ -43,7 +44,7 @@ class TrainResult:
     skipped_steps: int = 0  # optimizer steps skipped for non-finite log-probs, losses or gradients
     checkpoint: Path | None = None  # the newest checkpoint this run wrote
     already_complete: bool = False  # resumed a finished run: nothing was trained or written
-    model: Any = None
+    model: Any = None  # this process's trained LM (only its shards under FSDP2 / ZeRO-3: runcard.load_final_model)
     tokenizer: Any = None
     model_defaults: Any = None  # ModelDefaults: the dropout turned off (or kept) and the token limits used
 
@@ -343,7 +344,7 @@ class Run:
                 p.accelerator.print(f"prefzoo train: pushed {result.final_dir} to {url}")
         result.model = p.accelerator.unwrap_model(p.policy).lm
         self.callbacks.call("on_train_end", self.state)
-        p.accelerator.end_training()
+        end_accelerator(p.accelerator)  # also ends DeepSpeed's hold on later model loads
         return result
 
     # -- after-step pieces ----------------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["model_card_front_matter", "save_model_folder", "versions", "write_final_model"]
+__all__ = [
+    "final_state_dict",
+    "load_final_model",
+    "model_card_front_matter",
+    "save_model_folder",
+    "versions",
+    "write_final_model",
+]
 
 _PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "bitsandbytes")
 
@@ -42,12 +49,10 @@ def save_model_folder(
     Call on every process (ZeRO-3 or, with ``fsdp`` (:mod:`prefzoo.train.fsdp`), FSDP2 shards are gathered); the
     main process writes.  Returns what was saved.
     """
-    # gathers the shards onto the main process; keys prefixed with 'lm.'
-    state_dict = fsdp.full_state_dict(policy) if fsdp is not None else accelerator.get_state_dict(policy)
+    sd = final_state_dict(accelerator, policy, fsdp)
     lm = accelerator.unwrap_model(policy).lm
     is_peft = hasattr(lm, "peft_config")
     if accelerator.is_main_process:
-        sd = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
         # the saved config keeps the model's own dropout rates (the run set them to 0 in memory only)
         with defaults.dropout.config_restored() if defaults is not None else contextlib.nullcontext():
             if is_peft and merge:
@@ -58,6 +63,34 @@ def save_model_folder(
                 lm.save_pretrained(folder, state_dict=sd, safe_serialization=True)
         tokenizer.save_pretrained(folder)
     return "merged model" if is_peft and merge else ("LoRA adapter" if is_peft else "full model")
+
+
+def final_state_dict(accelerator: Any, policy: Any, fsdp: Any = None) -> dict[str, Any]:
+    """The trained model's whole state dict on the main process (empty elsewhere), the same for every engine.
+
+    Call on every process: the engine gathers its shards (FSDP2 through ``fsdp``, :mod:`prefzoo.train.fsdp`; ZeRO-3
+    through accelerate).  Keys are the model's own (``policy.lm``'s), and parameters the model ties (embeddings and
+    LM head) are one tensor under each of their names, as in the unwrapped model, so ``save_pretrained`` writes the
+    keys it writes for that model (one of a tied pair) whichever engine trained it.  FSDP2's gather returns a separate
+    copy per name, which would save the tied LM head too.
+    """
+    full = fsdp.full_state_dict(policy) if fsdp is not None else accelerator.get_state_dict(policy)
+    # ZeRO-3 returns None off the main process; keys carry the policy wrapper's 'lm.' prefix
+    sd = {k[len("lm.") :]: v for k, v in (full or {}).items() if k.startswith("lm.")}
+    lm = accelerator.unwrap_model(policy).lm
+    for names in _tied_names(lm):
+        present = [n for n in names if n in sd]
+        for name in present[1:]:
+            sd[name] = sd[present[0]]
+    return sd
+
+
+def _tied_names(module: Any) -> list[list[str]]:
+    """Groups of two or more names under which ``module`` holds one and the same parameter (tied weights)."""
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, fsdp: Any = None) -> Path:
@@ -91,6 +124,16 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
         tmp.rename(final)
     accelerator.wait_for_everyone()
     return final
+
+
+def load_final_model(folder: Path) -> Any:
+    """The model :func:`write_final_model` saved in ``folder``, whole on this process and in eval mode, whichever
+    engine trained it (a sharded run's ``TrainResult.model`` holds only this rank's shards): the full or merged
+    model, or the LoRA adapter on its base model."""
+    from prefzoo.train.model import load_model_and_tokenizer
+
+    model, _, _ = load_model_and_tokenizer(str(folder))
+    return model.eval()
 
 
 def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:

@@ -22,8 +22,8 @@ def build_tokenizer(pad: bool = True) -> Any:
     return char_tokenizer(CHARS, pad=pad, bos=False, model_max_length=None)
 
 
-def build_model(tokenizer: Any, seed: int = 0, hidden: int = 32, layers: int = 2) -> Any:
-    """A random 2-layer Llama with untied embeddings, MLP 2 × hidden, 4 heads."""
+def build_model(tokenizer: Any, seed: int = 0, hidden: int = 32, layers: int = 2, tied: bool = False) -> Any:
+    """A random 2-layer Llama, MLP 2 × hidden, 4 heads, untied embeddings (``tied``: the LM head is the embedding)."""
     model, _ = tiny_causal_lm(
         tokenizer,
         seed=seed,
@@ -31,7 +31,7 @@ def build_model(tokenizer: Any, seed: int = 0, hidden: int = 32, layers: int = 2
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     return model
 
@@ -52,10 +52,11 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def make_model_dir(root: Path, seed: int = 0, pad: bool = True, hidden: int = 32) -> Path:
-    """A save_pretrained folder with the tiny model and tokenizer (``pad=False``: the tokenizer has no pad token)."""
-    model = build_model(build_tokenizer(pad=True), seed, hidden=hidden)
-    out = root / "tiny-model"
+def make_model_dir(root: Path, seed: int = 0, pad: bool = True, hidden: int = 32, tied: bool = False) -> Path:
+    """A save_pretrained folder with the tiny model and tokenizer (``pad=False``: the tokenizer has no pad token;
+    ``tied``: tied embeddings, in ``tiny-model-tied``)."""
+    model = build_model(build_tokenizer(pad=True), seed, hidden=hidden, tied=tied)
+    out = root / ("tiny-model-tied" if tied else "tiny-model")
     model.save_pretrained(out)
     build_tokenizer(pad=pad).save_pretrained(out)
     return out

@@ -29,3 +29,14 @@ def test_zero_trains_with_reference(tmp_path, tiny_dir, pairs_file, stage, nproc
     assert max_param_diff(res["params"], params_of(AutoModelForCausalLM.from_pretrained(tiny_dir))) > 1e-3
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
+
+
+def test_default_run_under_zero3_scores_the_trained_policy(tmp_path):
+    """The default task under ZeRO-3 on 2 ranks ends with the report, scored from the saved final model (the
+    in-memory policy's ZeRO-3 hooks need the process group, gone once training ends); FSDP2's twin:
+    tests/distributed/test_default_run.py."""
+    from tests.support.launch import assert_default_report, torchrun_prefzoo
+
+    stdout = torchrun_prefzoo("train", "--loss", "dpo", "--max-steps", "1", "--output-dir", str(tmp_path),
+                              "--no-progress", "--deepspeed", "zero3")  # fmt: skip
+    assert_default_report(stdout, tmp_path)
