@@ -32,7 +32,9 @@ def train(
 
     ``callbacks`` (:class:`prefzoo.train.Callback` instances or specs) run after those of ``cfg.callbacks``.
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``), as does a
-    callback setting ``state.should_stop``; a failed or hung peer process raises :class:`PeerFailureError`; too many
+    callback setting ``state.should_stop``; before the first step (nothing to save yet) they raise
+    :class:`prefzoo.train.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
+    run finishes); a failed or hung peer process raises :class:`PeerFailureError`; too many
     non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.  Another run holding
     ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
@@ -48,7 +50,7 @@ def train(
 
 
 def _train(cfg: TrainConfig, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
-    with PreemptionHandler() as preemption:
+    with PreemptionHandler(immediate=True) as preemption:  # before the first step a signal stops the run at once
         try:
             return Run(cfg, hooks, preemption).train(train_dataset, eval_dataset)
         except TrainingAborted:

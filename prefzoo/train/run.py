@@ -136,6 +136,7 @@ class Run:
         self.setup(train_dataset, eval_dataset)
         p, state, source = self.parts, self.state, self.parts.source
         self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
+        self.preemption.start_training()  # from here a signal is a checkpoint at the next step boundary
         for epoch, batches in source.chunks(self):
             if self.done:
                 break
@@ -432,6 +433,13 @@ class Run:
         if not self.guard.any_rank(signalled or state.should_stop):  # one all-reduce: every rank stops alike
             return False
         if signalled or not state.should_stop:
+            if state.global_step >= state.total_steps:  # nothing left to preempt: the run finishes (final model)
+                self.bar.close()  # the message on a line of its own, after the progress bar's last
+                self.parts.accelerator.print(
+                    f"prefzoo train: {pre.reason()} arrived during the last step ({state.global_step}/"
+                    f"{state.total_steps}): the run is complete, writing the final model"
+                )
+                return False
             reason = f"preempted by {pre.reason()}"
         else:
             reason = state.stop_reason or "stopped by a callback (state.should_stop)"
