@@ -8,6 +8,7 @@ through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from prefzoo.data.progress import Progress, length, showing
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
@@ -61,6 +63,7 @@ def evaluate(
     was_training = policy.training
     policy.eval()
     correct, losses = [], []
+    bar = Progress(length(dataloader), "evaluating", unit="batches")  # shown if it takes over 2 s (see showing())
     for batch in dataloader:
         cls = batch_type(batch)
         fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
@@ -73,6 +76,8 @@ def evaluate(
         nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
         correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
         losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
+        bar.update(1)
+    bar.close()
     policy.train(was_training)
     acc, mean_loss = torch.cat(correct), torch.cat(losses)
     kept = torch.isfinite(acc)
@@ -152,11 +157,11 @@ class Run:
         return self.finish()
 
     def setup(self, train_dataset: Any, eval_dataset: Any) -> None:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
-        self.parts = p = setup(cfg, train_dataset, eval_dataset)
+        with showing(cfg.progress and os.environ.get("RANK", "0") == "0"):  # tokenizing, the reference precompute
+            self.parts = p = setup(cfg, train_dataset, eval_dataset)
         acc = p.accelerator
+        self.show_progress = cfg.progress and acc.is_main_process
         self.preemption.accelerator = acc
         self.writer = JsonlWriter(Path(cfg.output_dir) / "metrics.jsonl", acc.is_main_process)
         self.guard = NonFiniteGuard(acc, cfg.max_consecutive_skips, self.writer)
@@ -175,8 +180,9 @@ class Run:
         self.done = p.start_step >= p.total_steps
         self.saved: Path | None = None  # checkpoint written at the current step boundary
         self.stopped_by_callback = False
-        self.bar = tqdm(total=p.total_steps, initial=p.start_step, desc="prefzoo train", dynamic_ncols=True,
-                        disable=not (cfg.progress and acc.is_main_process))  # fmt: skip
+        with showing(self.show_progress):  # a bar on a terminal, a line every 10 s in a log
+            self.bar = Progress(p.total_steps, "prefzoo train", unit="steps", initial=p.start_step, delay=0.0,
+                                leave=True)  # fmt: skip
         self.callbacks.call("on_train_begin", self.state)
         if cfg.eval_at_start and p.start_step == 0 and p.eval_dl is not None:
             self.evaluate()
@@ -313,7 +319,8 @@ class Run:
 
     def evaluate(self) -> None:
         p, state = self.parts, self.state
-        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
+        with showing(self.show_progress):
+            ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
         ev.update(epoch=state.epoch, step=state.global_step)
         self.result.evals.append(ev)
         self.writer.write(ev)
@@ -417,7 +424,7 @@ class Run:
 
     def abort_nonfinite(self) -> None:
         saved = self.saved or self.checkpoint(force=True)
-        self.bar.close()
+        self.bar.close(finished=False)
         g = self.guard
         raise NonFiniteStepsError(
             f"{g.consecutive} optimizer steps in a row (up to step {self.state.global_step}) had non-finite "
@@ -447,6 +454,7 @@ class Run:
         saved = self.saved or self.checkpoint(force=True)
         self.result.checkpoint = saved
         self.result.stopped_early, self.result.stop_reason = True, reason
+        self.bar.close(finished=False)  # the message on a line of its own, not after the progress bar's
         self.parts.accelerator.print(
             f"prefzoo train: {reason} at step {state.global_step}/{state.total_steps}; checkpoint saved to "
             f"{saved}. Resume with the same command plus --resume auto (same --output-dir {self.cfg.output_dir})"

@@ -79,3 +79,22 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     common = sorted(set(a) & set(b))
     assert common, (list(a)[:3], list(b)[:3])
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in common)
+
+
+def slow_to_tokenize(path: Path, rows: int = 24_000, chars: int = 1_000) -> Path:
+    """``rows`` pairs whose prompts are ``chars`` characters long: tokenizing them takes seconds (about 0.5 ms a row
+    with the tests' character tokenizer on a loaded 2-core machine: ~12 s, and still seconds on a machine several
+    times faster), reading the file (~24 MB) a fraction of that.  Prompts are cut to the tiny model's context only
+    after they are tokenized, so the cost is in tokenizing, where a signal or a progress line is expected."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    filler = "".join(f"add {rng.randint(0, 49)}+{rng.randint(0, 49)} " for _ in range(chars // 8 + 1))
+    with path.open("w") as f:
+        for i in range(rows):
+            a, b = rng.randint(0, 49), rng.randint(0, 49)
+            prompt = filler[i % 97 : i % 97 + chars] + f" add {a}+{b}="
+            f.write(json.dumps({"id": f"p{i}", "prompt": prompt, "chosen": str(a + b), "rejected": str(a + b + 1)}))
+            f.write("\n")
+    return path
