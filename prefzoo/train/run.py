@@ -343,7 +343,7 @@ class Run:
         result.global_step = self.state.global_step
         result.skipped_steps = self.guard.skipped
         if not result.stopped_early or self.stopped_by_callback:
-            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp)
+            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp, p.loss)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
                 mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
             if self.cfg.push_to_hub and p.accelerator.is_main_process:
