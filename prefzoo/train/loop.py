@@ -16,6 +16,7 @@ from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.metrics import last_logged
 from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
@@ -44,8 +45,10 @@ def train(
     with output_dir_lock(cfg.output_dir):
         finished = finished_run(cfg)
         if finished is not None:
-            return TrainResult(global_step=int(finished["step"]), final_dir=Path(finished["final"]),
-                               checkpoint=Path(finished["checkpoint"]), already_complete=True)  # fmt: skip
+            step = int(finished["step"])
+            return TrainResult(global_step=step, final_dir=Path(finished["final"]),
+                               checkpoint=Path(finished["checkpoint"]), already_complete=True,
+                               last_metrics=last_logged(Path(cfg.output_dir) / "metrics.jsonl", step))  # fmt: skip
         return _train(cfg, hooks, train_dataset, eval_dataset)
 
 

@@ -22,7 +22,7 @@ from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
-from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
+from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, last_logged, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.outdir import mark_finished
 from prefzoo.train.runcard import save_model_folder, write_final_model
@@ -37,6 +37,8 @@ class TrainResult:
 
     global_step: int
     history: list[dict[str, float]] = field(default_factory=list)  # one record per logging step
+    # the last training metrics logged: history's last, or for a resume that trained nothing the resumed run's last
+    last_metrics: dict[str, float] = field(default_factory=dict)
     evals: list[dict[str, float]] = field(default_factory=list)  # one record per evaluation
     data_stats: dict[str, Any] = field(default_factory=dict)
     final_dir: Path | None = None
@@ -175,6 +177,8 @@ class Run:
             cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
             timings=dict(p.timings), writer=self.writer, reference=p.reference,
         )  # fmt: skip
+        if cfg.resume:  # the records a killed run logged after the checkpoint this one resumes from are logged again
+            self.drop_logged_after(p.start_step)
         self.step_state = _Step()
         self.skip_left = 0  # --skip-batches micro-batches still to pass over (set by train())
         self.done = p.start_step >= p.total_steps
@@ -187,6 +191,16 @@ class Run:
         if cfg.eval_at_start and p.start_step == 0 and p.eval_dl is not None:
             self.evaluate()
         self.t0 = time.perf_counter()
+
+    def drop_logged_after(self, step: int) -> None:
+        """Resuming at ``step``: metrics.jsonl keeps no record of a later step (each step is logged once)."""
+        dropped = self.writer.drop_after(step)
+        if dropped:
+            self.parts.accelerator.print(
+                f"prefzoo train: dropped {dropped} line(s) of {self.writer.path} logged after step {step} (the step "
+                "this run resumes from): those steps are trained and logged again"
+            )
+        self.result.last_metrics = last_logged(self.writer.path, step) if step else {}
 
     def train_epoch(self, batches: Any) -> bool:
         """One pass over ``batches``; True when the run stops early (preemption, a callback, stop_after_steps)."""
@@ -342,6 +356,8 @@ class Run:
         self.bar.close()
         result.global_step = self.state.global_step
         result.skipped_steps = self.guard.skipped
+        if result.history:
+            result.last_metrics = result.history[-1]
         if not result.stopped_early or self.stopped_by_callback:
             result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp, p.loss)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete

@@ -140,7 +140,7 @@ def _write_cards(
         "versions": versions(),
         "data": result.data_stats,
         "model_defaults": defaults.as_dict() if defaults is not None else {},
-        "final_metrics": result.history[-1] if result.history else {},
+        "final_metrics": result.last_metrics or (result.history[-1] if result.history else {}),
         "evals": result.evals,
     }
     (folder / "run_card.json").write_text(json.dumps(card, indent=1, default=str))
