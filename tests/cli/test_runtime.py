@@ -151,6 +151,14 @@ def test_a_launched_worker_ends_at_once_with_its_status(env, ends):
     assert seen == ([3] if ends else [])
 
 
+@pytest.mark.parametrize("code", [130, 143])
+def test_an_interrupted_command_ends_at_once_even_unlaunched(code):
+    """Stopped by SIGINT/SIGTERM (128 + n): no interpreter teardown, which took 1.5 s after the message (issue 49)."""
+    seen = []
+    end_launched_worker(code, {}, exit_now=seen.append)
+    assert seen == [code]
+
+
 # the program's own entry (argv None) under a launcher: the command's output is complete, the status kept, and the
 # interpreter's teardown (where gloo's threads aborted one finished worker in ten) never runs
 _PROGRAM = (
