@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 __all__ = ["Progress", "counted", "length", "showing", "tick"]
 
+
 class _State:
     """The module's switches, as class attributes: datasets pickles a module-level class by name when it hashes a
     mapped function, so what they hold never reaches the function's fingerprint (a dict here would)."""
