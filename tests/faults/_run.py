@@ -81,11 +81,12 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in common)
 
 
-def slow_to_tokenize(path: Path, rows: int = 24_000, chars: int = 1_000) -> Path:
-    """``rows`` pairs whose prompts are ``chars`` characters long: tokenizing them takes seconds (about 0.5 ms a row
-    with the tests' character tokenizer on a loaded 2-core machine: ~12 s, and still seconds on a machine several
-    times faster), reading the file (~24 MB) a fraction of that.  Prompts are cut to the tiny model's context only
-    after they are tokenized, so the cost is in tokenizing, where a signal or a progress line is expected."""
+def slow_to_tokenize(path: Path, rows: int = 24_000, chars: int = 2_000) -> Path:
+    """``rows`` pairs whose prompts are ``chars`` characters long: tokenizing them takes tens of seconds (about 1 ms
+    a row with the tests' character tokenizer on a loaded 2-core machine), still several on a machine a few times
+    faster; writing the file (~48 MB) and reading it a fraction of that.  Prompts are cut to the tiny model's context
+    only after they are tokenized, so the cost is in tokenizing, where a signal or a progress line is expected; a
+    test that interrupts the run never pays for the whole of it."""
     import json
     import random
 

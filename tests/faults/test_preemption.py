@@ -192,8 +192,8 @@ def start_slow_tokenizing(tmp_path, tiny_dir):
 def test_sigint_while_tokenizing_stops_at_once_with_one_line(tmp_path, tiny_dir):
     proc, log, out = start_slow_tokenizing(tmp_path, tiny_dir)
     wait_for(lambda: BEFORE_TOKENIZING in log.read_text(), 300, "the line before tokenizing", proc, log)
-    t0 = time.monotonic()  # then tokenizing's first progress line (2 s in); without one, 3 s into tokenizing
-    wait_for(lambda: PROGRESS.search(log.read_text()) or time.monotonic() - t0 > 3, 60, "tokenizing", proc, log)
+    t0 = time.monotonic()  # then tokenizing's first progress line (2 s in); without one (main), 8 s into tokenizing
+    wait_for(lambda: PROGRESS.search(log.read_text()) or time.monotonic() - t0 > 8, 60, "tokenizing", proc, log)
     before = log.read_text()
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
