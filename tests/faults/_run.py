@@ -34,9 +34,20 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def start_cli(cfg: dict[str, Any], log: Path, **extra_env: str) -> subprocess.Popen:
-    """`python -m prefzoo.cli.main train ...` in a fresh process; stdout+stderr go to ``log``."""
+# SIGINT back to its default before Python starts (the disposition survives exec), so Python installs its Ctrl-C
+# handler even where the suite was started with SIGINT ignored (nohup, `cmd &`, .ci/hermetic's `signals`)
+_SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def start_cli(cfg: dict[str, Any], log: Path, *, ctrl_c: bool = False, **extra_env: str) -> subprocess.Popen:
+    """`python -m prefzoo.cli.main train ...` in a fresh process; stdout+stderr go to ``log``.  ``ctrl_c``: started
+    as from a terminal, with SIGINT's default disposition whatever the suite inherited."""
     cmd = [sys.executable, "-m", "prefzoo.cli.main", "train", *cli_args(cfg)]
+    if ctrl_c:
+        cmd = [sys.executable, "-c", _SIGINT_DEFAULT_THEN_EXEC, *cmd[1:]]
     fh = log.open("w")
     return subprocess.Popen(cmd, env=env(**extra_env), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
 

@@ -71,8 +71,14 @@ def test_resuming_drops_the_records_past_the_checkpoint_and_a_torn_line(tmp_path
     from prefzoo.train.metrics import JsonlWriter, last_logged
 
     path = tmp_path / "metrics.jsonl"
-    rows = [{"step": 0, "eval/loss": 0.7}, {"step": 1, "loss": 0.6, "lr": 1.0}, {"event": "note"},
-            {"step": 2, "loss": 0.5, "lr": 1.0}, {"step": 2, "eval/loss": 0.5}, {"step": 3, "loss": 0.4, "lr": 1.0}]
+    rows = [
+        {"step": 0, "eval/loss": 0.7},
+        {"step": 1, "loss": 0.6, "lr": 1.0},
+        {"event": "note"},
+        {"step": 2, "loss": 0.5, "lr": 1.0},
+        {"step": 2, "eval/loss": 0.5},
+        {"step": 3, "loss": 0.4, "lr": 1.0},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')  # torn by a kill -9
     writer = JsonlWriter(path, enabled=True)
     assert writer.drop_after(2) == 2  # step 3 and the torn line

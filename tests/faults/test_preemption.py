@@ -181,12 +181,12 @@ STOPPED = (
 
 
 def start_slow_tokenizing(tmp_path, tiny_dir):
-    """`prefzoo train` (progress on, as a user runs it; its log is not a terminal) on data that takes seconds to
-    tokenize, in a datasets cache of its own (nothing tokenized before)."""
+    """`prefzoo train` as a user starts it at a terminal (progress on, Ctrl-C live; its log is not a terminal) on
+    data that takes seconds to tokenize, in a datasets cache of its own (nothing tokenized before)."""
     out = tmp_path / "run"
     cfg = base_config(tiny_dir, slow_to_tokenize(tmp_path / "long.jsonl"), out, max_steps=1, progress=True)
     log = tmp_path / "run.log"
-    return start_cli(cfg, log, HF_DATASETS_CACHE=str(tmp_path / "hf-datasets")), log, out
+    return start_cli(cfg, log, ctrl_c=True, HF_DATASETS_CACHE=str(tmp_path / "hf-datasets")), log, out
 
 
 def test_sigint_while_tokenizing_stops_at_once_with_one_line(tmp_path, tiny_dir):
