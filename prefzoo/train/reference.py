@@ -229,17 +229,16 @@ def load_or_compute_reference_table(
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
-    bar = Progress(length(dataloader), "precomputing reference log-probs", unit="batches")  # shown after 2 s
-    for batch in dataloader:
-        keys = row_ids(batch) if rows else batch["ids"]
-        cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
-        idx = torch.tensor([position[i] for i in keys], device=cols[0].device)  # (B,) to gather across ranks
-        # every rank's rows; a row scored twice (the padded last batch) is written twice with the same value
-        vals = accelerator.gather(torch.stack([idx.double(), *(c.double() for c in cols)], dim=1))  # (B_all, 1 + w)
-        for j, *v in vals.tolist():
-            table[ids[int(j)]] = tuple(v)
-        bar.update(1)
-    bar.close()
+    with Progress(length(dataloader), "precomputing reference log-probs", unit="batches") as bar:  # after 2 s
+        for batch in dataloader:
+            keys = row_ids(batch) if rows else batch["ids"]
+            cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
+            idx = torch.tensor([position[i] for i in keys], device=cols[0].device)  # (B,) to gather across ranks
+            # every rank's rows; a row scored twice (the padded last batch) is written twice with the same value
+            vals = accelerator.gather(torch.stack([idx.double(), *(c.double() for c in cols)], dim=1))  # (B_all, 1 + w)
+            for j, *v in vals.tolist():
+                table[ids[int(j)]] = tuple(v)
+            bar.update(1)
     missing = set(ids) - set(table)
     if missing:
         raise RuntimeError(f"reference precomputation missed {len(missing)} examples")

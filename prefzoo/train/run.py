@@ -65,21 +65,20 @@ def evaluate(
     was_training = policy.training
     policy.eval()
     correct, losses = [], []
-    bar = Progress(length(dataloader), "evaluating", unit="batches")  # shown if it takes over 2 s (see showing())
-    for batch in dataloader:
-        cls = batch_type(batch)
-        fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
-        fields.pop("aux_loss", None)
-        ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
-        fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
-        pb = cls(**fields)
-        out = loss(pb, gather=gather)
-        ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
-        nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
-        correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
-        losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
-        bar.update(1)
-    bar.close()
+    with Progress(length(dataloader), "evaluating", unit="batches") as bar:  # shown if over 2 s (see showing())
+        for batch in dataloader:
+            cls = batch_type(batch)
+            fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
+            fields.pop("aux_loss", None)
+            ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
+            fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
+            pb = cls(**fields)
+            out = loss(pb, gather=gather)
+            ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
+            nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
+            correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
+            losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
+            bar.update(1)
     policy.train(was_training)
     acc, mean_loss = torch.cat(correct), torch.cat(losses)
     kept = torch.isfinite(acc)
