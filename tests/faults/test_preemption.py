@@ -231,6 +231,20 @@ def test_a_signal_during_the_last_step_finishes_the_run(tmp_path, tiny_dir, pair
     assert f"this run is already complete (step 2 of 2; {numbers.group(1)})" in said, said[-2000:]
 
 
+def test_the_preemption_message_is_a_line_of_its_own_after_the_progress(tmp_path, tiny_dir, pairs_file):
+    """Issue 49: in a log the message was printed on the progress bar's line (after its carriage returns)."""
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, max_steps=4, progress=True, callbacks=[INJECTOR])
+    log = tmp_path / "run.log"
+    proc = start_cli(cfg, log, PREFZOO_FAULTS="sigterm@2")
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert b"\r" not in log.read_bytes(), text[-2000:]  # whole lines in a log (read_text would turn \r into \n)
+    said = [line for line in text.splitlines() if "preempted by SIGTERM at step 2/4" in line]
+    assert len(said) == 1 and said[0].startswith("prefzoo train: preempted by SIGTERM at step 2/4;"), said
+    assert re.search(r"^prefzoo train: \d/4 steps \(\d+%\)", text, re.M), text[-2000:]  # the progress, as lines
+
+
 def test_a_resume_with_nothing_left_to_train_reports_the_run_s_numbers(tmp_path, tiny_dir, pairs_file, capsys):
     """The last checkpoint is the run's last step but there is no final model (a kill -9 while it was written, or a
     run preempted in its last step before issue 49): the resume writes it and reports the run's numbers, not NaN."""
