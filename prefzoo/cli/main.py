@@ -62,18 +62,12 @@ def _is_user_error(e: Exception) -> bool:
     return isinstance(e, (CLIError, *loaded))
 
 
-INTERRUPTED = (130, 143)  # exit statuses 128 + SIGINT and 128 + SIGTERM: the command was stopped by a signal
-
-
 def end_launched_worker(
     code: int, env: Mapping[str, str] | None = None, exit_now: Callable[[int], object] = os._exit
 ) -> None:
     """In a process that joined a process group (``RANK`` set: torchrun, accelerate launch and deepspeed set it, and
-    so does prefzoo for a one-process DeepSpeed run; or ``WORLD_SIZE`` > 1), or whose command was interrupted
-    (``code`` in :data:`INTERRUPTED`), end now with ``code``, without the interpreter's teardown; elsewhere do nothing.
-
-    An interrupted command ends at once because its user asked it to: freeing torch's and datasets' state after the
-    message took 1.5 s of a SIGINT during tokenizing (nothing of it is needed: the message is out, files are closed).
+    so does prefzoo for a one-process DeepSpeed run; or ``WORLD_SIZE`` > 1), end now with ``code``, without the
+    interpreter's teardown; elsewhere do nothing.
 
     accelerate's ``end_training`` destroys the process group, but DDP's reducer (and DeepSpeed's engine) keep the gloo
     group and its worker threads alive until the interpreter finalises them; that teardown aborted finished workers
@@ -87,8 +81,14 @@ def end_launched_worker(
         world = int(env.get("WORLD_SIZE") or 1)
     except ValueError:
         world = 1
-    if "RANK" not in env and world <= 1 and code not in INTERRUPTED:
+    if "RANK" not in env and world <= 1:
         return
+    end_now(code, exit_now)
+
+
+def end_now(code: int, exit_now: Callable[[int], object] = os._exit) -> None:
+    """Flush the standard streams and logging, then end the process with ``code`` without the interpreter's
+    teardown."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -101,13 +101,14 @@ def end_launched_worker(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; with ``argv`` None (the program's own command line) a launched worker exits through
     :func:`end_launched_worker`, while in-process callers that pass ``argv`` always get the exit status back."""
-    code = _dispatch(sys.argv[1:] if argv is None else list(argv))
+    code = _dispatch(sys.argv[1:] if argv is None else list(argv), program=argv is None)
     if argv is None:
         end_launched_worker(code)
     return code
 
 
-def _dispatch(argv: list[str]) -> int:
+def _dispatch(argv: list[str], program: bool = False) -> int:
+    """Parse and run ``argv``; ``program``: this is the process's own command line (it may end the process)."""
     parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -121,8 +122,11 @@ def _dispatch(argv: list[str]) -> int:
         print(f"prefzoo {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C; or a signal before training started (its message, its exit code)
-        print(f"prefzoo {args.command}: {e or 'interrupted'}", file=sys.stderr)
-        return int(getattr(e, "exit_code", 130))
+        print(f"prefzoo {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
+        code = int(getattr(e, "exit_code", 130))
+        if program and hasattr(e, "exit_code"):  # a run stopped before its work began (StoppedBeforeTraining):
+            end_now(code)  # its user asked it to stop, and freeing torch's and datasets' state took another 1.5 s
+        return code
 
 
 if __name__ == "__main__":  # `python -m prefzoo.cli.main`: run the imported module, whose CLIError the commands raise
