@@ -269,21 +269,20 @@ def _print_summary(result: Any) -> None:
 
     if not PartialState().is_main_process:
         return
+    last = result.last_metrics or (result.history[-1] if result.history else {})  # a resume with nothing to train
+    numbers = (f"final loss {last.get('loss', float('nan')):.4f}, "
+               f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}")  # fmt: skip
     if result.already_complete:
         print(
-            f"prefzoo train: this run is already complete (step {result.global_step} of {result.global_step}); its "
-            f"model is in {result.final_dir}. Nothing was changed: to train further give a larger --max-steps or "
-            "--epochs with --resume auto, or start a new --output-dir"
+            f"prefzoo train: this run is already complete (step {result.global_step} of {result.global_step}"
+            f"{'; ' + numbers if 'loss' in last else ''}); its model is in {result.final_dir}. Nothing was changed: "
+            "to train further give a larger --max-steps or --epochs with --resume auto, or start a new --output-dir"
         )
         return
-    last = result.history[-1] if result.history else {}
     if result.stop_reason and result.final_dir is None:  # preempted: the loop said where the checkpoint is
         print(f"prefzoo train: stopped at step {result.global_step} ({result.stop_reason}); no final model yet")
         return
-    print(
-        f"prefzoo train: {result.global_step} steps; final loss {last.get('loss', float('nan')):.4f}, "
-        f"reward accuracy {last.get('rewards/accuracies', float('nan')):.3f}"
-    )
+    print(f"prefzoo train: {result.global_step} steps; {numbers}")
 
 
 def _produced(result: Any, cfg: Any, took: float | None = None) -> str:

@@ -3,14 +3,16 @@ completion-start truncation."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prefzoo.data.cache import cached_summary, checked_map
 from prefzoo.data.chat import render_completion, render_prompt
 from prefzoo.data.formats import DataFormatError
+from prefzoo.data.progress import Progress, counted
 from prefzoo.data.validate import MAX_TEXT_CHARS
 
 if TYPE_CHECKING:
@@ -213,6 +215,21 @@ def tokenize_pairs(
     return encode_dataset(ds, encode, num_proc, "pairs", same, check)
 
 
+@contextlib.contextmanager
+def _datasets_bars_off() -> Iterator[None]:
+    """datasets' own bar off for a block that shows prefzoo's (one bar, clean lines in a log), then as it was."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_off = are_progress_bars_disabled()
+    if not was_off:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_off:
+            enable_progress_bars()
+
+
 def encode_dataset(
     ds: datasets.Dataset, encode: Callable[[dict[str, Any]], dict[str, Any]], num_proc: int | None, what: str,
     same: str, check: str,
@@ -220,7 +237,9 @@ def encode_dataset(
     """``ds.map(encode)`` (cached) with its rows counted; rows with no completion token left, identical completions
     (``same``: how they are called) or an oversized field are dropped with a warning.  ``what``: 'pairs', 'lists' or
     'examples'; ``check``: what to look at when every row is dropped (a one-line error)."""
-    enc = checked_map(ds, encode, remove_columns=list(ds.column_names), num_proc=num_proc, desc=f"tokenizing {what}")
+    with Progress(len(ds), f"tokenizing {what}", unit=what) as bar, bar.counting(), _datasets_bars_off():
+        enc = checked_map(ds, counted(encode), remove_columns=list(ds.column_names), num_proc=num_proc,
+                          desc=f"tokenizing {what}")  # fmt: skip
     # counted once per tokenised dataset: a later run (a cache hit) reads them back instead of the columns
     stats = TokenizeStats(**cached_summary(enc, "tokenize-stats", lambda: _dataset_stats(enc),
                                            lambda v: _check_stats(v, len(enc))))  # fmt: skip

@@ -127,7 +127,7 @@ class TrainConfig:
     dist_timeout: float = 1800.0  # seconds a collective may wait for a peer before the run fails (hung/dead process)
     trust_remote_code: bool = False  # run a model folder's own Python code (auto_map); only for models you trust
     eval_at_start: bool = False  # also evaluate before the first step (reward accuracy of the starting policy)
-    progress: bool = True  # tqdm bar on the main process
+    progress: bool = True  # a bar (terminal) or lines (log) for tokenizing, reference precompute, eval and steps
     report_to: str | None = "auto"  # none | auto (tensorboard if installed) | tensorboard,wandb,mlflow,trackio,...
     cpu: bool = False  # force CPU even when a GPU is present
     callbacks: list[Any] = field(default_factory=list)  # 'module:Class[:K=V,...]' or a callback name (repeatable)

@@ -16,6 +16,7 @@ from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.metrics import last_logged
 from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
@@ -32,7 +33,9 @@ def train(
 
     ``callbacks`` (:class:`prefzoo.train.Callback` instances or specs) run after those of ``cfg.callbacks``.
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``), as does a
-    callback setting ``state.should_stop``; a failed or hung peer process raises :class:`PeerFailureError`; too many
+    callback setting ``state.should_stop``; before the first step (nothing to save yet) they raise
+    :class:`prefzoo.train.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
+    run finishes); a failed or hung peer process raises :class:`PeerFailureError`; too many
     non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.  Another run holding
     ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
@@ -42,13 +45,15 @@ def train(
     with output_dir_lock(cfg.output_dir):
         finished = finished_run(cfg)
         if finished is not None:
-            return TrainResult(global_step=int(finished["step"]), final_dir=Path(finished["final"]),
-                               checkpoint=Path(finished["checkpoint"]), already_complete=True)  # fmt: skip
+            step = int(finished["step"])
+            return TrainResult(global_step=step, final_dir=Path(finished["final"]),
+                               checkpoint=Path(finished["checkpoint"]), already_complete=True,
+                               last_metrics=last_logged(Path(cfg.output_dir) / "metrics.jsonl", step))  # fmt: skip
         return _train(cfg, hooks, train_dataset, eval_dataset)
 
 
 def _train(cfg: TrainConfig, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
-    with PreemptionHandler() as preemption:
+    with PreemptionHandler(immediate=True) as preemption:  # before the first step a signal stops the run at once
         try:
             return Run(cfg, hooks, preemption).train(train_dataset, eval_dataset)
         except TrainingAborted:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, UnpairedBatch
 
-__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "step_metrics"]
+__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "step_metrics"]
 
 
 def _scalar(t: Any) -> float:
@@ -125,3 +126,49 @@ class JsonlWriter:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record, default=float) + "\n")
+
+    def drop_after(self, step: int) -> int:
+        """A run resuming at ``step``: rewrite the file (atomically) without the records of later steps, which a run
+        killed after its last checkpoint had logged and this one logs again (a step never appears twice), and without
+        a line torn by the kill.  At step 0 (nothing saved: the run starts over) every record with a step goes.
+        Returns how many lines were dropped (main process; 0 elsewhere)."""
+        if not self.enabled or not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if _kept(line, step)]
+        if len(kept) == len(lines):
+            return 0
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        with tmp.open("w") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)  # a reader sees the old file or the whole new one
+        return len(lines) - len(kept)
+
+
+def _kept(line: str, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False  # torn by a kill mid-write
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int | float):
+        return isinstance(record, dict)
+    return record["step"] <= step if step > 0 else False
+
+
+def last_logged(path: str | Path, step: int) -> dict[str, float]:
+    """The last training-metrics record of ``path`` (a metrics.jsonl) at or before ``step``, or {}: what a resume that
+    trains nothing reports, and a finished run's numbers."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "loss" in record and "lr" in record and record.get("step", step + 1) <= step:
+            return record
+    return {}

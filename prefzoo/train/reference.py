@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo.data.progress import Progress, length
 from prefzoo.train.batch import row_ids
 from prefzoo.train.logps import PolicyLogps, inner_policy
 from prefzoo.types import Need
@@ -228,14 +229,16 @@ def load_or_compute_reference_table(
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
-    for batch in dataloader:
-        keys = row_ids(batch) if rows else batch["ids"]
-        cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
-        idx = torch.tensor([position[i] for i in keys], device=cols[0].device)  # (B,) to gather across ranks
-        # every rank's rows; a row scored twice (the padded last batch) is written twice with the same value
-        vals = accelerator.gather(torch.stack([idx.double(), *(c.double() for c in cols)], dim=1))  # (B_all, 1 + w)
-        for j, *v in vals.tolist():
-            table[ids[int(j)]] = tuple(v)
+    with Progress(length(dataloader), "precomputing reference log-probs", unit="batches") as bar:  # after 2 s
+        for batch in dataloader:
+            keys = row_ids(batch) if rows else batch["ids"]
+            cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
+            idx = torch.tensor([position[i] for i in keys], device=cols[0].device)  # (B,) to gather across ranks
+            # every rank's rows; a row scored twice (the padded last batch) is written twice with the same value
+            vals = accelerator.gather(torch.stack([idx.double(), *(c.double() for c in cols)], dim=1))  # (B_all, 1 + w)
+            for j, *v in vals.tolist():
+                table[ids[int(j)]] = tuple(v)
+            bar.update(1)
     missing = set(ids) - set(table)
     if missing:
         raise RuntimeError(f"reference precomputation missed {len(missing)} examples")

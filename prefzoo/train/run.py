@@ -8,6 +8,7 @@ through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +16,14 @@ from typing import Any
 
 import torch
 
+from prefzoo.data.progress import Progress, length, showing
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
 from prefzoo.train.distributed import end_accelerator
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
-from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, step_metrics
+from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, last_logged, step_metrics
 from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.outdir import mark_finished
 from prefzoo.train.runcard import save_model_folder, write_final_model
@@ -36,6 +38,8 @@ class TrainResult:
 
     global_step: int
     history: list[dict[str, float]] = field(default_factory=list)  # one record per logging step
+    # the last training metrics logged: history's last, or for a resume that trained nothing the resumed run's last
+    last_metrics: dict[str, float] = field(default_factory=dict)
     evals: list[dict[str, float]] = field(default_factory=list)  # one record per evaluation
     data_stats: dict[str, Any] = field(default_factory=dict)
     final_dir: Path | None = None
@@ -62,18 +66,20 @@ def evaluate(
     was_training = policy.training
     policy.eval()
     correct, losses = [], []
-    for batch in dataloader:
-        cls = batch_type(batch)
-        fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
-        fields.pop("aux_loss", None)
-        ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
-        fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
-        pb = cls(**fields)
-        out = loss(pb, gather=gather)
-        ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
-        nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
-        correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
-        losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
+    with Progress(length(dataloader), "evaluating", unit="batches") as bar:  # shown if over 2 s (see showing())
+        for batch in dataloader:
+            cls = batch_type(batch)
+            fields = batch_fields(loss, policy, reference, batch, accelerator.autocast, density_ratio=density_ratio)
+            fields.pop("aux_loss", None)
+            ok = _finite_rows(fields, float_fields(cls))  # (B,) bool
+            fields = {k: _zero_rows(v, ok) if k in float_fields(cls) else v for k, v in fields.items()}
+            pb = cls(**fields)
+            out = loss(pb, gather=gather)
+            ok &= torch.isfinite(out.losses) & torch.isfinite(out.chosen_rewards) & torch.isfinite(out.rejected_rewards)
+            nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)
+            correct.append(accelerator.gather_for_metrics(torch.where(ok, correct_rows(pb, out), nan)))
+            losses.append(accelerator.gather_for_metrics(torch.where(ok, out.losses.detach().float(), nan)))
+            bar.update(1)
     policy.train(was_training)
     acc, mean_loss = torch.cat(correct), torch.cat(losses)
     kept = torch.isfinite(acc)
@@ -137,6 +143,7 @@ class Run:
         self.setup(train_dataset, eval_dataset)
         p, state, source = self.parts, self.state, self.parts.source
         self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
+        self.preemption.start_training()  # from here a signal is a checkpoint at the next step boundary
         for epoch, batches in source.chunks(self):
             if self.done:
                 break
@@ -152,11 +159,11 @@ class Run:
         return self.finish()
 
     def setup(self, train_dataset: Any, eval_dataset: Any) -> None:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
-        self.parts = p = setup(cfg, train_dataset, eval_dataset)
+        with showing(cfg.progress and os.environ.get("RANK", "0") == "0"):  # tokenizing, the reference precompute
+            self.parts = p = setup(cfg, train_dataset, eval_dataset)
         acc = p.accelerator
+        self.show_progress = cfg.progress and acc.is_main_process
         self.preemption.accelerator = acc
         self.writer = JsonlWriter(Path(cfg.output_dir) / "metrics.jsonl", acc.is_main_process)
         self.guard = NonFiniteGuard(acc, cfg.max_consecutive_skips, self.writer)
@@ -170,17 +177,30 @@ class Run:
             cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
             timings=dict(p.timings), writer=self.writer, reference=p.reference,
         )  # fmt: skip
+        if cfg.resume:  # the records a killed run logged after the checkpoint this one resumes from are logged again
+            self.drop_logged_after(p.start_step)
         self.step_state = _Step()
         self.skip_left = 0  # --skip-batches micro-batches still to pass over (set by train())
         self.done = p.start_step >= p.total_steps
         self.saved: Path | None = None  # checkpoint written at the current step boundary
         self.stopped_by_callback = False
-        self.bar = tqdm(total=p.total_steps, initial=p.start_step, desc="prefzoo train", dynamic_ncols=True,
-                        disable=not (cfg.progress and acc.is_main_process))  # fmt: skip
+        with showing(self.show_progress):  # a bar on a terminal, a line every 10 s in a log
+            self.bar = Progress(p.total_steps, "prefzoo train", unit="steps", initial=p.start_step, delay=0.0,
+                                leave=True)  # fmt: skip
         self.callbacks.call("on_train_begin", self.state)
         if cfg.eval_at_start and p.start_step == 0 and p.eval_dl is not None:
             self.evaluate()
         self.t0 = time.perf_counter()
+
+    def drop_logged_after(self, step: int) -> None:
+        """Resuming at ``step``: metrics.jsonl keeps no record of a later step (each step is logged once)."""
+        dropped = self.writer.drop_after(step)
+        if dropped:
+            self.parts.accelerator.print(
+                f"prefzoo train: dropped {dropped} line(s) of {self.writer.path} logged after step {step} (the step "
+                "this run resumes from): those steps are trained and logged again"
+            )
+        self.result.last_metrics = last_logged(self.writer.path, step) if step else {}
 
     def train_epoch(self, batches: Any) -> bool:
         """One pass over ``batches``; True when the run stops early (preemption, a callback, stop_after_steps)."""
@@ -313,7 +333,8 @@ class Run:
 
     def evaluate(self) -> None:
         p, state = self.parts, self.state
-        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
+        with showing(self.show_progress):
+            ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
         ev.update(epoch=state.epoch, step=state.global_step)
         self.result.evals.append(ev)
         self.writer.write(ev)
@@ -335,8 +356,10 @@ class Run:
         self.bar.close()
         result.global_step = self.state.global_step
         result.skipped_steps = self.guard.skipped
+        if result.history:
+            result.last_metrics = result.history[-1]
         if not result.stopped_early or self.stopped_by_callback:
-            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp)
+            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.fsdp, p.loss)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
                 mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
             if self.cfg.push_to_hub and p.accelerator.is_main_process:
@@ -417,7 +440,7 @@ class Run:
 
     def abort_nonfinite(self) -> None:
         saved = self.saved or self.checkpoint(force=True)
-        self.bar.close()
+        self.bar.close(finished=False)
         g = self.guard
         raise NonFiniteStepsError(
             f"{g.consecutive} optimizer steps in a row (up to step {self.state.global_step}) had non-finite "
@@ -433,6 +456,13 @@ class Run:
         if not self.guard.any_rank(signalled or state.should_stop):  # one all-reduce: every rank stops alike
             return False
         if signalled or not state.should_stop:
+            if state.global_step >= state.total_steps:  # nothing left to preempt: the run finishes (final model)
+                self.bar.close()  # the message on a line of its own, after the progress bar's last
+                self.parts.accelerator.print(
+                    f"prefzoo train: {pre.reason()} arrived during the last step ({state.global_step}/"
+                    f"{state.total_steps}): the run is complete, writing the final model"
+                )
+                return False
             reason = f"preempted by {pre.reason()}"
         else:
             reason = state.stop_reason or "stopped by a callback (state.should_stop)"
@@ -440,6 +470,7 @@ class Run:
         saved = self.saved or self.checkpoint(force=True)
         self.result.checkpoint = saved
         self.result.stopped_early, self.result.stop_reason = True, reason
+        self.bar.close(finished=False)  # the message on a line of its own, not after the progress bar's
         self.parts.accelerator.print(
             f"prefzoo train: {reason} at step {state.global_step}/{state.total_steps}; checkpoint saved to "
             f"{saved}. Resume with the same command plus --resume auto (same --output-dir {self.cfg.output_dir})"

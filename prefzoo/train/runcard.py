@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import platform
 import shutil
@@ -14,6 +15,7 @@ from typing import Any
 __all__ = [
     "final_state_dict",
     "load_final_model",
+    "loss_params",
     "model_card_front_matter",
     "save_model_folder",
     "versions",
@@ -93,8 +95,12 @@ def _tied_names(module: Any) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, fsdp: Any = None) -> Path:
+def write_final_model(
+    accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, fsdp: Any = None, loss: Any = None
+) -> Path:
     """``output_dir/final``: save_pretrained model (or adapter / merged model), tokenizer, run_card.json, README.md.
+
+    ``loss``: the run's :class:`prefzoo.spec.Loss`, whose effective parameters (defaults included) the cards list.
 
     A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
     the last checkpoint (the run's last step) is left as it was, so ``--resume auto`` writes the model afterwards.
@@ -113,7 +119,7 @@ def write_final_model(accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, r
     def write() -> None:
         saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora, fsdp=fsdp))
         if accelerator.is_main_process:
-            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults)
+            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, loss_params(loss, cfg))
 
     full = _enospc(write)
     if _any_process(accelerator, full is not None):
@@ -152,19 +158,33 @@ def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None)
     )
 
 
-def _write_cards(folder: Path, saved: str, accelerator: Any, cfg: Any, result: Any, defaults: Any) -> None:
-    """run_card.json (config, versions, metrics) and README.md (a Hugging Face model card with YAML front matter)."""
+def loss_params(loss: Any, cfg: Any) -> dict[str, Any]:
+    """Every parameter of ``loss`` (a Loss; a modifier's are prefixed with its name) with the value the run used,
+    defaults included; without one, the parameters ``cfg`` set."""
+    params = getattr(loss, "params", None)
+    if params is None or not dataclasses.is_dataclass(params):
+        return dict(cfg.loss_params)
+    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
+
+
+def _write_cards(
+    folder: Path, saved: str, accelerator: Any, cfg: Any, result: Any, defaults: Any, params: dict[str, Any]
+) -> None:
+    """run_card.json (config, versions, the loss's parameters, metrics) and README.md (a Hugging Face model card with
+    YAML front matter)."""
     card = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "saved": saved,
         "config": cfg.to_dict(),
+        "loss_params": params,  # effective: the config's loss_params holds only what was set
         "processes": accelerator.num_processes,
         "global_batch_pairs": accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum,
         "steps": result.global_step,
         "versions": versions(),
         "data": result.data_stats,
         "model_defaults": defaults.as_dict() if defaults is not None else {},
-        "final_metrics": result.history[-1] if result.history else {},
+        "final_metrics": result.last_metrics or (result.history[-1] if result.history else {}),
         "evals": result.evals,
     }
     (folder / "run_card.json").write_text(json.dumps(card, indent=1, default=str))
@@ -194,7 +214,7 @@ def model_card_front_matter(cfg: Any, saved: str, card: dict[str, Any]) -> str:
         datasets=[str(d) for d in datasets] or ["prefzoo-default-task"],
         prefzoo={
             "loss": cfg.loss,
-            "loss_params": {k: v for k, v in cfg.loss_params.items()},
+            "loss_params": card.get("loss_params", dict(cfg.loss_params)),
             "steps": card["steps"],
             "global_batch_pairs": card["global_batch_pairs"],
             "metrics": {k: v for k, v in card["final_metrics"].items() if isinstance(v, int | float)},

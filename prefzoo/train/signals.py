@@ -1,6 +1,9 @@
 """Preemption: SIGTERM/SIGINT set a flag that the loop turns into a checkpoint at the next optimizer-step boundary.
 
-The handlers only record the signal; the loop asks ``should_stop()`` once per optimizer step, and with several
+Before the first optimizer step (``immediate``: loading the model, tokenizing, the reference precompute) there is
+nothing to save, so a signal raises :class:`StoppedBeforeTraining` at once instead of waiting for a step boundary
+that may be minutes away; the run calls :meth:`PreemptionHandler.start_training` when its loop begins.  Once
+training, the handlers only record the signal; the loop asks ``should_stop()`` once per optimizer step, and with several
 processes the flag is all-reduced so every rank stops at the same step (each may receive the signal at a different
 moment).  A second SIGINT while the first is pending raises ``KeyboardInterrupt`` at once (a user who insists).
 Handlers are installed only from the main thread and restored on exit.
@@ -21,22 +24,48 @@ from typing import Any
 
 import torch
 
-__all__ = ["PreemptionHandler"]
+__all__ = ["PreemptionHandler", "StoppedBeforeTraining"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class PreemptionHandler:
-    """``with PreemptionHandler(accelerator) as pre: ... if pre.should_stop(): save and exit``."""
+class StoppedBeforeTraining(KeyboardInterrupt):
+    """SIGTERM/SIGINT before the first optimizer step: nothing to checkpoint, so the run ends at once.
 
-    def __init__(self, accelerator: Any = None) -> None:
+    A ``KeyboardInterrupt`` so that no ``except Exception`` on the way (a library's retry, a cleanup) swallows it and
+    libraries clean up as after Ctrl-C; ``exit_code`` is the shell's 128 + signal number (130 SIGINT, 143 SIGTERM).
+    """
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(
+            f"stopped by {signal_name} before the first training step: nothing was trained or saved; rerun the same "
+            "command to start again"
+        )
+        self.signal_name = signal_name
+        self.exit_code = 128 + int(signal.Signals[signal_name])
+
+
+class PreemptionHandler:
+    """``with PreemptionHandler(accelerator) as pre: ... if pre.should_stop(): save and exit``.
+
+    ``immediate=True``: until :meth:`start_training`, a signal raises :class:`StoppedBeforeTraining` at once.
+    """
+
+    def __init__(self, accelerator: Any = None, *, immediate: bool = False) -> None:
         self.accelerator = accelerator
+        self.immediate = immediate  # True until the training loop starts: a signal stops the run at once
         self.received: str | None = None  # name of the first signal received
         self._previous: dict[int, Any] = {}
         self.handled: tuple[str, ...] = ()  # the signals this handler listens to (set on __enter__)
 
+    def start_training(self) -> None:
+        """The loop begins: from now on a signal is a flag turned into a checkpoint at the next step boundary."""
+        self.immediate = False
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if self.immediate:
+            raise StoppedBeforeTraining(name)
         if self.received == "SIGINT" and name == "SIGINT":
             raise KeyboardInterrupt
         if self.received is None:

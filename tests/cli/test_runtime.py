@@ -151,6 +151,32 @@ def test_a_launched_worker_ends_at_once_with_its_status(env, ends):
     assert seen == ([3] if ends else [])
 
 
+# a run stopped by a signal before its first step, from the program's own entry (argv None): the line, the status,
+# and no interpreter teardown (which took 1.5 s after the line); a plain Ctrl-C keeps the teardown
+_STOPPED = (
+    "import atexit, sys; atexit.register(lambda: print('TEARDOWN', flush=True)); "
+    "sys.argv = ['prefzoo', 'losses']; import prefzoo.cli.losses as cmd; from prefzoo.train.signals import "
+    "StoppedBeforeTraining as S; cmd.run = lambda args: (_ for _ in ()).throw({exc}); "
+    "from prefzoo.cli.main import main; sys.exit(main())"
+)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "line", "teardown"),
+    [
+        ("S('SIGTERM')", 143, "prefzoo losses: stopped by SIGTERM before the first training step", False),
+        ("KeyboardInterrupt()", 130, "prefzoo losses: interrupted", True),
+    ],
+)
+def test_a_run_stopped_before_its_first_step_ends_at_once_with_its_status(exc, code, line, teardown):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}  # not a launched worker
+    proc = subprocess.run([sys.executable, "-c", _STOPPED.format(exc=exc)], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]
+    assert ("TEARDOWN" in proc.stdout) == teardown
+
+
 # the program's own entry (argv None) under a launcher: the command's output is complete, the status kept, and the
 # interpreter's teardown (where gloo's threads aborted one finished worker in ten) never runs
 _PROGRAM = (

@@ -34,9 +34,20 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def start_cli(cfg: dict[str, Any], log: Path, **extra_env: str) -> subprocess.Popen:
-    """`python -m prefzoo.cli.main train ...` in a fresh process; stdout+stderr go to ``log``."""
+# SIGINT back to its default before Python starts (the disposition survives exec), so Python installs its Ctrl-C
+# handler even where the suite was started with SIGINT ignored (nohup, `cmd &`, .ci/hermetic's `signals`)
+_SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def start_cli(cfg: dict[str, Any], log: Path, *, ctrl_c: bool = False, **extra_env: str) -> subprocess.Popen:
+    """`python -m prefzoo.cli.main train ...` in a fresh process; stdout+stderr go to ``log``.  ``ctrl_c``: started
+    as from a terminal, with SIGINT's default disposition whatever the suite inherited."""
     cmd = [sys.executable, "-m", "prefzoo.cli.main", "train", *cli_args(cfg)]
+    if ctrl_c:
+        cmd = [sys.executable, "-c", _SIGINT_DEFAULT_THEN_EXEC, *cmd[1:]]
     fh = log.open("w")
     return subprocess.Popen(cmd, env=env(**extra_env), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -79,3 +90,23 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     common = sorted(set(a) & set(b))
     assert common, (list(a)[:3], list(b)[:3])
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in common)
+
+
+def slow_to_tokenize(path: Path, rows: int = 24_000, chars: int = 2_000) -> Path:
+    """``rows`` pairs whose prompts are ``chars`` characters long: tokenizing them takes tens of seconds (about 1 ms
+    a row with the tests' character tokenizer on a loaded 2-core machine), still several on a machine a few times
+    faster; writing the file (~48 MB) and reading it a fraction of that.  Prompts are cut to the tiny model's context
+    only after they are tokenized, so the cost is in tokenizing, where a signal or a progress line is expected; a
+    test that interrupts the run never pays for the whole of it."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    filler = "".join(f"add {rng.randint(0, 49)}+{rng.randint(0, 49)} " for _ in range(chars // 8 + 1))
+    with path.open("w") as f:
+        for i in range(rows):
+            a, b = rng.randint(0, 49), rng.randint(0, 49)
+            prompt = filler[i % 97 : i % 97 + chars] + f" add {a}+{b}="
+            f.write(json.dumps({"id": f"p{i}", "prompt": prompt, "chosen": str(a + b), "rejected": str(a + b + 1)}))
+            f.write("\n")
+    return path

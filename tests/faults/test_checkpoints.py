@@ -46,6 +46,48 @@ def test_kill9_inside_checkpoint_write_then_resume_auto_uses_previous(tmp_path, 
     assert diff < 1e-6, diff
 
 
+def test_kill9_then_resume_logs_every_step_once(tmp_path, tiny_dir, pairs_file, capsys):
+    """Issue 49: steps logged after the last checkpoint were logged again by the resumed run (step 3 twice)."""
+    from prefzoo.cli.main import main
+    from tests.faults._run import cli_args, logged_steps
+
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    cfg = base_config(tiny_dir, pairs_file, out, **{**KW, "max_steps": 4, "logging_steps": 1})  # checkpoints 2, 4
+    proc = start_cli(cfg, log, PREFZOO_FAULTS="sleep_step@0", PREFZOO_FAULT_SLEEP="0.5")  # steps slow enough to aim
+    wait_for(lambda: logged_steps(out) >= 3, 240, "step 3 logged", proc, log)
+    proc.send_signal(signal.SIGKILL)  # step 4 (and its checkpoint) is at least 0.5 s away
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert find_latest_checkpoint(out).name == "step-00000002" and logged_steps(out) == 3  # step 3 is past it
+    capsys.readouterr()
+    assert main(["train", *cli_args(cfg), "--resume", "auto"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    said = capsys.readouterr().out
+    assert f"dropped 1 line(s) of {out / 'metrics.jsonl'} logged after step 2" in said, said[-2000:]
+
+
+def test_resuming_drops_the_records_past_the_checkpoint_and_a_torn_line(tmp_path):
+    from prefzoo.train.metrics import JsonlWriter, last_logged
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": 0, "eval/loss": 0.7},
+        {"step": 1, "loss": 0.6, "lr": 1.0},
+        {"event": "note"},
+        {"step": 2, "loss": 0.5, "lr": 1.0},
+        {"step": 2, "eval/loss": 0.5},
+        {"step": 3, "loss": 0.4, "lr": 1.0},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')  # torn by a kill -9
+    writer = JsonlWriter(path, enabled=True)
+    assert writer.drop_after(2) == 2  # step 3 and the torn line
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:5]
+    assert last_logged(path, 2) == rows[3] and last_logged(path, 1) == rows[1]
+    assert writer.drop_after(2) == 0 and writer.drop_after(0) == 4  # at step 0 the run starts over
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"event": "note"}]
+
+
 def test_save_total_limit_keeps_the_last_k(tmp_path, tiny_dir, pairs_file):
     out = tmp_path / "run"
     run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "save_steps": 1, "max_steps": 5}, save_total_limit=3))

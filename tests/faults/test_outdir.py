@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 
 import pytest
@@ -38,8 +40,11 @@ def test_resume_of_a_finished_run_says_so_and_touches_nothing(tmp_path, tiny_dir
     capsys.readouterr()
     assert main([*argv, "--resume", "auto"]) == 0
     text = capsys.readouterr().out
-    assert f"already complete (step 3 of 3); its model is in {out / 'final'}" in text, text
-    assert "Traceback" not in text and "final loss" not in text
+    complete = r"already complete \(step 3 of 3; final loss (\S+), reward accuracy (\S+)\); its model is in (\S+)\."
+    said = re.search(complete, text)
+    assert said is not None and said.group(3) == str(out / "final"), text  # the run's numbers (issue 49), not NaN
+    assert math.isfinite(float(said.group(1))) and math.isfinite(float(said.group(2)))
+    assert "Traceback" not in text and "steps; final loss" not in text  # no summary of a run that trained nothing
     assert _snapshot(out) == before  # nothing rewritten, nothing added
 
 
@@ -59,7 +64,7 @@ def test_resume_of_a_finished_default_run_says_so_and_touches_nothing(tmp_path, 
     capsys.readouterr()
     assert main([*argv, "--resume", "auto"]) == 0
     text = capsys.readouterr().out
-    assert "already complete (step 2 of 2)" in text and str(out / "final") in text, text
+    assert "already complete (step 2 of 2; final loss " in text and str(out / "final") in text, text
     assert _snapshot(out) == before
 
 

@@ -1,17 +1,33 @@
-"""SIGTERM/SIGINT: a checkpoint at the next step boundary, a clean exit naming --resume auto, and an exact resume."""
+"""SIGTERM/SIGINT: a checkpoint at the next step boundary, a clean exit naming --resume auto, and an exact resume;
+before the first step (nothing to save) an exit at once, and during the last step a finished run."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from prefzoo.cli.main import main
 from prefzoo.train.checkpoint import find_latest_checkpoint
+from prefzoo.train.outdir import FINISHED_MARKER
 from prefzoo.train.signals import PreemptionHandler
-from tests.faults._run import env, final_weights, logged_steps, max_diff, start_cli, wait_for
+from tests.faults._run import (
+    cli_args,
+    env,
+    final_weights,
+    logged_steps,
+    max_diff,
+    slow_to_tokenize,
+    start_cli,
+    wait_for,
+)
 from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess, run_processes
 
@@ -153,3 +169,93 @@ def test_child_started_with_sigint_ignored_is_preempted_by_sigterm_only():
         "reason": "SIGTERM",
         "ignored_after": True,
     }, seen
+
+
+# ---- issue 49: a signal before the first step, and during the last ----
+BEFORE_TOKENIZING = "prefzoo train: token limits"  # the run's last line before it starts tokenizing
+PROGRESS = re.compile(r"^tokenizing pairs: (\d+)/(\d+) pairs \(\d+%\), \d+ s(?:, about (\d+) s left)?", re.M)
+STOPPED = (
+    "prefzoo train: stopped by {} before the first training step: nothing was trained or saved; rerun the same "
+    "command to start again"
+)
+
+
+def start_slow_tokenizing(tmp_path, tiny_dir):
+    """`prefzoo train` as a user starts it at a terminal (progress on, Ctrl-C live; its log is not a terminal) on
+    data that takes seconds to tokenize, in a datasets cache of its own (nothing tokenized before)."""
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, slow_to_tokenize(tmp_path / "long.jsonl"), out, max_steps=1, progress=True)
+    log = tmp_path / "run.log"
+    return start_cli(cfg, log, ctrl_c=True, HF_DATASETS_CACHE=str(tmp_path / "hf-datasets")), log, out
+
+
+def test_sigint_while_tokenizing_stops_at_once_with_one_line(tmp_path, tiny_dir):
+    proc, log, out = start_slow_tokenizing(tmp_path, tiny_dir)
+    wait_for(lambda: BEFORE_TOKENIZING in log.read_text(), 300, "the line before tokenizing", proc, log)
+    t0 = time.monotonic()  # then tokenizing's first progress line (2 s in); without one (main), 8 s into tokenizing
+    wait_for(lambda: PROGRESS.search(log.read_text()) or time.monotonic() - t0 > 8, 60, "tokenizing", proc, log)
+    before = log.read_text()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(timeout=300)
+    took = time.monotonic() - sent
+    text = log.read_text()
+    assert rc == 130, text[-3000:]  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
+    after = [line for line in text[len(before) :].splitlines() if line.strip() and not PROGRESS.match(line)]
+    assert after == [STOPPED.format("SIGINT")], after  # one line, no traceback
+    assert "Traceback" not in text and not re.search(r"^tokenizing pairs: .* in [\d.]+ s", text, re.M)
+    assert not (out / "metrics.jsonl").exists() and find_latest_checkpoint(out) is None  # no step was trained
+    seen = PROGRESS.search(before)
+    assert seen is not None, before[-2000:]  # the run was tokenizing: k of n pairs done when the signal came
+    done, total, left = int(seen.group(1)), int(seen.group(2)), int(seen.group(3) or 0)
+    assert 0 < done < total and took < max(left, 1.0), (done, total, left, took)  # before tokenizing could finish
+
+
+def test_a_signal_during_the_last_step_finishes_the_run(tmp_path, tiny_dir, pairs_file, capsys):
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, max_steps=2, callbacks=[INJECTOR])
+    log = tmp_path / "run.log"
+    proc = start_cli(cfg, log, PREFZOO_FAULTS="sigterm@2")  # SIGTERM as the last step starts
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    said = "prefzoo train: SIGTERM arrived during the last step (2/2): the run is complete, writing the final model"
+    assert said in text.splitlines(), text[-2000:]  # on a line of its own
+    assert "no final model yet" not in text and "preempted" not in text, text[-2000:]
+    assert (out / "final" / "model.safetensors").is_file()
+    numbers = re.search(r"^prefzoo train: 2 steps; (final loss (\S+), reward accuracy (\S+))$", text, re.M)
+    assert numbers is not None and math.isfinite(float(numbers.group(2))), text[-2000:]
+    # resuming it trains nothing and says so, with the run's numbers
+    capsys.readouterr()
+    assert main(["train", *cli_args(cfg), "--resume", "auto"]) == 0
+    said = capsys.readouterr().out
+    assert f"this run is already complete (step 2 of 2; {numbers.group(1)})" in said, said[-2000:]
+
+
+def test_the_preemption_message_is_a_line_of_its_own_after_the_progress(tmp_path, tiny_dir, pairs_file):
+    """Issue 49: in a log the message was printed on the progress bar's line (after its carriage returns)."""
+    out = tmp_path / "run"
+    cfg = base_config(tiny_dir, pairs_file, out, max_steps=4, progress=True, callbacks=[INJECTOR])
+    log = tmp_path / "run.log"
+    proc = start_cli(cfg, log, PREFZOO_FAULTS="sigterm@2")
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert b"\r" not in log.read_bytes(), text[-2000:]  # whole lines in a log (read_text would turn \r into \n)
+    said = [line for line in text.splitlines() if "preempted by SIGTERM at step 2/4" in line]
+    assert len(said) == 1 and said[0].startswith("prefzoo train: preempted by SIGTERM at step 2/4;"), said
+    assert re.search(r"^prefzoo train: \d/4 steps \(\d+%\)", text, re.M), text[-2000:]  # the progress, as lines
+
+
+def test_a_resume_with_nothing_left_to_train_reports_the_run_s_numbers(tmp_path, tiny_dir, pairs_file, capsys):
+    """The last checkpoint is the run's last step but there is no final model (a kill -9 while it was written, or a
+    run preempted in its last step before issue 49): the resume writes it and reports the run's numbers, not NaN."""
+    out = tmp_path / "run"
+    flags = cli_args(base_config(tiny_dir, pairs_file, out, max_steps=2))
+    assert main(["train", *flags]) == 0
+    first = re.search(r"^prefzoo train: 2 steps; final loss .*$", capsys.readouterr().out, re.M)
+    assert first is not None and "nan" not in first.group(0)
+    shutil.rmtree(out / "final")
+    (out / FINISHED_MARKER).unlink()
+    assert main(["train", *flags, "--resume", "auto"]) == 0
+    said = capsys.readouterr().out
+    assert "resumed from" in said and first.group(0) in said.splitlines(), said[-2000:]
+    assert (out / "final" / "model.safetensors").is_file()

@@ -3,6 +3,8 @@ for the hub's HTTP API (tests/support/hub_stub.py: the real huggingface_hub uplo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import yaml
@@ -26,10 +28,23 @@ def test_the_final_readme_is_a_model_card_with_front_matter(tmp_path, tiny_dir, 
     meta = _front_matter(res.final_dir / "README.md")
     assert meta["base_model"] == str(tiny_dir) and meta["library_name"] == "transformers"
     assert meta["datasets"] == [str(pairs_file)] and {"prefzoo", "simpo"} <= set(meta["tags"])
-    assert meta["prefzoo"]["loss"] == "simpo" and meta["prefzoo"]["loss_params"] == {"beta": 2.5}
+    assert meta["prefzoo"]["loss"] == "simpo"
+    assert meta["prefzoo"]["loss_params"] == {"beta": 2.5, "gamma_beta_ratio": 0.5}  # the one given, and the default
     assert meta["prefzoo"]["steps"] == 2 and meta["prefzoo"]["metrics"]["loss"] == res.history[-1]["loss"]
     card = ModelCard.load(res.final_dir / "README.md")  # the hub's own parser reads it
     assert card.data.base_model == str(tiny_dir) and "prefzoo" in card.data.tags
+
+
+def test_the_model_card_lists_every_parameter_of_the_loss_defaults_included(tmp_path, tiny_dir, pairs_file):
+    """Issue 49: a run with the loss's defaults showed ``loss_params: {}``; the card lists what the run used."""
+    out = tmp_path / "run"
+    flags = ["--loss", "dpo", "--model", str(tiny_dir), "--dataset", str(pairs_file), "--max-steps", "1",
+             "--output-dir", str(out), "--report-to", "none", "--no-progress"]  # fmt: skip
+    assert main(["train", *flags]) == 0
+    params = _front_matter(out / "final" / "README.md")["prefzoo"]["loss_params"]
+    assert params == {"beta": 0.1, "f_divergence": "reverse_kl", "alpha_divergence_coef": 0.5}, params
+    card = json.loads((out / "final" / "run_card.json").read_text())
+    assert card["loss_params"] == params and card["config"]["loss_params"] == {}  # the config keeps what was given
 
 
 def test_an_adapter_s_card_says_peft(tmp_path, tiny_dir, pairs_file):
