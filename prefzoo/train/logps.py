@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
 from prefzoo.train.fastpath_head import fusable_head, head_logps
+from prefzoo.train.fastpath_head_rows import head_row_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
 from prefzoo.train.packing import pack_rows, packed_forward, split_segments
@@ -221,6 +222,7 @@ def sequence_logps(
         tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
         tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
         tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
+        logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     else:
         backbone = causal.get_decoder()
         head = logits_head(causal)
@@ -252,16 +254,14 @@ def sequence_logps(
             aux = _router_aux(causal, out, row_mask)
         n = lengths.shape[0]
         transform = logit_transform(causal.config)
-        if fused_head and fusable_head(head):
-            tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, token_entropies, transform=transform)
-        else:
-            tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, token_entropies, transform)
+        per_token = token_logps or token_entropies
+        logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, chunk_size, fused_head, per_token,
+                                             token_entropies, transform)  # fmt: skip
         tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
         tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     result = CompletionLogps(logps=logps, lengths=lengths, aux_loss=aux)
     if tok_mean is not None:
-        zeros = torch.zeros(n, dtype=torch.float32, device=tok_lp.device)
+        zeros = torch.zeros(n, dtype=torch.float32, device=logps.device)
         result.logits_sum = zeros.index_add(0, row, tok_mean.float())  # (N,)
     if token_logps or token_entropies or token_sq_probs:
         t_c = max(int(lengths.max()), 1)
@@ -269,6 +269,7 @@ def sequence_logps(
         mask[row, col] = True  # (N, T_c)
         result.token_mask = mask
         if token_logps:
+            assert tok_lp is not None
             result.token_logps = tok_lp.new_zeros(n, t_c).index_put((row, col), tok_lp)  # (N, T_c)
         if token_entropies:
             assert tok_ent is not None
@@ -277,6 +278,36 @@ def sequence_logps(
             assert tok_sq is not None
             result.token_log_sq_probs = tok_sq.new_zeros(n, t_c).index_put((row, col), tok_sq)  # (N, T_c)
     return result
+
+
+def _head_logps(
+    head: Any,
+    h_sel: Tensor,
+    targets: Tensor,
+    row: Tensor,
+    n: int,
+    chunk_size: int,
+    fused_head: bool,
+    per_token: bool,
+    want_entropy: bool,
+    transform: LogitTransform,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(logps (N,) summed per row, token log-probs (M,), token entropies (M,) or None) of M selected positions.
+
+    Without per-token outputs a fused head may score whole rows (:mod:`prefzoo.train.fastpath_head_rows`: it keeps
+    each row's weight gradient instead of the softmax when that is smaller); the token log-probs are then None.
+    """
+    fused = fused_head and fusable_head(head)
+    if fused and not per_token:
+        logps = head_row_logps(h_sel, head.weight, targets, row, n, chunk_size, transform=transform)
+        if logps is not None:
+            return logps, None, None
+    if fused:
+        tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, want_entropy, transform=transform)
+    else:
+        tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
+    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    return logps, tok_lp, tok_ent
 
 
 @torch.no_grad()
