@@ -11,13 +11,14 @@ Per-token tensors are built only when asked for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from prefzoo.train.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
 from prefzoo.train.fastpath_head import fusable_head, head_logps
+from prefzoo.train.fastpath_head_rows import head_row_logps
 from prefzoo.train.fastpath_prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.train.moe import router_aux_loss
 from prefzoo.train.packing import pack_rows, packed_forward, split_segments
@@ -210,73 +211,172 @@ def sequence_logps(
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
     causal: Any = unwrap_causal_lm(model)
     router = router_aux and router_loss(causal.config)
-    aux: Tensor | None = None
     if path == "model":
-        logits, targets, row, col, lengths, aux = _model_forward(
-            causal, input_ids, attention_mask, completion_mask, router
-        )
-        n = lengths.shape[0]
-        logp_all = torch.log_softmax(logits, dim=-1)  # (M, V)
-        tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
-        tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
-        tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
-        tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
+        scores = _model_path_scores(causal, input_ids, attention_mask, completion_mask, router, token_entropies,
+                                    token_sq_probs, logits_mean)  # fmt: skip
     else:
-        backbone = causal.get_decoder()
-        head = logits_head(causal)
-        kw: dict[str, Any] = {"output_router_logits": True} if router else {}
-        shared = is_shared_layout(completion_mask)
-        if packing:  # padding-free rows; hidden states come back in the collated layout
-            segments = (  # SDPA: one padding-free row, attention split over the collated rows
-                split_segments(backbone, causal.config, attention_mask, completion_mask, shared)
-                if split_attention else None
-            )  # fmt: skip
-            one_row = segments is not None or varlen_attention(causal.config)  # flash: one row, sequence boundaries
-            packed = pack_rows(input_ids, attention_mask, completion_mask, shared, one_row)
-            out, hidden = packed_forward(backbone, causal.config, packed, segments, **kw)
-            if shared:
-                h_sel, targets, row, col, lengths = shared_select(hidden, input_ids, completion_mask)
-            else:
-                h_sel, targets, row, col, lengths = _plain_select(hidden, input_ids, completion_mask)
-            row_mask = (packed.doc != 0).long()  # (R, T_pack): the router saw only real tokens
-        elif not shared:  # plain layout: (N, T) rows
-            out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
-            h_sel, targets, row, col, lengths = _plain_select(out.last_hidden_state, input_ids, completion_mask)
-            row_mask = attention_mask
-        else:  # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
-            out, (h_sel, targets, row, col, lengths) = shared_prompt_select(
-                backbone, causal.config, input_ids, completion_mask, split_attention, **kw
-            )
-            row_mask = (completion_mask != 0).long()
-        if router:
-            aux = _router_aux(causal, out, row_mask)
-        n = lengths.shape[0]
-        transform = logit_transform(causal.config)
-        if fused_head and fusable_head(head):
-            tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, token_entropies, transform=transform)
-        else:
-            tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, token_entropies, transform)
-        tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
-        tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
+        scores = _fast_path_scores(
+            causal, input_ids, attention_mask, completion_mask, router, token_logps=token_logps,
+            token_entropies=token_entropies, token_sq_probs=token_sq_probs, logits_mean=logits_mean,
+            chunk_size=chunk_size, fused_head=fused_head, packing=packing, split_attention=split_attention,
+        )  # fmt: skip
+    return _completion_logps(scores, token_logps, token_entropies, token_sq_probs, input_ids.device)
+
+
+class _Scores(NamedTuple):
+    """What either path computed: logps (N,), lengths (N,), row/col (M,) of each scored position, the router term,
+    and the per-token log-probs, entropies, log Σ π², vocabulary-mean logits (M,) where computed (else None)."""
+
+    logps: Tensor
+    lengths: Tensor
+    row: Tensor
+    col: Tensor
+    aux: Tensor | None
+    tok_lp: Tensor | None
+    tok_ent: Tensor | None
+    tok_sq: Tensor | None
+    tok_mean: Tensor | None
+
+
+def _model_path_scores(
+    causal: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_mask: Tensor,
+    router: bool,
+    token_entropies: bool,
+    token_sq_probs: bool,
+    logits_mean: bool,
+) -> _Scores:
+    """:func:`sequence_logps` through the model's own ``forward(...).logits`` (``path="model"``)."""
+    logits, targets, row, col, lengths, aux = _model_forward(causal, input_ids, attention_mask, completion_mask, router)
+    logp_all = torch.log_softmax(logits, dim=-1)  # (M, V)
+    tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
+    tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
+    tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
+    tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
+    n = lengths.shape[0]
     logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
-    result = CompletionLogps(logps=logps, lengths=lengths, aux_loss=aux)
-    if tok_mean is not None:
-        zeros = torch.zeros(n, dtype=torch.float32, device=tok_lp.device)
-        result.logits_sum = zeros.index_add(0, row, tok_mean.float())  # (N,)
-    if token_logps or token_entropies or token_sq_probs:
-        t_c = max(int(lengths.max()), 1)
-        mask = torch.zeros(n, t_c, dtype=torch.bool, device=input_ids.device)
-        mask[row, col] = True  # (N, T_c)
-        result.token_mask = mask
-        if token_logps:
-            result.token_logps = tok_lp.new_zeros(n, t_c).index_put((row, col), tok_lp)  # (N, T_c)
-        if token_entropies:
-            assert tok_ent is not None
-            result.token_entropies = tok_ent.new_zeros(n, t_c).index_put((row, col), tok_ent)  # (N, T_c)
-        if token_sq_probs:
-            assert tok_sq is not None
-            result.token_log_sq_probs = tok_sq.new_zeros(n, t_c).index_put((row, col), tok_sq)  # (N, T_c)
+    return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
+
+
+def _fast_path_scores(
+    causal: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_mask: Tensor,
+    router: bool,
+    *,
+    token_logps: bool,
+    token_entropies: bool,
+    token_sq_probs: bool,
+    logits_mean: bool,
+    chunk_size: int,
+    fused_head: bool,
+    packing: bool,
+    split_attention: bool,
+) -> _Scores:
+    """:func:`sequence_logps` through the decoder once and the LM head at the completion positions only."""
+    head = logits_head(causal)
+    kw: dict[str, Any] = {"output_router_logits": True} if router else {}
+    out, (h_sel, targets, row, col, lengths), row_mask = _select_hidden(
+        causal, input_ids, attention_mask, completion_mask, packing, split_attention, kw
+    )
+    aux = _router_aux(causal, out, row_mask) if router else None
+    n = lengths.shape[0]
+    transform = logit_transform(causal.config)
+    per_token = token_logps or token_entropies
+    logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, chunk_size, fused_head, per_token,
+                                         token_entropies, transform)  # fmt: skip
+    tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
+    tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
+    return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
+
+
+def _select_hidden(
+    causal: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_mask: Tensor,
+    packing: bool,
+    split_attention: bool,
+    kw: dict[str, Any],
+) -> tuple[Any, tuple[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """(decoder output, (h_sel, targets, row, col, lengths), the rows' real-token mask) of the batch's layout."""
+    backbone = causal.get_decoder()
+    shared = is_shared_layout(completion_mask)
+    if packing:  # padding-free rows; hidden states come back in the collated layout
+        segments = (  # SDPA: one padding-free row, attention split over the collated rows
+            split_segments(backbone, causal.config, attention_mask, completion_mask, shared)
+            if split_attention else None
+        )  # fmt: skip
+        one_row = segments is not None or varlen_attention(causal.config)  # flash: one row, sequence boundaries
+        packed = pack_rows(input_ids, attention_mask, completion_mask, shared, one_row)
+        out, hidden = packed_forward(backbone, causal.config, packed, segments, **kw)
+        select = shared_select if shared else _plain_select
+        return out, select(hidden, input_ids, completion_mask), (packed.doc != 0).long()  # the router saw real tokens
+    if not shared:  # plain layout: (N, T) rows
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+        return out, _plain_select(out.last_hidden_state, input_ids, completion_mask), attention_mask
+    # shared-prompt layout: (B, T) rows [x, y_w, y_l], completion_mask = segment ids
+    out, selected = shared_prompt_select(backbone, causal.config, input_ids, completion_mask, split_attention, **kw)
+    return out, selected, (completion_mask != 0).long()
+
+
+def _completion_logps(
+    s: _Scores, token_logps: bool, token_entropies: bool, token_sq_probs: bool, device: torch.device
+) -> CompletionLogps:
+    """The :class:`CompletionLogps` of either path's scores, with the per-token (N, T_c) tensors asked for."""
+    n = s.lengths.shape[0]
+    result = CompletionLogps(logps=s.logps, lengths=s.lengths, aux_loss=s.aux)
+    if s.tok_mean is not None:
+        zeros = torch.zeros(n, dtype=torch.float32, device=s.logps.device)
+        result.logits_sum = zeros.index_add(0, s.row, s.tok_mean.float())  # (N,)
+    if not (token_logps or token_entropies or token_sq_probs):
+        return result
+    t_c = max(int(s.lengths.max()), 1)
+    mask = torch.zeros(n, t_c, dtype=torch.bool, device=device)
+    mask[s.row, s.col] = True  # (N, T_c)
+    result.token_mask = mask
+    for want, name, tok in (
+        (token_logps, "token_logps", s.tok_lp),
+        (token_entropies, "token_entropies", s.tok_ent),
+        (token_sq_probs, "token_log_sq_probs", s.tok_sq),
+    ):
+        if want:
+            assert tok is not None
+            result[name] = tok.new_zeros(n, t_c).index_put((s.row, s.col), tok)  # (N, T_c)
     return result
+
+
+def _head_logps(
+    head: Any,
+    h_sel: Tensor,
+    targets: Tensor,
+    row: Tensor,
+    n: int,
+    chunk_size: int,
+    fused_head: bool,
+    per_token: bool,
+    want_entropy: bool,
+    transform: LogitTransform,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(logps (N,) summed per row, token log-probs (M,), token entropies (M,) or None) of M selected positions.
+
+    Without per-token outputs a fused head may score whole rows (:mod:`prefzoo.train.fastpath_head_rows`: it keeps
+    each row's weight gradient instead of the softmax when that is smaller); the token log-probs are then None.
+    """
+    fused = fused_head and fusable_head(head)
+    if fused and not per_token:
+        logps = head_row_logps(h_sel, head.weight, targets, row, n, chunk_size, transform=transform)
+        if logps is not None:
+            return logps, None, None
+    if fused:
+        tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, want_entropy, transform=transform)
+    else:
+        tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
+    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    return logps, tok_lp, tok_ent
 
 
 @torch.no_grad()
