@@ -1,6 +1,6 @@
-"""The package's imports point down (cli → train/eval/testing → data/registry → losses → spec → types), no cycles.
+"""The package's imports point down (cli → train/eval/testing → model → data/registry → losses → spec → types).
 
-Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports count: a lazy
+No cycles. Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports count: a lazy
 import is still an arrow); nothing is imported, so the test needs no optional dependency.
 """
 
@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
 # rank of each layer: a module may import its own subpackage, or a subpackage of a lower rank
 LAYERS: dict[str, int] = {
     "prefzoo.types": 0,
+    "prefzoo.errors": 0,
     "prefzoo.spec": 1,
     "prefzoo.hookspecs": 1,
     "prefzoo.losses": 2,
@@ -23,12 +24,13 @@ LAYERS: dict[str, int] = {
     "prefzoo.registry": 3,
     "prefzoo.data": 3,
     "prefzoo": 3,  # the package's __init__: re-exports of registry, losses, spec and types
-    "prefzoo.train": 4,
-    "prefzoo.eval": 4,
-    "prefzoo.testing": 4,
-    "prefzoo.cli": 5,
-    "prefzoo.integrations": 5,  # other trainers (TRL) around prefzoo's losses and gather
-    "prefzoo.__main__": 6,
+    "prefzoo.model": 4,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
+    "prefzoo.train": 5,
+    "prefzoo.eval": 5,
+    "prefzoo.testing": 5,
+    "prefzoo.cli": 6,
+    "prefzoo.integrations": 6,  # other trainers (TRL) around prefzoo's losses and gather
+    "prefzoo.__main__": 7,
 }
 
 
@@ -153,7 +155,32 @@ def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
     g = import_graph(module_files(pkg))
     assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
     assert upward_arrows(g) == [
-        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 3, prefzoo.eval is layer 4)",
+        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 3, prefzoo.eval is layer 5)",
         "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 2, prefzoo.registry is layer 3)",
     ]
     assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
+
+
+def test_only_the_model_package_imports_its_private_modules(graph) -> None:
+    """Other packages use the model engine through ``prefzoo.model`` (its ``__init__``), never its modules."""
+    bad = sorted(
+        f"{mod} -> {t}"
+        for mod, targets in graph.items()
+        if not mod.startswith("prefzoo.model")
+        for t in targets
+        if t.startswith("prefzoo.model.")
+    )
+    assert bad == []
+
+
+def test_the_model_package_imports_neither_the_trainer_nor_accelerate() -> None:
+    """Below train and eval: no ``prefzoo.train``/``prefzoo.eval`` import and no accelerate, lazy ones included."""
+    bad = []
+    for path in (PACKAGE / "model").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "accelerate" or n.startswith(
+                ("prefzoo.train", "prefzoo.eval", "prefzoo.cli", "prefzoo.integrations"))]
+    assert bad == []

@@ -89,7 +89,7 @@ def _load_prompts(path: str) -> list[str]:
 
 
 def _load(path: str) -> tuple[Any, Any]:
-    from prefzoo.train.model import load_model_and_tokenizer
+    from prefzoo.model import load_model_and_tokenizer
 
     try:
         model, tok, _ = load_model_and_tokenizer(path)

@@ -37,7 +37,7 @@ def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int 
 
     ``max_new_tokens`` that leaves no room for a prompt is a ValueError naming both numbers.
     """
-    from prefzoo.train.context import model_context
+    from prefzoo.model import model_context
 
     context, source = model_context(unwrap_model(model), tokenizer)
     if context is None:

@@ -324,8 +324,8 @@ class OnlineRounds:
             batches = self.batches(rows, r)
             if not self.checked:  # the log-prob fast path against the model's own forward, on the first samples
                 self.checked = True
+                from prefzoo.model import run_self_check
                 from prefzoo.train.reference import _zero3_enabled
-                from prefzoo.train.selfcheck import run_self_check
 
                 if not _zero3_enabled():
                     p = run.parts

@@ -260,7 +260,7 @@ def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
     import datasets
 
     from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED
-    from prefzoo.train.context import ContextLimits
+    from prefzoo.model.context import ContextLimits
     from prefzoo.train.data import prepare_datasets, prepare_rows
     from prefzoo.train.shapes import ShapePlan
 
