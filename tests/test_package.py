@@ -5,9 +5,12 @@ is the first slow step)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import prefzoo
 
@@ -36,10 +39,10 @@ def test_prefzoo_train_prints_its_first_lines_before_torch_loads():
     assert lines[2].startswith("ImportError:") and "torch" in lines[2], proc.stdout
 
 
-def test_the_model_engine_is_lazy_and_loads_from_the_module_that_type_checkers_see():
-    import prefzoo.model
-
-    _assert_lazy_names_match(prefzoo.model, _type_checked_names(prefzoo.model), set())
+@pytest.mark.parametrize("name", ["prefzoo.model", "prefzoo.judge"])
+def test_the_engine_packages_are_lazy_and_load_from_the_modules_that_type_checkers_see(name):
+    package = importlib.import_module(name)
+    _assert_lazy_names_match(package, _type_checked_names(package), set())
 
 
 def _type_checked_names(package) -> dict[str, str]:

@@ -124,7 +124,7 @@ def _check_own_data(args: argparse.Namespace, needs_ref: bool, modes: list[str])
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.eval.judges import (
+    from prefzoo.judge import (
         DEFAULT_JUDGE,
         UnknownJudgeError,
         get_judge,

@@ -40,7 +40,7 @@ def reward_accuracy(
     from prefzoo import get_loss
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
-    from prefzoo.eval.generation import unwrap_model
+    from prefzoo.judge import unwrap_model
     from prefzoo.model import PolicyLogps, fit_to_context
     from prefzoo.train.batch import preference_batch
     from prefzoo.types import Need

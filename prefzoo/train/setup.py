@@ -287,7 +287,7 @@ def _online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: A
 
 def _online_judge(cfg: TrainConfig) -> Any:
     """The judge of an on-policy run, built before the policy loads (bad names and options fail early)."""
-    from prefzoo.eval.judges import get_judge
+    from prefzoo.judge import get_judge
 
     name, opts = parse_judge(cfg.judge, cfg.judge_params)
     try:
@@ -297,8 +297,7 @@ def _online_judge(cfg: TrainConfig) -> Any:
 
 
 def _online_rounds(cfg: TrainConfig, parts: Parts, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
-    from prefzoo.eval.engines import make_engine
-    from prefzoo.eval.generation import prompt_budget, unwrap_model
+    from prefzoo.judge import make_engine, prompt_budget, unwrap_model
 
     lm = unwrap_model(parts.accelerator.unwrap_model(parts.policy).lm)
     try:

@@ -13,8 +13,8 @@ import torch
 from torch.nn import functional as F
 
 from prefzoo.data.collate import PreferenceCollator
-from prefzoo.model.fast import split as fastpath_split
 from prefzoo.model.fast import prompt as fastpath_prompt
+from prefzoo.model.fast import split as fastpath_split
 from prefzoo.model.fast.prompt import shared_prompt_mask
 from prefzoo.model.fast.split import (
     CHOSEN,

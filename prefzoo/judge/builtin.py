@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefzoo.eval.generation import padding_side
 from prefzoo.hookspecs import hookimpl
+from prefzoo.judge.generation import padding_side
 
 __all__ = ["DEFAULT_LLM_TEMPLATE", "LLMJudge", "OracleJudge", "RewardModelJudge", "prefzoo_register_judges"]
 
@@ -104,7 +104,7 @@ class LLMJudge:
     ``judge(p, a, b) == 1 - judge(p, b, a)`` exactly.  The verdict is ``P(first better)`` in [0, 1]; it is a tie
     (0.5) when it lies within ``tie_tolerance`` of 0.5.  A template for an instruction-tuned judge can use its chat
     format; it must contain ``{prompt}``, ``{answer_a}`` and ``{answer_b}``.  For an API judge (GPT-4 as in
-    AlpacaEval), write a plugin with the same call signature (see :mod:`prefzoo.eval.judges`).
+    AlpacaEval), write a plugin with the same call signature (see :mod:`prefzoo.judge.registry`).
     """
 
     name = "llm"
@@ -180,7 +180,7 @@ def _check_lengths(prompts: Sequence[str], c1: Sequence[str], c2: Sequence[str])
 
 @hookimpl
 def prefzoo_register_judges() -> list[Any]:
-    from prefzoo.eval.judges import JudgeSpec
+    from prefzoo.judge.registry import JudgeSpec
 
     return [
         JudgeSpec(

@@ -2,7 +2,7 @@
 
 One small interface, :class:`GenerationEngine`: ``engine.sample(prompts, params) -> Samples``.  The default,
 :class:`HFEngine`, runs ``model.generate`` (KV cache, batched, left-padded, under ``torch.no_grad`` on the unwrapped
-policy) through :func:`prefzoo.eval.generation.generate`, so a prompt is rendered exactly as training renders it.
+policy) through :func:`prefzoo.judge.generation.generate`, so a prompt is rendered exactly as training renders it.
 :class:`VLLMEngine` is the field's engine on GPU (TRL's online trainers use it in colocate mode); it needs the
 ``vllm`` extra and a CUDA device and is refused in one line without them.
 
@@ -87,7 +87,7 @@ class HFEngine:
     def sample(self, prompts: Sequence[Prompt], params: SamplingParams) -> Samples:
         import time
 
-        from prefzoo.eval.generation import generate
+        from prefzoo.judge.generation import generate
 
         t0 = time.perf_counter()
         prompts = list(prompts)
@@ -128,7 +128,7 @@ class VLLMEngine:
             raise RuntimeError("--engine vllm: vLLM needs a CUDA device; use --engine hf on this machine")
         from vllm import LLM  # pragma: no cover - GPU only
 
-        from prefzoo.eval.generation import unwrap_model  # pragma: no cover
+        from prefzoo.judge.generation import unwrap_model  # pragma: no cover
 
         self.model, self.tokenizer = unwrap_model(model), tokenizer  # pragma: no cover
         self.llm = LLM(  # pragma: no cover

@@ -1,6 +1,6 @@
 """Scores for n samples of each prompt from any registered judge (the "judge" step of on-policy training).
 
-A judge of the registry compares two completions (:mod:`prefzoo.eval.judges`).  A judge that can also score one
+A judge of the registry compares two completions (:mod:`prefzoo.judge.registry`).  A judge that can also score one
 completion (a ``scores(prompts, completions) -> list[float]`` method, as the reward-model judge has) is asked for
 those scores directly.  Any other judge is asked every pair of a prompt's samples, and sample i's score is its mean
 preference against the others (a round-robin Borda score in [0, 1]: 1 = it beats every other sample).  Either way

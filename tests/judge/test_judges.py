@@ -7,7 +7,7 @@ import types
 import pytest
 
 import prefzoo
-from prefzoo.eval import judges as J
+from prefzoo.judge import registry as J
 from prefzoo.registry import RegistryError
 
 
@@ -25,7 +25,7 @@ def _plugin(*names: str, factory=None):
 def test_builtins_registered() -> None:
     reg = J.build_judge_registry(autoload=False)
     assert {"oracle", "reward-model"} <= set(reg.names())
-    assert reg.specs["oracle"].plugin == "prefzoo.eval.builtin_judges"
+    assert reg.specs["oracle"].plugin == "prefzoo.judge.builtin"
 
 
 def test_unknown_judge_suggests_close_names() -> None:
@@ -34,7 +34,7 @@ def test_unknown_judge_suggests_close_names() -> None:
 
 
 def test_duplicate_name_names_both_plugins() -> None:
-    with pytest.raises(RegistryError, match=r"'oracle'.*prefzoo.eval.builtin_judges.*my-plugin"):
+    with pytest.raises(RegistryError, match=r"'oracle'.*prefzoo.judge.builtin.*my-plugin"):
         J.build_judge_registry(extra_plugins=[("my-plugin", _plugin("oracle"))], autoload=False)
 
 

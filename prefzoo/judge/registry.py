@@ -8,7 +8,7 @@ judges (``oracle``, ``reward-model``) register through the same hook as
 third-party ones, e.g. an LLM-as-judge plugin::
 
     import prefzoo
-    from prefzoo.eval import JudgeSpec
+    from prefzoo.judge import JudgeSpec
 
     class MyLLMJudge:
         name = "my-llm"
@@ -47,7 +47,7 @@ __all__ = [
     "reset_judge_registry",
 ]
 
-BUILTIN_JUDGE_MODULES = ("prefzoo.eval.builtin_judges",)
+BUILTIN_JUDGE_MODULES = ("prefzoo.judge.builtin",)
 DEFAULT_JUDGE = "oracle"  # the judge of --win-rate when none is named
 
 

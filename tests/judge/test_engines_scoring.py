@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from prefzoo.eval.engines import HFEngine, SamplingParams, VLLMEngine, make_engine
-from prefzoo.eval.scoring import JudgeFailure, score_groups
+from prefzoo.judge.engines import HFEngine, SamplingParams, VLLMEngine, make_engine
+from prefzoo.judge.scoring import JudgeFailure, score_groups
 from tests.eval.conftest import make_causal_lm
 
 PROMPTS = ["12+34=", "5+6=", "70+8="]
