@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import prefzoo.model
 import prefzoo.model.logps as logps
 from prefzoo.testing.architectures import check_architecture
 
@@ -117,7 +118,7 @@ def _nth_call_raises(monkeypatch, n: int, error: Exception) -> None:
             raise error
         return sound(*args, **kw)
 
-    monkeypatch.setattr(logps, "sequence_logps", counted)
+    monkeypatch.setattr(prefzoo.model, "sequence_logps", counted)  # the name the sweep calls
 
 
 def test_a_fast_path_that_cannot_run_fails_with_its_first_line(monkeypatch):
@@ -178,7 +179,7 @@ def test_a_fast_path_that_gives_other_log_probs_fails(monkeypatch):
         out["logps"] = out["logps"] * 1.01  # a CompletionLogps is a dict
         return out
 
-    monkeypatch.setattr(logps, "sequence_logps", off)
+    monkeypatch.setattr(prefzoo.model, "sequence_logps", off)  # the name the sweep calls
     res = check_architecture("llama")
     assert res.status == "fail" and res.reason.startswith("fast path differs from the model's logits; "), res
 
