@@ -91,7 +91,7 @@ except ImportError:
 check_trl_version(trl.__version__)
 # TRL's trainer as imported: a script that applies the drop-in everywhere (``trl.DPOTrainer = DPOTrainer``) must not
 # make the adapter read its own signature where it means TRL's
-_TRL_DPO_TRAINER = next(c for c in trl.DPOTrainer.__mro__ if c.__module__.startswith("trl."))
+_TRL_DPO_INIT = inspect.signature(next(c for c in trl.DPOTrainer.__mro__ if c.__module__.startswith("trl.")))
 
 # DPOConfig fields that mean the same as a prefzoo loss parameter: DPOConfig field -> parameter name
 CONFIG_PARAMS: dict[str, str] = {
@@ -205,7 +205,7 @@ def resolve_loss(loss: str | Loss, loss_params: Mapping[str, Any] | None, config
     return bound_loss
 
 
-class DPOTrainer(_TRL_DPO_TRAINER):
+class DPOTrainer(trl.DPOTrainer):
     """TRL's ``DPOTrainer`` with one more argument: ``loss=`` (a registered name, a weighted sum, a ``prefzoo.Loss``).
 
     ``loss_params={...}`` sets the loss's parameters; DPOConfig's ``beta``, ``label_smoothing``,
@@ -217,7 +217,7 @@ class DPOTrainer(_TRL_DPO_TRAINER):
     def __init__(
         self, *args: Any, loss: str | Loss | None = None, loss_params: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        config = inspect.signature(_TRL_DPO_TRAINER.__init__).bind(None, *args, **kwargs).arguments.get("args")
+        config = _TRL_DPO_INIT.bind(*args, **kwargs).arguments.get("args")
         if loss is None and loss_params:
             raise LossParamError("loss_params= needs loss=: name the prefzoo loss they belong to")
         # resolved before TRL loads anything, so a bad name or parameter fails in a second
@@ -238,6 +238,8 @@ class DPOTrainer(_TRL_DPO_TRAINER):
         mask = completion_mask[..., 1:]  # (2B, T−1): position t scores token t+1
         labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
         outputs = model(**model_kwargs, labels=labels, fused_lm_head=True)
+        check_policy_finite(outputs.log_probs[:, -mask.size(1) :].sum(dim=1), self.state.global_step + 1,
+                            next(model.parameters()).dtype)  # fmt: skip
         batch = self._preference_batch(inputs, outputs, mask)
         out = self.prefzoo_loss(batch, gather=self._prefzoo_gather)
         loss = out.losses.mean()
@@ -258,9 +260,7 @@ class DPOTrainer(_TRL_DPO_TRAINER):
         needs = self.prefzoo_loss.needs
         seq_len = mask.size(1)
         token_logps = outputs.log_probs[:, -seq_len:]  # (2B, T−1), 0 off the completion; PEFT prompts cut
-        sums = token_logps.sum(dim=1)  # (2B,)
-        check_policy_finite(sums, self.state.global_step + 1, next(self.model.parameters()).dtype)
-        chosen, rejected = sums.chunk(2, dim=0)  # (B,), (B,): the batch is [chosen; rejected]
+        chosen, rejected = token_logps.sum(dim=1).chunk(2, dim=0)  # (B,), (B,): the batch is [chosen; rejected]
         fields: dict[str, Tensor | None] = {"policy_chosen_logps": chosen, "policy_rejected_logps": rejected}
         chosen_mask, rejected_mask = mask.bool().chunk(2, dim=0)  # (B, T−1) each
         if Need.LENGTHS in needs:
