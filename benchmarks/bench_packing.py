@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefzoo.data.collate import PreferenceCollator
-from prefzoo.train.logps import PolicyLogps, sequence_logps
-from prefzoo.train.model import apply_lora
-from prefzoo.train.packing import pack_rows
+from prefzoo.model.fast.packing import pack_rows
+from prefzoo.model.loading import apply_lora
+from prefzoo.model.logps import PolicyLogps, sequence_logps
 from prefzoo.train.reference import AdapterDisabledReference
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -119,7 +119,7 @@ __all__ = [
 ]
 
 # module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step),
-# and sequence_logps, whose train module sits above this package's layer (tests/test_import_layers.py)
+# and sequence_logps, whose model package sits above this package's layer (tests/test_import_layers.py)
 _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.hookspecs": ("hookimpl", "hookspec"),
     "prefzoo.losses.combine": ("CombinedLoss",),
@@ -132,6 +132,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.types": ("GroupBatch", "GroupBatchError", "LossContext", "LossOutput", "LossState", "Need",
                       "PreferenceBatch", "PreferenceBatchError", "Shape", "UnpairedBatch", "UnpairedBatchError",
                       "group_from_pairs"),
-    "prefzoo.train.logps": ("sequence_logps",),
+    "prefzoo.model": ("sequence_logps",),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}

@@ -2,7 +2,7 @@
 
 One :class:`pluggy.PluginManager` per process holds the built-in plugin modules and the installed
 entry points (group ``prefzoo``); each kind of thing plugins register (losses here, judges in
-:mod:`prefzoo.eval.judges`, anything added later) is a :class:`Kind`, and its :class:`Registry` is
+:mod:`prefzoo.judge.registry`, anything added later) is a :class:`Kind`, and its :class:`Registry` is
 collected from that one manager the first time it is asked for.
 """
 

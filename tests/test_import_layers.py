@@ -1,7 +1,7 @@
-"""The package's imports point down (cli → train/eval/testing → data/registry → losses → spec → types), no cycles.
+"""The package's imports point down (cli → train/eval/testing → model → data/registry → losses → spec → types).
 
-Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports count: a lazy
-import is still an arrow); nothing is imported, so the test needs no optional dependency.
+No cycles. Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports
+count: a lazy import is still an arrow); nothing is imported, so the test needs no optional dependency.
 """
 
 from __future__ import annotations
@@ -13,22 +13,25 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
 
-# rank of each layer: a module may import its own subpackage, or a subpackage of a lower rank
+# rank of each layer, one package a layer: a module may import its own package, or a package of a lower rank
 LAYERS: dict[str, int] = {
     "prefzoo.types": 0,
-    "prefzoo.spec": 1,
-    "prefzoo.hookspecs": 1,
-    "prefzoo.losses": 2,
-    "prefzoo.modifiers": 2,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
-    "prefzoo.registry": 3,
-    "prefzoo.data": 3,
-    "prefzoo": 3,  # the package's __init__: re-exports of registry, losses, spec and types
-    "prefzoo.train": 4,
-    "prefzoo.eval": 4,
-    "prefzoo.testing": 4,
-    "prefzoo.cli": 5,
-    "prefzoo.integrations": 5,  # other trainers (TRL) around prefzoo's losses and gather
-    "prefzoo.__main__": 6,
+    "prefzoo.errors": 1,
+    "prefzoo.spec": 2,
+    "prefzoo.hookspecs": 3,
+    "prefzoo.losses": 4,
+    "prefzoo.modifiers": 5,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
+    "prefzoo.registry": 6,
+    "prefzoo": 7,  # the package's __init__: re-exports of registry, losses, spec and types
+    "prefzoo.data": 8,
+    "prefzoo.model": 9,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
+    "prefzoo.judge": 10,  # judges, generation engines, scoring: used by online training and by evaluation
+    "prefzoo.testing": 11,
+    "prefzoo.train": 12,
+    "prefzoo.eval": 13,  # a top layer beside train: reward accuracy, win-rate, lm-eval (uses train's callbacks)
+    "prefzoo.integrations": 14,  # other trainers (TRL) around prefzoo's losses and gather
+    "prefzoo.cli": 15,
+    "prefzoo.__main__": 16,
 }
 
 
@@ -79,7 +82,7 @@ def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
     for mod, targets in sorted(graph.items()):
         for t in sorted(targets):
             a, b = layer(mod), layer(t)
-            if a != b and LAYERS[b] > LAYERS[a]:
+            if a != b and LAYERS[b] >= LAYERS[a]:
                 bad.append(f"{mod} -> {t} ({a} is layer {LAYERS[a]}, {b} is layer {LAYERS[b]})")
     return bad
 
@@ -153,7 +156,46 @@ def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
     g = import_graph(module_files(pkg))
     assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
     assert upward_arrows(g) == [
-        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 3, prefzoo.eval is layer 4)",
-        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 2, prefzoo.registry is layer 3)",
+        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 8, prefzoo.eval is layer 13)",
+        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 4, prefzoo.registry is layer 6)",
     ]
     assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
+
+
+# packages whose ``__init__`` is their whole public surface: no other package imports their modules
+SURFACE_ONLY = ("prefzoo.model", "prefzoo.judge")
+
+
+@pytest.mark.parametrize("package", SURFACE_ONLY)
+def test_other_packages_use_only_the_public_surface(graph, package) -> None:
+    """Other packages use the model engine and the judges through ``prefzoo.model`` / ``prefzoo.judge``."""
+    bad = sorted(
+        f"{mod} -> {t}"
+        for mod, targets in graph.items()
+        if mod != package and not mod.startswith(package + ".")
+        for t in targets
+        if t.startswith(package + ".")
+    )
+    assert bad == []
+
+
+def test_a_package_on_the_same_layer_is_an_upward_arrow(tmp_path) -> None:
+    """Strict layering: eval -> train is fine (13 over 12), train -> eval is not, nor two packages on one layer."""
+    graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.batch"}}
+    assert upward_arrows(graph) == [
+        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 12, prefzoo.eval is layer 13)"
+    ]
+    assert len(set(LAYERS.values())) == len(LAYERS)  # one package a layer
+
+
+def test_the_model_package_imports_neither_the_trainer_nor_accelerate() -> None:
+    """Below train and eval: no ``prefzoo.train``/``prefzoo.eval`` import and no accelerate, lazy ones included."""
+    bad = []
+    for path in (PACKAGE / "model").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "accelerate" or n.startswith(
+                ("prefzoo.train", "prefzoo.eval", "prefzoo.cli", "prefzoo.integrations"))]
+    assert bad == []

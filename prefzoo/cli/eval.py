@@ -89,7 +89,7 @@ def _load_prompts(path: str) -> list[str]:
 
 
 def _load(path: str) -> tuple[Any, Any]:
-    from prefzoo.train.model import load_model_and_tokenizer
+    from prefzoo.model import load_model_and_tokenizer
 
     try:
         model, tok, _ = load_model_and_tokenizer(path)
@@ -124,7 +124,7 @@ def _check_own_data(args: argparse.Namespace, needs_ref: bool, modes: list[str])
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.eval.judges import (
+    from prefzoo.judge import (
         DEFAULT_JUDGE,
         UnknownJudgeError,
         get_judge,

@@ -35,9 +35,9 @@ def _flag(name: str) -> str:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from prefzoo.model import SWITCHES
     from prefzoo.train.aliases import TRL_OPTIONS
     from prefzoo.train.config import TrainConfig, field_docs
-    from prefzoo.train.fastpaths import SWITCHES
 
     p = subparsers.add_parser(
         "train",
@@ -170,13 +170,13 @@ def run(args: argparse.Namespace) -> int:
         print("prefzoo train: loading torch, transformers, datasets and accelerate", flush=True)
     set_threads(n_threads)
     from prefzoo.data.formats import DataFormatError
+    from prefzoo.model import LoadOptionError, LoRATargetError
     from prefzoo.spec import LossOutputError
     from prefzoo.train.checkpoint import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.distributed import DeepSpeedMissingError
     from prefzoo.train.guard import TrainingAborted
     from prefzoo.train.hub import HubPushError
-    from prefzoo.train.model import LoadOptionError, LoRATargetError
 
     _quiet_libraries()
     try:

@@ -1,7 +1,7 @@
 """``WinRateCallback``: the policy's win-rate against the starting model on held-out prompts, every few epochs.
 
 A trainer callback (``--callback win-rate:prompts=prompts.txt,judge=oracle``) built on the judge registry
-(:mod:`prefzoo.eval.judges`) and :func:`prefzoo.eval.winrate.win_rate`.
+(:mod:`prefzoo.judge.registry`) and :func:`prefzoo.eval.winrate.win_rate`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class WinRateCallback(Callback):
         judge_timeout_s: float | None = 300.0,  # per judge call: a hung or slow judge is skipped and counted
         judge_batch_size: int = 8,  # prompts per judge call (the unit a timeout skips)
     ) -> None:
-        from prefzoo.eval.judges import get_judge
+        from prefzoo.judge import get_judge
 
         self.prompts = read_prompts(prompts) if isinstance(prompts, str | Path) else [str(p) for p in prompts]
         if not self.prompts:

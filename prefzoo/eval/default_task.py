@@ -9,9 +9,8 @@ from typing import Any
 
 from prefzoo.data import synthetic
 from prefzoo.data.default import DefaultTask
-from prefzoo.eval.generation import generate
-from prefzoo.eval.judges import get_judge
 from prefzoo.eval.winrate import judge_completions
+from prefzoo.judge import generate, get_judge
 
 __all__ = ["evaluate_policy"]
 

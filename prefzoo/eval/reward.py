@@ -1,7 +1,7 @@
 """Reward accuracy of a model on a preference split, scored by any registered loss's implicit rewards.
 
 Uses the trainer's tokenization (:func:`prefzoo.data.tokenize.tokenize_pairs`), collation and chunked log-probs
-(:class:`prefzoo.train.logps.PolicyLogps`), so the numbers match the trainer's own epoch-end evaluation.
+(:class:`prefzoo.model.logps.PolicyLogps`), so the numbers match the trainer's own epoch-end evaluation.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ def reward_accuracy(
     from prefzoo import get_loss
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
-    from prefzoo.eval.generation import unwrap_model
+    from prefzoo.judge import unwrap_model
+    from prefzoo.model import PolicyLogps, fit_to_context
     from prefzoo.train.batch import preference_batch
-    from prefzoo.train.context import fit_to_context
-    from prefzoo.train.logps import PolicyLogps
     from prefzoo.types import Need
 
     loss_fn = get_loss(loss) if isinstance(loss, str) else loss

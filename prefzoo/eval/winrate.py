@@ -102,14 +102,13 @@ def win_rate(
 ) -> WinRateResult:
     """Generate from ``policy`` and ``baseline`` (greedy, or seeded sampling) and let ``judge`` compare them.
 
-    ``judge`` is a :class:`prefzoo.eval.judges.Judge` (``get_judge("oracle")``) or a
+    ``judge`` is a :class:`prefzoo.judge.registry.Judge` (``get_judge("oracle")``) or a
     registered judge name.  Lengths for the length control are completion tokens
     under ``tokenizer``.  Each model's prompts are cut (keeping their end) to fit its context beside
     ``max_new_tokens``; ``prompts_truncated`` counts them (the larger of the two models' counts).
     ``judge_timeout_s`` / ``judge_batch_size``: see :func:`judge_completions`.
     """
-    from prefzoo.eval.generation import generate
-    from prefzoo.eval.judges import get_judge
+    from prefzoo.judge import generate, get_judge
 
     prompts = list(prompts)
     if not prompts:
@@ -142,7 +141,7 @@ def judge_completions(
     runs in a daemon thread and a call that has not answered in time is abandoned: its prompts are left out and
     counted in ``result.skipped`` (a warning says so), so a hung or slow judge never stalls a run.
     """
-    from prefzoo.eval.judges import get_judge
+    from prefzoo.judge import get_judge
 
     if isinstance(judge, str):
         judge = get_judge(judge)

@@ -8,7 +8,7 @@ p(x | desirable) / p(x | undesirable) = P(desirable | x) / (1 − P(desirable | 
 
 The classifier is TRL's ``sklearn.linear_model.LogisticRegression(class_weight="balanced")`` (L2, C = 1, intercept
 not penalized) written in torch (float64, L-BFGS): no sklearn at run time, and its two tensors go into checkpoints.
-The prompt embedding is pluggable (:mod:`prefzoo.train.prompt_embedding` has the default: mean-pooled last hidden
+The prompt embedding is pluggable (:mod:`prefzoo.model.embedding` has the default: mean-pooled last hidden
 states).
 """
 

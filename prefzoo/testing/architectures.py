@@ -3,7 +3,7 @@
 Each model type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` is built from its config class with every size field
 shrunk (hidden 32, 2 layers, 4 heads, vocabulary 96, sliding window 4, 4 experts), float32, random weights, eval mode.
 Three pairs (prompts of 6-10 tokens, completions of 3-9, longer than the window) go through
-:func:`prefzoo.train.logps.sequence_logps` fused, chunked, token-level and with entropies, and through the
+:func:`prefzoo.model.logps.sequence_logps` fused, chunked, token-level and with entropies, and through the
 shared-prompt layout, and are compared with ``log_softmax`` of the model's own logits on the plain rows.
 
 ``python -m prefzoo.testing.architectures [TYPE ...]`` prints one line per architecture and the counts (the
@@ -200,7 +200,7 @@ def _token_range(model: Any) -> int:
     """Token ids the pairs may use: the model's vocabulary, or fewer where its logits cover fewer (a model whose head
     leaves out the padded end of the embedding table, such as Inkling 2, or whose forward cuts its logits to the
     first rows, such as Inkling 1, is never given those ids: they have no probability)."""
-    from prefzoo.train.arch import vocab_cut
+    from prefzoo.model import vocab_cut
 
     head = model.get_output_embeddings()
     rows = getattr(head, "out_features", None) if head is not None else None
@@ -236,10 +236,14 @@ def _compact(x: torch.Tensor, m: torch.Tensor, t_c: int) -> torch.Tensor:
 def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     """Build ``model_type`` tiny and compare every prefzoo path with the model's own logits."""
     from prefzoo.data.collate import PreferenceCollator
-    from prefzoo.train.arch import attention_layer_types, logit_transform
-    from prefzoo.train.fastpath_prompt import SharedPromptError
-    from prefzoo.train.logps import sequence_logps, unwrap_causal_lm
-    from prefzoo.train.selfcheck import check_logps
+    from prefzoo.model import (
+        SharedPromptError,
+        attention_layer_types,
+        check_logps,
+        logit_transform,
+        sequence_logps,
+        unwrap_causal_lm,
+    )
 
     cls_name = _class_name(model_type)
     if any(s in cls_name for s in _MULTIMODAL):
@@ -299,7 +303,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
             if res.status == "pass":
                 _check_split(model, res, ref_sum, sb)
     if res.status != "pass":  # never silent: the run-start self-check must catch it on the failing layout
-        from prefzoo.train.logps import PolicyLogps
+        from prefzoo.model import PolicyLogps
 
         share = "shared" in res.reason
         batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(vocab))
@@ -316,7 +320,7 @@ def _compare_shared(
 ) -> None:  # fmt: skip
     """The shared layout's sequence log-probs (``packing``: from its pairs packed into one row) against the plain
     rows' (``ref_sum``): error ``key``, a failure past the tolerance naming ``what``."""
-    from prefzoo.train.logps import sequence_logps
+    from prefzoo.model import sequence_logps
 
     with torch.no_grad():
         args = (batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
@@ -329,8 +333,7 @@ def _compare_shared(
 def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any]) -> None:
     """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows, on
     the padded rows and on the pairs packed into one padding-free row (``packing``, the split gathered from it)."""
-    from prefzoo.train.fastpath_split import split_refusal
-    from prefzoo.train.logps import unwrap_causal_lm
+    from prefzoo.model import split_refusal, unwrap_causal_lm
 
     if not getattr(model, "_supports_sdpa", False):
         return

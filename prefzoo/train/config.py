@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefzoo.errors import ConfigError
 from prefzoo.train.schedules import SCHEDULES
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "TORCH_DTYPES", "ConfigError", "TrainConfig", "field_docs",
@@ -19,10 +20,6 @@ __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "TORCH_DTYPES", "ConfigError
 TORCH_DTYPES = ("float32", "bfloat16", "float16", "auto")  # --torch-dtype choices (TRL's names)
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")  # --attn-implementation choices (transformers' names)
 LR_SCHEDULERS = SCHEDULES  # transformers.get_scheduler names that need no extra arguments
-
-
-class ConfigError(ValueError):
-    """A training setting is unknown or out of range (the message names the key and the fix)."""
 
 
 @dataclass
@@ -158,7 +155,7 @@ class TrainConfig:
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"epochs={self.epochs} must be > 0 (a fraction such as 0.5 trains on part of the data)")
         self._validate_loading()
-        from prefzoo.train.fastpaths import SWITCHES, switch_value
+        from prefzoo.model import SWITCHES, switch_value
 
         for name in SWITCHES:  # auto (chosen per run from the data's lengths) | on | off; booleans mean on/off
             try:

@@ -12,7 +12,7 @@ from prefzoo.data.groups import completion_encoder, tokenize_lists, tokenize_unp
 from prefzoo.data.mixing import load_mixture
 from prefzoo.data.shapes import LISTS, UNPAIRED, list_rows_to_pairs
 from prefzoo.data.tokenize import TokenizeStats, encode_rows, pair_encoder, tokenize_pairs
-from prefzoo.train.context import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
+from prefzoo.model import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
 
 __all__ = ["load_splits", "prepare_datasets", "prepare_rows"]
 

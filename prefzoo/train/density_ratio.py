@@ -4,7 +4,7 @@ For a loss that declares ``LossSpec.density_ratio_weights`` (``bco``), at the st
 
 1. a seeded sample of up to ``--density-ratio-prompts`` desirable and as many undesirable training examples is drawn
    (every process draws the same one; TRL draws ``prompt_sample_size`` with replacement, prefzoo without);
-2. their prompts are embedded (:func:`prefzoo.train.prompt_embedding.mean_pooled_hidden_states` of the frozen
+2. their prompts are embedded (:func:`prefzoo.model.embedding.mean_pooled_hidden_states` of the frozen
    reference model), each process a 1/P share, and the embeddings are gathered from every process;
 3. :class:`prefzoo.losses.density_ratio.DensityRatioClassifier` (sklearn's balanced LogisticRegression, in torch) is
    fitted on them; rank 0's fit is broadcast, so every process holds the same classifier.
@@ -31,10 +31,9 @@ import torch
 from torch import Tensor
 
 from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
+from prefzoo.model import PromptEmbedding, inner_policy, mean_pooled_hidden_states
 from prefzoo.train.checkpoint import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.logps import inner_policy
-from prefzoo.train.prompt_embedding import PromptEmbedding, mean_pooled_hidden_states
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference
 
 __all__ = [

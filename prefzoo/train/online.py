@@ -9,7 +9,7 @@ iterative DPO).  Round ``r``:
    the KV cache; ``vllm`` on GPU) draws ``samples_per_prompt`` completions per prompt.  Prompts are sampled in chunks
    of ``generation_batch_size`` whose seed is derived from (seed, round, the chunk's place in the window), never from
    the rank: 2 processes draw exactly the samples 1 process draws for the same global batch.
-3. **judge**: :func:`prefzoo.eval.scoring.score_groups` (a pointwise judge's scores, or round-robin Borda scores from
+3. **judge**: :func:`prefzoo.judge.scoring.score_groups` (a pointwise judge's scores, or round-robin Borda scores from
    a pairwise one); a prompt the judge fails on is a counted skip, too many skips stop the run in one line.
 4. **train**: the samples become list rows ``{id, prompt, completions, scores}`` and reach the loss through the run's
    :class:`~prefzoo.train.shapes.ShapePlan` like offline lists do: list losses on all n, pairwise losses on the pairs
@@ -72,7 +72,7 @@ def online_prompts(ds: Any) -> list[Any]:
 
 def parse_judge(spec: str, params: Sequence[str] = ()) -> tuple[str, dict[str, Any]]:
     """``"oracle"`` / ``"reward-model:PATH"`` / ``"llm:PATH"`` plus ``KEY=VALUE`` options -> (name, options)."""
-    from prefzoo.eval.judges import judge_spec, parse_judge_params
+    from prefzoo.judge import judge_spec, parse_judge_params
 
     name, _, path = spec.partition(":")
     try:
@@ -192,8 +192,7 @@ class OnlineRounds:
         from accelerate.utils import gather_object
 
         from prefzoo.data.chat import render_prompt
-        from prefzoo.eval.engines import SamplingParams
-        from prefzoo.eval.scoring import JudgeFailure, score_groups
+        from prefzoo.judge import JudgeFailure, SamplingParams, score_groups
 
         cfg, acc = self.cfg, self.parts.accelerator
         mine = self.my_prompts(r)
@@ -324,8 +323,8 @@ class OnlineRounds:
             batches = self.batches(rows, r)
             if not self.checked:  # the log-prob fast path against the model's own forward, on the first samples
                 self.checked = True
+                from prefzoo.model import run_self_check
                 from prefzoo.train.reference import _zero3_enabled
-                from prefzoo.train.selfcheck import run_self_check
 
                 if not _zero3_enabled():
                     p = run.parts

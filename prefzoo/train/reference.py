@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.data.progress import Progress, length
+from prefzoo.model import PolicyLogps, inner_policy
 from prefzoo.train.batch import row_ids
-from prefzoo.train.logps import PolicyLogps, inner_policy
 from prefzoo.types import Need
 
 __all__ = [
@@ -63,7 +63,7 @@ class FrozenReference(Reference):
     """A frozen copy of the starting model, run under no_grad in eval mode."""
 
     def __init__(self, lm: nn.Module, chunk_size: int, packing: bool = False) -> None:
-        # a copy: the policy trains in place; ``packing``: the policy's decoder layout (prefzoo.train.packing)
+        # a copy: the policy trains in place; ``packing``: the policy's decoder layout (prefzoo.model.fast.packing)
         self.module: Any = PolicyLogps(copy.deepcopy(lm), chunk_size, packing=packing)
         self.module.requires_grad_(False)
         self.module.eval()
@@ -280,7 +280,7 @@ def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool,
     if cfg.lora and not has_adapter:
         return AdapterDisabledReference(policy), "adapter-disabled policy"
     if _zero3_enabled():
-        from prefzoo.train.model import load_model_and_tokenizer
+        from prefzoo.model import load_model_and_tokenizer
 
         ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config

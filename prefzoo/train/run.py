@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from prefzoo.data.progress import Progress, length, showing
+from prefzoo.model import add_router_loss, router_metrics
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
@@ -24,7 +25,6 @@ from prefzoo.train.distributed import end_accelerator
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, correct_rows, last_logged, step_metrics
-from prefzoo.train.moe import add_router_loss, router_metrics
 from prefzoo.train.outdir import mark_finished
 from prefzoo.train.runcard import save_model_folder, write_final_model
 from prefzoo.train.setup import setup, skip_batches_left

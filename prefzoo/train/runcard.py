@@ -136,7 +136,7 @@ def load_final_model(folder: Path) -> Any:
     """The model :func:`write_final_model` saved in ``folder``, whole on this process and in eval mode, whichever
     engine trained it (a sharded run's ``TrainResult.model`` holds only this rank's shards): the full or merged
     model, or the LoRA adapter on its base model."""
-    from prefzoo.train.model import load_model_and_tokenizer
+    from prefzoo.model import load_model_and_tokenizer
 
     model, _, _ = load_model_and_tokenizer(str(folder))
     return model.eval()

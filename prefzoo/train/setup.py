@@ -20,6 +20,20 @@ from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
 from prefzoo.data.shapes import LISTS, PAIRS, PROMPTS, UNPAIRED, data_shape
 from prefzoo.data.tokenize import ensure_pad_token
+from prefzoo.model import (
+    PolicyLogps,
+    apply_lora,
+    apply_model_defaults,
+    enable_gradient_checkpointing,
+    first_pairs,
+    fuse_gated_mlps,
+    lean_rms_norms,
+    load_kwargs,
+    load_model_and_tokenizer,
+    prepare_quantized,
+    run_self_check,
+    sparsify_dropout,
+)
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError, read_marker
 from prefzoo.train.config import ConfigError, TrainConfig
@@ -33,21 +47,10 @@ from prefzoo.train.density_ratio import (
 )
 from prefzoo.train.distributed import build_accelerator, make_gather
 from prefzoo.train.fsdp import FsdpEngine, check_fsdp
-from prefzoo.train.fused_mlp import fuse_gated_mlps, lean_rms_norms
-from prefzoo.train.logps import PolicyLogps
-from prefzoo.train.model import (
-    apply_lora,
-    build_optimizer,
-    build_schedule,
-    enable_gradient_checkpointing,
-    load_kwargs,
-    load_model_and_tokenizer,
-    prepare_quantized,
-)
-from prefzoo.train.model_defaults import apply_model_defaults
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
 from prefzoo.train.online import OnlineError, OnlineRounds, online_prompts, parse_judge
+from prefzoo.train.optim import build_optimizer, build_schedule
 from prefzoo.train.reference import (
     FrozenReference,
     _zero3_enabled,
@@ -55,10 +58,8 @@ from prefzoo.train.reference import (
     model_identity,
     precompute_reference,
 )
-from prefzoo.train.selfcheck import first_pairs, run_self_check
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
 from prefzoo.train.source import EpochBatches
-from prefzoo.train.sparse_dropout import sparsify_dropout
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need, Shape
 
@@ -286,7 +287,7 @@ def _online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: A
 
 def _online_judge(cfg: TrainConfig) -> Any:
     """The judge of an on-policy run, built before the policy loads (bad names and options fail early)."""
-    from prefzoo.eval.judges import get_judge
+    from prefzoo.judge import get_judge
 
     name, opts = parse_judge(cfg.judge, cfg.judge_params)
     try:
@@ -296,8 +297,7 @@ def _online_judge(cfg: TrainConfig) -> Any:
 
 
 def _online_rounds(cfg: TrainConfig, parts: Parts, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
-    from prefzoo.eval.engines import make_engine
-    from prefzoo.eval.generation import prompt_budget, unwrap_model
+    from prefzoo.judge import make_engine, prompt_budget, unwrap_model
 
     lm = unwrap_model(parts.accelerator.unwrap_model(parts.policy).lm)
     try:
@@ -322,19 +322,19 @@ def _collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
 
 
 def _fuse_mlps(lm: Any, accelerator: Any) -> None:
-    """Gated-SiLU MLPs through SiluMul (prefzoo/train/fused_mlp.py), said in one line when any was switched."""
+    """Gated-SiLU MLPs through SiluMul (prefzoo/model/fast/fused_mlp.py), said in one line when any was switched."""
     _say_switched(accelerator, fuse_gated_mlps(lm), "gated MLPs recompute silu(gate) and the product in backward: two "
                   "intermediate-width activations fewer kept per layer, same results", "--no-fused-mlp")  # fmt: skip
 
 
 def _lean_norms(lm: Any, accelerator: Any) -> None:
-    """RMSNorms that keep no normalised copy (prefzoo/train/fused_mlp.py), said in one line when any was switched."""
+    """RMSNorms that keep no normalised copy (prefzoo.model.fast.fused_mlp), said in one line when any was switched."""
     _say_switched(accelerator, lean_rms_norms(lm), "RMSNorms recompute the normalised input in backward: one "
                   "hidden-width activation fewer kept per norm, same results", "--no-lean-norms")  # fmt: skip
 
 
 def _sparsify_dropout(lm: Any, accelerator: Any) -> None:
-    """nn.Dropout modules through SparseDropout (prefzoo/train/sparse_dropout.py), said in one line when any was."""
+    """nn.Dropout modules through SparseDropout (prefzoo.model.fast.sparse_dropout), said in one line when any was."""
     rates = {f"at p={p:g}": n for p, n in sorted(sparsify_dropout(lm).items())}
     _say_switched(accelerator, rates, "dropout draws only the dropped positions on CPU: same distribution, less "
                   "time", "--no-sparse-dropout", count_first=True)  # fmt: skip
@@ -349,7 +349,7 @@ def _say_switched(accelerator: Any, switched: dict[str, int], what: str, flag: s
 
 def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any) -> Any:
     """Prompt sharing, packing, length grouping for this run: forced by flags or chosen from the pairs' lengths."""
-    from prefzoo.train.fastpaths import fast_paths_for_run
+    from prefzoo.model import fast_paths_for_run
 
     unavailable = None
     if plan.batches != PAIRS:
@@ -358,12 +358,10 @@ def _fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, l
         unavailable = "on-policy data"
     elif cfg.deepspeed or cfg.fsdp:
         unavailable = "not measured under --deepspeed/--fsdp: force with on"
-    from prefzoo.train.arch import model_capabilities
-    from prefzoo.train.logps import unwrap_causal_lm
-    from prefzoo.train.packing import packing_takes_split
+    from prefzoo.model import model_capabilities, packing_takes_split, unwrap_causal_lm
 
     causal: Any = unwrap_causal_lm(lm)
-    caps = model_capabilities(causal)  # declared by the architecture (prefzoo.train.arch)
+    caps = model_capabilities(causal)  # declared by the architecture (prefzoo.model.arch)
     unavailable = unavailable or caps.fast_path_block()
     refusal, share_refusal = caps.packing_refusal, caps.custom_mask_refusal  # flash: packs, does not share
     split = packing_takes_split(causal.get_decoder(), causal.config)  # packing without a mask: pays sooner
@@ -518,7 +516,7 @@ def _print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = 
 def _dataloaders(cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any, group: bool) -> tuple[Any, Any]:
     """Train DataLoader (shuffled, or length-grouped with ``group``) and eval DataLoader (or None)."""
     if group:
-        from prefzoo.train.fastpath_batching import LengthGroupedSampler, pair_lengths
+        from prefzoo.data.length_groups import LengthGroupedSampler, pair_lengths
 
         order: dict[str, Any] = {
             "sampler": LengthGroupedSampler(pair_lengths(train_tok), cfg.per_device_batch_size, cfg.seed)

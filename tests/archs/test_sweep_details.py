@@ -9,8 +9,9 @@ import types
 import pytest
 import torch
 
+import prefzoo.model
+import prefzoo.model.logps as logps
 import prefzoo.testing.architectures as arch
-import prefzoo.train.logps as logps
 from prefzoo.testing.architectures import ArchResult, build_tiny, check_architecture
 from tests.archs.test_sweep_faults import _nth_call_raises
 
@@ -120,7 +121,7 @@ def _shifted_from(monkeypatch, first: int, delta: float) -> None:
             out["logps"] = out["logps"] + delta
         return out
 
-    monkeypatch.setattr(logps, "sequence_logps", counted)
+    monkeypatch.setattr(prefzoo.model, "sequence_logps", counted)  # the name the sweep calls
 
 
 @pytest.mark.parametrize(
@@ -139,7 +140,7 @@ def test_the_sweep_compares_at_ten_times_the_token_tolerance(monkeypatch, first,
 
 
 def test_a_refusal_reason_is_the_text_after_its_first_colon_or_the_whole_text():
-    from prefzoo.train.fastpath_prompt import SharedPromptError
+    from prefzoo.model.fast.prompt import SharedPromptError
 
     for message, reason in [("shared prompt: refused here", "refused here"), ("no colon here", "no colon here")]:
         with pytest.MonkeyPatch.context() as mp:

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import prefzoo.train.logps as logps
+import prefzoo.model
+import prefzoo.model.logps as logps
 from prefzoo.testing.architectures import check_architecture
 
 
@@ -32,7 +33,7 @@ def test_a_fault_of_the_shared_layout_only_is_checked_on_that_layout(monkeypatch
 def test_a_fault_of_the_split_attention_only_is_checked_under_sdpa_and_caught(monkeypatch):
     """y_l queries that see every [x, y_l] key (no shifted causal mask) in the split attention: the eager shared
     layout stays right, the SDPA comparison fails, and the self-check (run under SDPA, on the split) stops it."""
-    from prefzoo.train import fastpath_prompt
+    from prefzoo.model.fast import prompt as fastpath_prompt
     from tests.support.patching import patch_result
 
     def leaky(plan):
@@ -48,7 +49,7 @@ def test_a_fault_of_the_split_attention_only_is_checked_under_sdpa_and_caught(mo
 def test_a_fault_of_the_packed_rows_only_is_checked_on_them_and_caught(monkeypatch):
     """Flat outputs put back one slot off in the packed rows' split: the padded layouts stay right, the packed
     comparison fails, and the self-check, run as a packed run runs it, stops it."""
-    from prefzoo.train import packing
+    from prefzoo.model.fast import packing
     from tests.support.patching import patch_result, roll_flat_slots
 
     patch_result(monkeypatch, packing, "flat_layout", roll_flat_slots)
@@ -117,7 +118,7 @@ def _nth_call_raises(monkeypatch, n: int, error: Exception) -> None:
             raise error
         return sound(*args, **kw)
 
-    monkeypatch.setattr(logps, "sequence_logps", counted)
+    monkeypatch.setattr(prefzoo.model, "sequence_logps", counted)  # the name the sweep calls
 
 
 def test_a_fast_path_that_cannot_run_fails_with_its_first_line(monkeypatch):
@@ -129,9 +130,9 @@ def test_a_fast_path_that_cannot_run_fails_with_its_first_line(monkeypatch):
 
 
 def test_refused_prompt_sharing_passes_with_the_reason_and_a_crash_in_it_fails(monkeypatch):
-    from prefzoo.train.fastpath_prompt import SharedPromptError
+    from prefzoo.model.fast.prompt import SharedPromptError
 
-    # a refusal as prefzoo/train/arch.py words it: its feature before the first ": ", a ": " inside, cut to 110
+    # a refusal as prefzoo/model/arch.py words it: its feature before the first ": ", a ": " inside, cut to 110
     _nth_call_raises(monkeypatch, 3, SharedPromptError(
         "share_prompt: llama's decoder takes no position_ids, so the rejected completion cannot restart at the "
         "prompt end: turn share_prompt off"))  # fmt: skip
@@ -162,7 +163,7 @@ def test_the_sweeps_report_lines_and_table(capsys, monkeypatch):
     assert out[:2] == ["| model type | result | logit transform | layer types | max error (fused / shared) | notes |",
                        "|---|---|---|---|---|---|"]  # fmt: skip
     assert re.fullmatch(r"\| llama \| pass \| .+ \| .+ \| \de-\d\d / \de-\d\d \|  \|", out[2]), out
-    from prefzoo.train.fastpath_prompt import SharedPromptError
+    from prefzoo.model.fast.prompt import SharedPromptError
 
     _nth_call_raises(monkeypatch, 3, SharedPromptError("shared prompt: refused here"))
     assert main(["llama"]) == 0
@@ -178,7 +179,7 @@ def test_a_fast_path_that_gives_other_log_probs_fails(monkeypatch):
         out["logps"] = out["logps"] * 1.01  # a CompletionLogps is a dict
         return out
 
-    monkeypatch.setattr(logps, "sequence_logps", off)
+    monkeypatch.setattr(prefzoo.model, "sequence_logps", off)  # the name the sweep calls
     res = check_architecture("llama")
     assert res.status == "fail" and res.reason.startswith("fast path differs from the model's logits; "), res
 

@@ -136,7 +136,7 @@ def test_win_rate_generation_sees_the_prompt_tokens_training_saw(style):
     import datasets
 
     from prefzoo.data.tokenize import tokenize_pairs
-    from prefzoo.eval.generation import generate
+    from prefzoo.judge.generation import generate
 
     tok = build_chat_tokenizer(style)
     rows = [

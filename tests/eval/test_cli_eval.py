@@ -98,7 +98,7 @@ def test_the_default_task_evaluation_is_chosen_by_capability_not_by_name(files, 
     import types
 
     import prefzoo
-    from prefzoo.eval import judges as J
+    from prefzoo.judge import registry as J
 
     def plugin(name: str, grades: bool) -> types.SimpleNamespace:
         spec = J.JudgeSpec(name=name, factory=J.get_judge_registry().get("oracle").factory, grades_default_task=grades)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefzoo.eval.generation import generate
-from prefzoo.eval.judges import get_judge
 from prefzoo.eval.winrate import WinRateResult, length_controlled_win_rate, win_rate
+from prefzoo.judge.generation import generate
+from prefzoo.judge.registry import get_judge
 
 from .conftest import make_causal_lm
 

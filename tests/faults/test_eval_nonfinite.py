@@ -12,7 +12,7 @@ from tests.train.helpers import base_config, run_inprocess, run_processes
 
 # 16 eval pairs; the injector poisons the first row of the decoder's output, so the rows stay collated (packing off:
 # packed, that row would hold every sequence; a NaN that stays in its own packed sequence is tested in
-# tests/train/test_fastpath_split.py)
+# tests/model/test_fast_split.py)
 KW = dict(loss="dpo", max_steps=2, eval_fraction=0.25, eval_at_start=True, callbacks=[INJECTOR], packing="off")
 
 

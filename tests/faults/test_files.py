@@ -58,7 +58,7 @@ def test_pickle_bomb_in_a_checkpoint_is_refused_not_executed(tmp_path, tiny_dir,
 
 
 def test_model_folder_with_custom_code_is_not_executed(tmp_path, tiny_dir):
-    from prefzoo.train.model import load_model_and_tokenizer
+    from prefzoo.model.loading import load_model_and_tokenizer
 
     evil = tmp_path / "evil-model"
     evil.mkdir()

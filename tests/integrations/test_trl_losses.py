@@ -48,7 +48,7 @@ def test_mmpo_per_example_loss_is_prefzoos_on_prefzoos_log_probs(trl_model_dir, 
     """One step of loss='mmpo': TRL's forward gives prefzoo's own log-probs, and the loss is prefzoo's on them."""
     from transformers import AutoModelForCausalLM
 
-    from prefzoo.train.logps import sequence_logps
+    from prefzoo.model.logps import sequence_logps
 
     rec, log, trainer = _recorded_run(trl_model_dir, tmp_path / "run", "mmpo", max_steps=1, beta=0.3)
     batch, out = rec.calls[0]

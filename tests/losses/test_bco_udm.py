@@ -151,7 +151,7 @@ def test_classifier_names_both_shapes_when_the_embeddings_do_not_fit(des, und):
 
 def test_default_embedding_mean_pools_the_prompt_tokens_of_a_tiny_model():
     transformers = pytest.importorskip("transformers")
-    from prefzoo.train.prompt_embedding import mean_pooled_hidden_states
+    from prefzoo.model.embedding import mean_pooled_hidden_states
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,

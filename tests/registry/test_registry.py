@@ -178,7 +178,7 @@ def test_every_builtin_spec_documents_formula_paper_scores_and_params():
 
 
 def test_losses_and_judges_come_from_one_plugin_manager_per_process():
-    from prefzoo.eval.judges import get_judge_registry
+    from prefzoo.judge.registry import get_judge_registry
 
     registry.reset_registry()
     try:

@@ -34,6 +34,6 @@ def test_a_model_folder_without_a_tokenizer_fails_before_the_model_loads(capsys,
 
 @pytest.mark.parametrize("name", ["org/model", "gpt2"])
 def test_hub_names_are_not_taken_for_folders(name):
-    from prefzoo.train.model import check_model_source
+    from prefzoo.model.loading import check_model_source
 
     check_model_source(name)

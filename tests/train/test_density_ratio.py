@@ -144,8 +144,8 @@ def test_each_undesirable_prompt_is_embedded_once_and_weighted_as_per_batch(tiny
 
     from prefzoo.data.groups import UnpairedCollator
     from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
+    from prefzoo.model.embedding import mean_pooled_hidden_states
     from prefzoo.train.density_ratio import DensityRatioWeights, prompt_rows
-    from prefzoo.train.prompt_embedding import mean_pooled_hidden_states
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     embed = mean_pooled_hidden_states(AutoModelForCausalLM.from_pretrained(tiny_dir).eval())

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from prefzoo.data.collate import PreferenceCollator
-from prefzoo.train.logps import PolicyLogps
-from prefzoo.train.model import LoRATargetError, apply_lora
+from prefzoo.model.loading import LoRATargetError, apply_lora
+from prefzoo.model.logps import PolicyLogps
 from prefzoo.train.reference import AdapterDisabledReference
 from tests.train.helpers import base_config, run_inprocess
 

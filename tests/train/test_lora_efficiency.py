@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from prefzoo.train.logps import PolicyLogps
-from prefzoo.train.model import apply_lora
+from prefzoo.model.loading import apply_lora
+from prefzoo.model.logps import PolicyLogps
 from prefzoo.train.reference import AdapterDisabledReference
 from tests.train.test_lora import _batch
 

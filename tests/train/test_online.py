@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import prefzoo
-from prefzoo.eval import judges as J
+from prefzoo.judge import registry as J
 from prefzoo.registry import list_losses, loss_spec
 from prefzoo.train import Callback
 from prefzoo.train.online import OnlineError, rows_to_unpaired
@@ -100,7 +100,7 @@ class Flaky:
     name = "flaky"
 
     def __init__(self, fail: str = "odd") -> None:
-        from prefzoo.eval.builtin_judges import OracleJudge
+        from prefzoo.judge.builtin import OracleJudge
 
         self.oracle, self.fail = OracleJudge(), fail
 
@@ -260,7 +260,7 @@ def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
     import datasets
 
     from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED
-    from prefzoo.train.context import ContextLimits
+    from prefzoo.model.context import ContextLimits
     from prefzoo.train.data import prepare_datasets, prepare_rows
     from prefzoo.train.shapes import ShapePlan
 

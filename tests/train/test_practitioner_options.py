@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from prefzoo.cli.main import main
+from prefzoo.model.loading import LoadOptionError, enable_gradient_checkpointing, load_kwargs
+from prefzoo.model.logps import PolicyLogps, sequence_logps
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.logps import PolicyLogps, sequence_logps
-from prefzoo.train.model import LoadOptionError, build_schedule, enable_gradient_checkpointing, load_kwargs
+from prefzoo.train.optim import build_schedule
 from tests.support.tiny import build_model, build_tokenizer
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 

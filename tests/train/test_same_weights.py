@@ -15,11 +15,11 @@ Both are recorded; ``ATEN_CPU_CAPABILITY=avx2 python -m tests.train.weights_dige
 AVX2 digests exactly, so the two columns are the same code under two kernel sets, not two trainers.
 
 The shared-prompt variant was updated once more (2026-11-27, session 16) for the split shared-prompt attention
-(``prefzoo/train/fastpath_split.py``: two causal SDPA calls instead of one masked one, so the softmax sums run in
+(``prefzoo/model/fast/split.py``: two causal SDPA calls instead of one masked one, so the softmax sums run in
 another order): with the split turned off the old digests came back on both kernel sets, and the final adapter
 weights of the two versions differ by at most 2.2e-8 (largest weight 0.18).
 
-And once more (2026-11-28, session 18) for sparse dropout (``prefzoo/train/sparse_dropout.py``): the LoRA variant's
+And once more (2026-11-28, session 18) for sparse dropout (``prefzoo/model/fast/sparse_dropout.py``): the LoRA variant's
 adapter dropout (0.01) now draws the gaps between dropped positions instead of one number per element, so its random
 path is another one. With ``sparse_dropout=False`` the previous digests come back on both kernel sets.
 """

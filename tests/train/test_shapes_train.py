@@ -128,8 +128,8 @@ def test_group_fields_place_each_completion_in_its_slot(tiny_dir):
 
     from prefzoo.data.formats import normalize
     from prefzoo.data.groups import GroupCollator, tokenize_lists
+    from prefzoo.model.logps import PolicyLogps, sequence_logps
     from prefzoo.train.batch import batch_fields, batch_type
-    from prefzoo.train.logps import PolicyLogps, sequence_logps
     from prefzoo.train.reference import FrozenReference
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
@@ -160,8 +160,8 @@ def test_unpaired_fields_score_the_mismatched_kl_pairs(tiny_dir):
 
     from prefzoo.data.formats import normalize
     from prefzoo.data.groups import UnpairedCollator, tokenize_unpaired
+    from prefzoo.model.logps import PolicyLogps, sequence_logps
     from prefzoo.train.batch import batch_fields
-    from prefzoo.train.logps import PolicyLogps, sequence_logps
     from prefzoo.train.reference import FrozenReference
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)

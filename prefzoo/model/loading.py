@@ -1,0 +1,180 @@
+"""Loading the policy and tokenizer (checked sources, quantization, gradient checkpointing) and LoRA via peft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
+           "check_model_source", "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer",
+           "prepare_quantized"]  # fmt: skip
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+class LoRATargetError(ValueError):
+    """LoRA target modules not present in the model."""
+
+
+class LoadOptionError(ValueError):
+    """A model-loading option (--torch-dtype, --attn-implementation, --load-in-4bit/8bit) cannot work here."""
+
+
+class ModelSourceError(FileNotFoundError):
+    """``--model`` names a local folder that is missing, or one without a model config or a tokenizer."""
+
+
+def check_model_source(name: str) -> None:
+    """Fail before anything loads when ``name`` is a local path that cannot be a model folder (hub names pass)."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if not looks_local:
+        return  # org/name on the hub
+    if not path.is_dir():
+        raise ModelSourceError(
+            f"--model {name}: no such folder; give a save_pretrained() folder or a hub name such as org/name"
+        )
+    if (path / "adapter_config.json").is_file():
+        return  # a LoRA adapter: the base model and perhaps the tokenizer come from its base_model_name_or_path
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"--model {name}: the folder has no config.json; save the model with save_pretrained()")
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ModelSourceError(
+            f"--model {name}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}, ...); save it there "
+            "with tokenizer.save_pretrained(folder)"
+        )
+
+
+def load_kwargs(
+    torch_dtype: str = "float32",
+    attn_implementation: str | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    cuda: bool | None = None,
+) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for the loading options, or a LoadOptionError naming the fix.
+
+    ``cuda``: whether a CUDA GPU will run the model (default: ``torch.cuda.is_available()``).
+    """
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    kw: dict[str, Any] = {"dtype": "auto" if torch_dtype == "auto" else getattr(torch, torch_dtype)}
+    if attn_implementation == "flash_attention_2":
+        if not cuda:
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 needs a CUDA GPU (and pip install flash-attn); on this "
+                "machine use --attn-implementation sdpa (or eager)"
+            )
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 needs the flash-attn package: pip install flash-attn "
+                "--no-build-isolation (or use --attn-implementation sdpa)"
+            )
+        if torch_dtype not in ("bfloat16", "float16"):
+            raise LoadOptionError(
+                "--attn-implementation flash_attention_2 runs in half precision only: add --torch-dtype bfloat16"
+            )
+    if attn_implementation is not None:
+        kw["attn_implementation"] = attn_implementation
+    if load_in_4bit or load_in_8bit:
+        try:
+            import bitsandbytes  # noqa: F401
+            from transformers import BitsAndBytesConfig
+        except ImportError:
+            raise LoadOptionError(
+                "--load-in-4bit/--load-in-8bit need bitsandbytes: pip install 'prefzoo[qlora]'"
+            ) from None
+        compute = torch.float32 if torch_dtype in ("float32", "auto") else getattr(torch, torch_dtype)
+        kw["quantization_config"] = (
+            BitsAndBytesConfig(
+                load_in_4bit=True,  # QLoRA (Dettmers et al. 2023): NF4 storage, double quantisation
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=compute,
+            )
+            if load_in_4bit
+            else BitsAndBytesConfig(load_in_8bit=True)
+        )
+    return kw
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing per decoder layer, non-reentrant (works with frozen inputs, LoRA and DDP)."""
+    if not getattr(model, "supports_gradient_checkpointing", True):
+        raise LoadOptionError(
+            f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; drop the flag"
+        )
+    new: Any = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x's name
+    old: Any = getattr(model, "gradient_checkpointing_enable", None)
+    if callable(new):
+        new(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif callable(old):
+        old(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise LoadOptionError(f"--gradient-checkpointing: {type(model).__name__} cannot checkpoint; drop the flag")
+
+
+def prepare_quantized(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
+    """peft's ``prepare_model_for_kbit_training`` (layer norms in float32, input grads on) before adapters go on."""
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(  # type: ignore[no-any-return]
+        model,
+        use_gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+
+
+def load_model_and_tokenizer(
+    name: str, dtype: Any = None, trust_remote_code: bool = False, **load: Any
+) -> tuple[nn.Module, Any, bool]:
+    """(model, tokenizer, has_adapter) from a hub name or local folder; a folder with an adapter loads base+adapter.
+
+    ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
+    code (``auto_map``) is never run otherwise.  ``load``: more ``from_pretrained`` arguments (:func:`load_kwargs`).
+    """
+    check_model_source(name)
+    remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = load.pop("dtype", None) or dtype or torch.float32
+    path = Path(name)
+    if (path / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(
+            str(path), is_trainable=True, dtype=dtype, **remote, **load
+        )
+        base_name = model.peft_config["default"].base_model_name_or_path
+        tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base_name
+        return model, AutoTokenizer.from_pretrained(tok_src, **remote), True
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote, **load)
+    return model, AutoTokenizer.from_pretrained(name, **remote), False
+
+
+def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
+    """``model`` wrapped with fresh LoRA adapters on ``target_modules``; missing module names are an error."""
+    from peft import LoraConfig, get_peft_model
+
+    linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+    missing = [t for t in target_modules if t not in linear_names]
+    if missing:
+        raise LoRATargetError(
+            f"--lora target modules {missing} are not linear layers of this model; its linear layers are "
+            f"{linear_names}: set lora_target_modules to some of them"
+        )
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    return get_peft_model(model, cfg)

@@ -1,0 +1,39 @@
+"""The optimizer (torch AdamW or bitsandbytes AdamW8bit) and the learning-rate schedule of a run."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import nn
+
+from prefzoo.model import LoadOptionError
+
+__all__ = ["build_optimizer", "build_schedule"]
+
+
+def build_optimizer(
+    params: list[nn.Parameter], name: str, lr: float, betas: tuple[float, float], weight_decay: float
+) -> Any:
+    """torch AdamW or bitsandbytes AdamW8bit (which also steps on CPU)."""
+    if name == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise LoadOptionError("--optim adamw8bit needs bitsandbytes: pip install 'prefzoo[qlora]'") from None
+        return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+def build_schedule(
+    optimizer: Any, total_steps: int, warmup_ratio: float, name: str = "cosine", warmup_steps: int = 0
+) -> Any:
+    """transformers' schedule ``name`` (cosine: the paper's) after a linear warm-up over ``warmup_steps`` steps, or
+    ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule).  Built by
+    :mod:`prefzoo.train.schedules` (the same LambdaLR without importing peft)."""
+    from prefzoo.train.schedules import get_schedule
+
+    warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
+    return get_schedule(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
