@@ -105,3 +105,26 @@ def test_the_metadata_declares_an_spdx_license_expression_and_ships_the_license_
     assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:1500]
     assert "License-File: LICENSE" in metadata.splitlines(), metadata[:1500]
     assert (root / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
+
+
+def _extra_requirements(extras: dict[str, list[str]], name: str) -> set[str]:
+    """The package names ``prefzoo[name]`` installs, its ``prefzoo[...]`` references expanded."""
+    import re
+
+    out: set[str] = set()
+    for req in extras[name]:
+        if req.startswith("prefzoo["):
+            for sub in req[len("prefzoo[") : req.index("]")].split(","):
+                out |= _extra_requirements(extras, sub.strip())
+        else:
+            out.add(re.split(r"[<>=!\[; ]", req, maxsplit=1)[0].lower())
+    return out
+
+
+def test_the_all_extra_installs_the_tensorboard_tracker():
+    """``--report-to tensorboard`` is documented; ``pip install 'prefzoo[all]'`` must make it work."""
+    import tomllib
+
+    extras = tomllib.loads((INIT.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = _extra_requirements(extras, "all")
+    assert {"tensorboard", "transformers", "deepspeed", "bitsandbytes", "lm-eval", "trl"} <= installed

@@ -109,6 +109,27 @@ def _print_block(title: str, values: dict[str, Any]) -> None:
             print(f"  {k:28s} {v}")
 
 
+def _adapter_baseline(args: argparse.Namespace) -> None:
+    """``--model`` a LoRA adapter folder and no ``--baseline``: the baseline (and default reference) is the base model
+    its ``adapter_config.json`` names, said in one line; a base that is a local path not found here is an error."""
+    config = Path(args.model).expanduser() / "adapter_config.json" if args.model else None
+    if args.baseline or config is None or not config.is_file():
+        return
+    import json
+
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise CLIError(f"--model {args.model}: {config.name} names no base model; give --baseline PATH")
+    looks_local = base.startswith((".", "/", "~")) or base.count("/") > 1
+    if looks_local and not Path(base).expanduser().is_dir():
+        raise CLIError(
+            f"--model {args.model} is a LoRA adapter of {base} ({config.name}), which is not on this machine: pass "
+            "--baseline PATH (the base model's folder)"
+        )
+    args.baseline = base
+    print(f"prefzoo eval: baseline: {base}, the base model of the LoRA adapter --model {args.model} ({config.name})")
+
+
 def _check_own_data(args: argparse.Namespace, needs_ref: bool, modes: list[str]) -> None:
     """A user's model on the user's data never gets the default task's model as its reference or baseline."""
     if not args.model or args.baseline:
@@ -163,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.types import Need
 
     needs_ref = loss is not None and Need.REFERENCE in loss.needs and not args.reference
+    _adapter_baseline(args)
     _check_own_data(args, needs_ref, modes)
     need_task = (
         not args.model

@@ -139,8 +139,9 @@ def _as_list(value: Any) -> list[Any]:
     return [] if value is None else [value] if isinstance(value, str | dict) else list(value)
 
 
-def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
-    """Loss params from YAML and --loss-param, validated by the loss's params class (before any model loads)."""
+def _validate_loss(values: dict[str, Any], pairs: list[str]) -> tuple[dict[str, Any], Any]:
+    """(loss params from YAML and --loss-param, the loss they build), validated by the loss's params class (before
+    any model loads)."""
     from prefzoo.registry import get_loss, parse_loss_params
 
     loss = str(values.get("loss", "mmpo"))
@@ -154,7 +155,7 @@ def _validate_loss(values: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
     run_keys: dict[str, Any] = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
     check_modifiers(built, TrainConfig.from_dict(run_keys))  # e.g. tr-dpo with --precompute-ref: before any model loads
-    return params
+    return params, built
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,22 +178,24 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.distributed import DeepSpeedMissingError
     from prefzoo.train.guard import TrainingAborted
     from prefzoo.train.hub import HubPushError
+    from prefzoo.train.preflight import preflight
 
     _quiet_libraries()
     try:
         values, pairs = _collect(args)
-        values["loss_params"] = _validate_loss(values, pairs)
+        values["loss_params"], loss = _validate_loss(values, pairs)
         default_data = _default_data(values)
         if default_data is not None:  # --dataset default[:pairs|lists|unpaired] without --model: the default task
-            return _run_default({**values, "dataset": None}, _where(args), _flag_names(args), default_data)
+            return _run_default({**values, "dataset": None}, _where(args), _flag_names(args), loss, default_data)
         if (values.get("model") is None) != (values.get("dataset") is None):
             missing = "--model" if values.get("model") is None else "--dataset"
             raise CLIError(
                 f"{missing} is not set: give both --model and --dataset, or neither to train the embedded default task"
             )
         if values.get("model") is None:
-            return _run_default(values, _where(args), _flag_names(args))
+            return _run_default(values, _where(args), _flag_names(args), loss)
         cfg = TrainConfig.from_dict(values, where=_where(args), names=_flag_names(args))
+        preflight(loss, cfg)  # options the loss ignores, the output folder, the model folder: before anything loads
         from prefzoo.train.loop import train
 
         result = train(cfg)
@@ -303,7 +306,7 @@ def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
     return f"prefzoo train: {when}; wrote " + (", ".join(parts) if parts else "nothing")
 
 
-def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data: str = "pairs") -> int:
+def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss: Any, data: str = "pairs") -> int:
     """The embedded default task: tiny warmed-up Llama + synthetic pairs (``data``: or lists, or unpaired examples)
     with an exact oracle, fully offline."""
     import time
@@ -311,6 +314,7 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data
     from prefzoo.data.default import load_default_task
     from prefzoo.train.config import TrainConfig
     from prefzoo.train.loop import train
+    from prefzoo.train.preflight import preflight
 
     t0 = time.perf_counter()
     seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
@@ -328,6 +332,7 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], data
         "dataset": None,
     }
     cfg = TrainConfig.from_dict(merged, where, names)
+    preflight(loss, cfg)  # before the starting policy is scored
     train_data, eval_data = task.data(data)
     if main:
         what = {"pairs": "pairs", "lists": "lists of 4 drafts", "unpaired": "unpaired examples"}[data]

@@ -21,7 +21,14 @@ from typing import Any
 
 from prefzoo.data.formats import DataFormatError
 
-__all__ = ["Prompt", "has_chat_template", "render_completion", "render_prompt", "set_chat_template"]
+__all__ = [
+    "Prompt",
+    "check_chat_template",
+    "has_chat_template",
+    "render_completion",
+    "render_prompt",
+    "set_chat_template",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +104,38 @@ def render_completion(tokenizer: Any, prompt: Prompt, completion: str) -> list[i
             "--chat-template PATH.jinja with a template that only appends the assistant turn, or --chat-template none"
         )
     return list(tokenizer(full[len(head) :], add_special_tokens=False).input_ids)
+
+
+def _template_line(error: BaseException) -> int | None:
+    """The template line a Jinja error points at: a syntax error's own, else the innermost ``<template>`` frame's."""
+    line = getattr(error, "lineno", None)
+    if isinstance(line, int):
+        return line
+    tb, found = error.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            found = tb.tb_lineno
+        tb = tb.tb_next
+    return found
+
+
+def check_chat_template(tokenizer: Any, row: dict[str, Any], source: str) -> None:
+    """Render the chat template once on ``row`` (a normalized example) before any model loads: a broken template is
+    one :class:`DataFormatError` naming its source (``source``), the template line and Jinja's message.  A row with
+    a plain-string prompt renders no template, so it checks nothing."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, str) or not prompt or not has_chat_template(tokenizer):
+        return
+    completions = row.get("completions") or [row.get("chosen") or row.get("completion") or "ok"]
+    try:
+        render_completion(tokenizer, prompt, str(completions[0]) or "ok")
+    except DataFormatError:
+        raise
+    except Exception as e:  # jinja2's TemplateSyntaxError, UndefinedError, raise_exception(...), ...
+        line = _template_line(e)
+        where = f", line {line}" if line is not None else ""
+        message = " ".join(str(e).split()) or type(e).__name__
+        raise DataFormatError(
+            f"chat template ({source}){where}: {type(e).__name__}: {message}; fix the template, or give another "
+            "with --chat-template PATH.jinja (or --chat-template none)"
+        ) from None

@@ -267,6 +267,8 @@ def load_preference_dataset(source: str, split: str = "train", fmt: str | None =
             )
         if split not in ("train", None):
             raise DataFormatError(f"--dataset {source} is one file (split 'train'); split {split!r} does not exist")
+        if path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip()):
+            raise DataFormatError(f"--dataset {source}: the file is empty; give a file with one example per row")
         try:
             ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
         except Exception as e:  # name the bad line (undecodable bytes, invalid JSON, mixed types) instead

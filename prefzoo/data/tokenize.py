@@ -244,14 +244,21 @@ def encode_dataset(
     stats = TokenizeStats(**cached_summary(enc, "tokenize-stats", lambda: _dataset_stats(enc),
                                            lambda v: _check_stats(v, len(enc))))  # fmt: skip
     if stats.kept == 0:
-        raise DataFormatError(
-            f"all {stats.total} {what} were dropped: no completion token left (empty completions or prompts), "
-            f"{stats.identical} {same}, {stats.oversized} with a field over {MAX_TEXT_CHARS} characters; check "
-            f"{check} and --max-completion-length"
-        )
+        raise DataFormatError(f"all {stats.total} {what} were dropped: {_drop_reasons(stats, same)}; check {check}")
     if stats.dropped:
         enc = checked_map(enc, lambda k: k, method="filter", rows=stats.kept, input_columns="keep",
                           desc=f"dropping empty {what}")  # fmt: skip
         log.warning("dropped %d of %d %s (%d %s, %d oversized, the rest with no completion token left)",
                     stats.dropped, stats.total, what, stats.identical, same, stats.oversized)  # fmt: skip
     return enc.remove_columns(list(FLAGS)), stats
+
+
+def _drop_reasons(stats: TokenizeStats, same: str) -> str:
+    """Why every row was dropped, the most frequent reason first (``4 with chosen identical to rejected, ...``)."""
+    empty = stats.total - stats.identical - stats.oversized
+    reasons = [
+        (stats.identical, f"{stats.identical} {same}"),
+        (stats.oversized, f"{stats.oversized} with a field over {MAX_TEXT_CHARS} characters"),
+        (empty, f"{empty} with no completion token left (empty completions or prompts; see --max-completion-length)"),
+    ]
+    return ", ".join(text for n, text in sorted(reasons, key=lambda r: -r[0]) if n)

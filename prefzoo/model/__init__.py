@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
         enable_gradient_checkpointing,
         load_kwargs,
         load_model_and_tokenizer,
+        load_tokenizer,
         prepare_quantized,
     )
     from prefzoo.model.logps import CompletionLogps, PolicyLogps, inner_policy, sequence_logps, unwrap_causal_lm
@@ -80,7 +81,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.fast.split": ("split_refusal",),
     "prefzoo.model.loading": ("LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
                               "check_model_source", "enable_gradient_checkpointing", "load_kwargs",
-                              "load_model_and_tokenizer", "prepare_quantized"),
+                              "load_model_and_tokenizer", "load_tokenizer", "prepare_quantized"),
     "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "inner_policy", "sequence_logps", "unwrap_causal_lm"),
     "prefzoo.model.moe": ("RouterAuxError", "add_router_loss", "router_metrics"),
     "prefzoo.model.selfcheck": ("LogpsSelfCheckError", "check_logps", "first_pairs", "run_self_check"),
@@ -137,6 +138,7 @@ __all__ = [
     "lean_rms_norms",
     "load_kwargs",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "logit_transform",
     "mean_pooled_hidden_states",
     "model_capabilities",

@@ -7,10 +7,13 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
-           "check_model_source", "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer",
+__all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora", "check_model_source",
+           "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer", "load_tokenizer",
            "prepare_quantized"]  # fmt: skip
 
+# what from_pretrained loads weights from: safetensors or PyTorch files, single or sharded (an index and its shards)
+_WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*-of-*.bin",
+                 "model.safetensors.index.json", "pytorch_model.bin.index.json", "*.safetensors")  # fmt: skip
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
@@ -40,6 +43,11 @@ def check_model_source(name: str) -> None:
         return  # a LoRA adapter: the base model and perhaps the tokenizer come from its base_model_name_or_path
     if not (path / "config.json").is_file():
         raise ModelSourceError(f"--model {name}: the folder has no config.json; save the model with save_pretrained()")
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_FILES):
+        raise ModelSourceError(
+            f"--model {name}: the folder has no weights ({', '.join(_WEIGHT_FILES[:3])}, ...); save the model there "
+            "with model.save_pretrained(folder)"
+        )
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise ModelSourceError(
             f"--model {name}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}, ...); save it there "
@@ -131,18 +139,20 @@ def prepare_quantized(model: nn.Module, gradient_checkpointing: bool) -> nn.Modu
 
 
 def load_model_and_tokenizer(
-    name: str, dtype: Any = None, trust_remote_code: bool = False, **load: Any
+    name: str, dtype: Any = None, trust_remote_code: bool = False, tokenizer: Any = None, **load: Any
 ) -> tuple[nn.Module, Any, bool]:
     """(model, tokenizer, has_adapter) from a hub name or local folder; a folder with an adapter loads base+adapter.
 
     ``trust_remote_code`` stays False unless the user passes ``--trust-remote-code``: a model folder's own Python
-    code (``auto_map``) is never run otherwise.  ``load``: more ``from_pretrained`` arguments (:func:`load_kwargs`).
+    code (``auto_map``) is never run otherwise.  ``load``: more ``from_pretrained`` arguments (:func:`load_kwargs`);
+    ``tokenizer``: one already loaded by :func:`load_tokenizer`.
     """
     check_model_source(name)
     remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name, trust_remote_code)
     dtype = load.pop("dtype", None) or dtype or torch.float32
     path = Path(name)
     if (path / "adapter_config.json").is_file():
@@ -151,11 +161,24 @@ def load_model_and_tokenizer(
         model = AutoPeftModelForCausalLM.from_pretrained(
             str(path), is_trainable=True, dtype=dtype, **remote, **load
         )
-        base_name = model.peft_config["default"].base_model_name_or_path
-        tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base_name
-        return model, AutoTokenizer.from_pretrained(tok_src, **remote), True
+        return model, tokenizer, True
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote, **load)
-    return model, AutoTokenizer.from_pretrained(name, **remote), False
+    return model, tokenizer, False
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of a model folder or hub name; a LoRA adapter folder's own, else its base model's (cheap: the
+    run loads it before the model, to render the chat template once)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
+    path = Path(name)
+    source = name
+    if (path / "adapter_config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        source = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    return AutoTokenizer.from_pretrained(source, **remote)
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:

@@ -263,19 +263,27 @@ class TrainConfig:
         values = resolve_aliases(values, where)
         unknown = sorted(set(values) - set(cls.keys()))
         if unknown:
-            import difflib
-
-            hints = [
-                f"{k!r} (did you mean {difflib.get_close_matches(k, cls.keys(), 1)[0]!r}?)"
-                if difflib.get_close_matches(k, cls.keys(), 1)
-                else repr(k)
-                for k in unknown
-            ]
-            raise ConfigError(f"{where}: unknown keys {', '.join(hints)}; known keys: {', '.join(cls.keys())}")
+            raise ConfigError(f"{where}: {unknown_keys_message(unknown, cls.keys())}")
         types_ = typing.get_type_hints(cls)
         names = names or {}
         coerced = {k: _coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
         return cls(**coerced)
+
+
+def unknown_keys_message(unknown: list[str], known: list[str]) -> str:
+    """``unknown key 'learnig_rate' (did you mean 'learning_rate'?)``: the closest of prefzoo's keys and TRL's names it
+    accepts for each; without any close one, where the keys are listed (not all ~100 of them)."""
+    import difflib
+
+    from prefzoo.train.aliases import TRL_OPTIONS
+
+    accepted = [*known, *(name for name, opt in TRL_OPTIONS.items() if opt.key is not None)]
+    hints = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, accepted, n=1, cutoff=0.7)
+        hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+    plural = "s" if len(unknown) > 1 else ""
+    return f"unknown key{plural} {', '.join(hints)}; `prefzoo train --help` lists every key (flags with _ for -)"
 
 
 def resolve_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from prefzoo.train.metrics import last_logged
 from prefzoo.train.modifiers import modifier_callbacks
 from prefzoo.train.nodes import lost_ranks
 from prefzoo.train.outdir import finished_run, output_dir_lock
+from prefzoo.train.preflight import check_output_dir
 from prefzoo.train.run import Run, TrainResult, evaluate
 from prefzoo.train.signals import PreemptionHandler
 
@@ -42,6 +43,7 @@ def train(
     """
     installed = modifier_callbacks(cfg)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
     hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
+    check_output_dir(cfg.output_dir)  # a file, under a file, not writable: one line before anything loads
     with output_dir_lock(cfg.output_dir):
         finished = finished_run(cfg)
         if finished is not None:

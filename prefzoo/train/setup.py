@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from prefzoo.data.chat import set_chat_template
+from prefzoo.data.chat import check_chat_template, set_chat_template
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.preview import describe_data
@@ -30,6 +30,7 @@ from prefzoo.model import (
     lean_rms_norms,
     load_kwargs,
     load_model_and_tokenizer,
+    load_tokenizer,
     prepare_quantized,
     run_self_check,
     sparsify_dropout,
@@ -51,6 +52,7 @@ from prefzoo.train.modifiers import build_loss
 from prefzoo.train.nodes import Storage, agree_on_resume, agree_on_values, content_digest, detect_storage
 from prefzoo.train.online import OnlineError, OnlineRounds, online_prompts, parse_judge
 from prefzoo.train.optim import build_optimizer, build_schedule
+from prefzoo.train.preflight import check_run_options
 from prefzoo.train.reference import (
     FrozenReference,
     _zero3_enabled,
@@ -110,6 +112,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
 
     loss = build_loss(cfg)  # unknown names / bad params / modifiers that do not fit fail before any model loads
     _check_config(cfg)
+    check_run_options(loss, cfg)  # options this loss or model would ignore
     accelerator = build_accelerator(cfg, trackers(cfg), cfg.output_dir)
     check_fsdp(cfg, accelerator.num_processes, accelerator.device.type == "cpu")
     storage = detect_storage(accelerator, cfg.output_dir)
@@ -140,11 +143,11 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any) -> Parts:
     saved_classifier = read_density_ratio(cfg, resume_path)  # a resumed --density-ratio run loads, never refits
     if plan.batches != PAIRS or plan.data != PAIRS:  # plain pair runs print what they always printed
         accelerator.print(f"prefzoo train: {plan.describe()}")
-    lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info)
+    tokenizer, template = _tokenizer_and_template(cfg, train_dataset, prompts)  # a broken template: before the model
+    lm, tokenizer, has_adapter, identity = _load_model(cfg, accelerator, resume_path, resume_info, tokenizer)
     defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit the context
     for line in defaults.lines():
         accelerator.print(f"prefzoo train: {line}")
-    template = set_chat_template(tokenizer, cfg.chat_template)
     with accelerator.main_process_first():
         if prompts is None:
             train_tok, eval_tok, data_stats = prepare_datasets(
@@ -463,14 +466,28 @@ def _agree_on_identity(
     agree_on_values(accelerator, storage, values, hints, notes)
 
 
+def _tokenizer_and_template(cfg: TrainConfig, train_dataset: Any, prompts: list[Any] | None) -> tuple[Any, str]:
+    """(the tokenizer with ``--chat-template`` applied, what was decided), its template rendered once on the first
+    example: a broken template is one line before the model loads."""
+    assert cfg.model is not None  # _check_config
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    template = set_chat_template(tokenizer, cfg.chat_template)
+    first = {"prompt": prompts[0]} if prompts else (train_dataset[0] if train_dataset is not None else None)
+    if first:
+        check_chat_template(tokenizer, first, template)
+    return tokenizer, template
+
+
 def _load_model(
-    cfg: TrainConfig, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any]
+    cfg: TrainConfig, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any], tokenizer: Any
 ) -> tuple[Any, Any, bool, str]:
-    """(causal LM, tokenizer with a pad token, whether it came with an adapter, weight identity)."""
+    """(causal LM, ``tokenizer`` with a pad token, whether it came with an adapter, weight identity)."""
     assert cfg.model is not None  # _check_config
     load = load_kwargs(cfg.torch_dtype, cfg.attn_implementation, cfg.load_in_4bit, cfg.load_in_8bit,
                        cuda=accelerator.device.type == "cuda")  # fmt: skip
-    lm, tokenizer, has_adapter = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code, **load)
+    lm, tokenizer, has_adapter = load_model_and_tokenizer(
+        cfg.model, trust_remote_code=cfg.trust_remote_code, tokenizer=tokenizer, **load
+    )
     _prepare_for_training(cfg, lm, accelerator)
     identity = model_identity(lm, cfg.model)
     if resume_info and resume_info.get("model_identity") != identity:
