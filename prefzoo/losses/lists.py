@@ -226,81 +226,86 @@ _MML_SCORES = "s_k = log π_θ(z_k|x) + R̂_k (R = r + β·log π_ref, min-max n
 _DPO_SCORES = "u_k = β·(log π_θ(z_k|x) − log π_ref(z_k|x)) (DPO implicit reward)"
 _REF = frozenset({Need.REFERENCE})
 
+_MML_COMMON: dict[str, Any] = dict(family="mmpo", params_cls=MMLParams, scores=_MML_SCORES, needs=_REF,
+                                   batch_coupled=True, shapes=LISTS)
+
+
+# every spec this module registers, in catalogue order: declarations are data
+_SPECS: tuple[LossSpec, ...] = (
+    LossSpec(
+        name="mml",
+        fn=mml_loss,
+        formula="−logsumexp_k s_k over the K completions",
+        paper=f"{MMPO_PAPER}; Eq. 4 (the n-sample MML estimator)",
+        monotone=False,
+        description="The paper's MML estimator with n = K samples per prompt: Ĵ = logsumexp_k s_k, rewards r_k "
+        "from the rank (r_ε for the best, the listing's 0.1 for the rest) or from the scores, plus β·log π_ref, "
+        "min-max normalised over the whole gathered batch as in the listing. K = 2 with reward_from='rank' is "
+        "mmpo-no-aux exactly.",
+        notes="Theorem 3.1 for n samples: −∂L/∂log π(z_k|x) = softmax(s)_k, so every completion's likelihood "
+        "rises, the highest-scored most.",
+        **_MML_COMMON,
+    ),
+    LossSpec(
+        name="mmpo-list",
+        fn=mmpo_list_loss,
+        formula="−logsumexp_k s_k − log PL(ranking | s)  (≡ −s_best + PL NLL of the ranking of the rest)",
+        paper=f"{MMPO_PAPER}, generalised to K completions with a Plackett–Luce auxiliary term",
+        description="MMPO for lists: the MML logsumexp plus the Plackett–Luce negative log-likelihood of the "
+        "ranking under s, the list generalisation of the listing's −log σ(s_w − s_l). K = 2 is mmpo exactly.",
+        notes="The first Plackett–Luce factor cancels the logsumexp: with a unique best, L = −s_best + "
+        "Σ_{j≥2} [logsumexp_{m≥j} s_π(m) − s_π(j)], NLL on the best plus a ranking loss over the rest that does "
+        "not involve the best (docs/theory.md).",
+        **_MML_COMMON,
+    ),
+    LossSpec(
+        name="dpo-pl",
+        fn=dpo_pl_loss,
+        params_cls=PLDPOParams,
+        family="dpo",
+        formula="−Σ_k log( e^{u_τ(k)} / Σ_{j≥k} e^{u_τ(j)} ),  u = β·(log π_θ − log π_ref)",
+        paper="Rafailov et al. 2023, arXiv:2305.18290 (DPO), appendix A.3 (Plackett–Luce)",
+        scores=_DPO_SCORES,
+        needs=_REF,
+        shift_invariant=True,
+        shapes=LISTS,
+        description="Plackett–Luce DPO: the negative log-likelihood of the whole ranking under the implicit "
+        "reward. K = 2 is dpo.",
+    ),
+    LossSpec(
+        name="lipo",
+        fn=lipo_loss,
+        params_cls=PLDPOParams,
+        family="dpo",
+        formula="Σ_{ψ_i > ψ_j} Δ_ij·(−log σ(u_i − u_j)),  Δ_ij = |2^ψ_i − 2^ψ_j|·|1/log₂(1+τ_i) − 1/log₂(1+τ_j)|",
+        paper="Liu et al. 2024, arXiv:2402.01878 (LiPO-λ), Eq. 5",
+        scores=_DPO_SCORES,
+        needs=_REF,
+        shift_invariant=True,
+        shapes=LISTS,
+        description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
+        "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
+        "rank grade: how many completions are ranked below).",
+        notes="Δ is held constant (the ranks τ come from a sort). D uses log₂ as NDCG does; a natural log only "
+        "scales every Δ by ln 2.",
+    ),
+    LossSpec(
+        name="rrhf",
+        fn=rrhf_loss,
+        params_cls=RRHFParams,
+        family="rrhf",
+        formula="Σ_{r_i < r_j} max(0, p_i − p_j) − log π(z_best|x),  p = log π_θ(z|x)/|z|",
+        paper="Yuan et al. 2023, arXiv:2304.05302 (RRHF), Eqs. 1–3",
+        scores="p_k = log π_θ(z_k|x)/|z_k| (length-normalised log-prob)",
+        needs=frozenset({Need.LENGTHS}),
+        shapes=LISTS,
+        description="RRHF: a ranking hinge on length-normalised log-probs over every ordered pair, plus SFT "
+        "(summed NLL) on the best completion; no reference model.",
+        notes="Tied completions are never paired; tied bests share the SFT term.",
+    ),
+    )
+
 
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
-    mml_common: dict[str, Any] = dict(family="mmpo", params_cls=MMLParams, scores=_MML_SCORES, needs=_REF,
-                                      batch_coupled=True, shapes=LISTS)
-    return [
-        LossSpec(
-            name="mml",
-            fn=mml_loss,
-            formula="−logsumexp_k s_k over the K completions",
-            paper=f"{MMPO_PAPER}; Eq. 4 (the n-sample MML estimator)",
-            monotone=False,
-            description="The paper's MML estimator with n = K samples per prompt: Ĵ = logsumexp_k s_k, rewards r_k "
-            "from the rank (r_ε for the best, the listing's 0.1 for the rest) or from the scores, plus β·log π_ref, "
-            "min-max normalised over the whole gathered batch as in the listing. K = 2 with reward_from='rank' is "
-            "mmpo-no-aux exactly.",
-            notes="Theorem 3.1 for n samples: −∂L/∂log π(z_k|x) = softmax(s)_k, so every completion's likelihood "
-            "rises, the highest-scored most.",
-            **mml_common,
-        ),
-        LossSpec(
-            name="mmpo-list",
-            fn=mmpo_list_loss,
-            formula="−logsumexp_k s_k − log PL(ranking | s)  (≡ −s_best + PL NLL of the ranking of the rest)",
-            paper=f"{MMPO_PAPER}, generalised to K completions with a Plackett–Luce auxiliary term",
-            description="MMPO for lists: the MML logsumexp plus the Plackett–Luce negative log-likelihood of the "
-            "ranking under s, the list generalisation of the listing's −log σ(s_w − s_l). K = 2 is mmpo exactly.",
-            notes="The first Plackett–Luce factor cancels the logsumexp: with a unique best, L = −s_best + "
-            "Σ_{j≥2} [logsumexp_{m≥j} s_π(m) − s_π(j)], NLL on the best plus a ranking loss over the rest that does "
-            "not involve the best (docs/theory.md).",
-            **mml_common,
-        ),
-        LossSpec(
-            name="dpo-pl",
-            fn=dpo_pl_loss,
-            params_cls=PLDPOParams,
-            family="dpo",
-            formula="−Σ_k log( e^{u_τ(k)} / Σ_{j≥k} e^{u_τ(j)} ),  u = β·(log π_θ − log π_ref)",
-            paper="Rafailov et al. 2023, arXiv:2305.18290 (DPO), appendix A.3 (Plackett–Luce)",
-            scores=_DPO_SCORES,
-            needs=_REF,
-            shift_invariant=True,
-            shapes=LISTS,
-            description="Plackett–Luce DPO: the negative log-likelihood of the whole ranking under the implicit "
-            "reward. K = 2 is dpo.",
-        ),
-        LossSpec(
-            name="lipo",
-            fn=lipo_loss,
-            params_cls=PLDPOParams,
-            family="dpo",
-            formula="Σ_{ψ_i > ψ_j} Δ_ij·(−log σ(u_i − u_j)),  Δ_ij = |2^ψ_i − 2^ψ_j|·|1/log₂(1+τ_i) − 1/log₂(1+τ_j)|",
-            paper="Liu et al. 2024, arXiv:2402.01878 (LiPO-λ), Eq. 5",
-            scores=_DPO_SCORES,
-            needs=_REF,
-            shift_invariant=True,
-            shapes=LISTS,
-            description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
-            "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
-            "rank grade: how many completions are ranked below).",
-            notes="Δ is held constant (the ranks τ come from a sort). D uses log₂ as NDCG does; a natural log only "
-            "scales every Δ by ln 2.",
-        ),
-        LossSpec(
-            name="rrhf",
-            fn=rrhf_loss,
-            params_cls=RRHFParams,
-            family="rrhf",
-            formula="Σ_{r_i < r_j} max(0, p_i − p_j) − log π(z_best|x),  p = log π_θ(z|x)/|z|",
-            paper="Yuan et al. 2023, arXiv:2304.05302 (RRHF), Eqs. 1–3",
-            scores="p_k = log π_θ(z_k|x)/|z_k| (length-normalised log-prob)",
-            needs=frozenset({Need.LENGTHS}),
-            shapes=LISTS,
-            description="RRHF: a ranking hinge on length-normalised log-probs over every ordered pair, plus SFT "
-            "(summed NLL) on the best completion; no reference model.",
-            notes="Tied completions are never paired; tied bests share the SFT term.",
-        ),
-    ]
+    return list(_SPECS)

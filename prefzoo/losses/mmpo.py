@@ -148,66 +148,71 @@ def mmpo_entropy_loss(batch: PreferenceBatch, p: MMPOEntropyParams, ctx: LossCon
 _SCORES = "s_w, s_l: log π_θ(y|x) plus the in-batch min-max normalized reward (paper, appendix)"
 _REF = frozenset({Need.REFERENCE})
 
+_COMMON: dict[str, Any] = dict(family="mmpo", paper=PAPER, scores=_SCORES, batch_coupled=True)
+
+
+# every spec this module registers, in catalogue order: declarations are data
+_SPECS: tuple[LossSpec, ...] = (
+    LossSpec(
+        name="mmpo",
+        fn=mmpo_loss,
+        params_cls=MMPOParams,
+        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l)  (≡ −s_w)",
+        needs=_REF,
+        description="MMPO as listed in the paper: the MML logsumexp term plus the DPO-style auxiliary term, "
+        "on rewards r + β·log π_ref min-max normalized over the gathered batch.",
+        notes="The two terms sum to −s_w exactly, so the gradient is −∇log π(y_w|x): NLL on the chosen "
+        "response, independent of β, r_ε, the reference and the rejected response.",
+        **_COMMON,
+    ),
+    LossSpec(
+        name="mmpo-no-aux",
+        fn=mmpo_no_aux_loss,
+        params_cls=MMPOParams,
+        formula="−logsumexp(s_w, s_l)",
+        needs=_REF,
+        monotone=False,
+        description="Ablation: MMPO without the auxiliary −log σ(s_w − s_l) term. Its gradient is Theorem 3.1's "
+        "−σ(s_w − s_l)∇log π(y_w) − σ(s_l − s_w)∇log π(y_l).",
+        notes="Raises the likelihood of both responses (∂L/∂log π(y_l) = −σ(s_l − s_w) ≤ 0), weighting the "
+        "chosen one more when s_w > s_l.",
+        **_COMMON,
+    ),
+    LossSpec(
+        name="mmpo-no-norm",
+        fn=mmpo_no_norm_loss,
+        params_cls=MMPOParams,
+        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l), s = log π + R (unnormalized)",
+        needs=_REF,
+        description="Ablation: MMPO with raw rewards R = r + β·log π_ref, no in-batch normalization.",
+        notes="Still ≡ −s_w; without normalization no example depends on another.",
+        **{**_COMMON, "batch_coupled": False},
+    ),
+    LossSpec(
+        name="mmpo-length-norm",
+        fn=mmpo_length_norm_loss,
+        params_cls=MMPOParams,
+        formula="MMPO with log π(y|x)/|y| and log π_ref(y|x)/|y|",
+        needs=_REF | {Need.LENGTHS},
+        description="Ablation: MMPO on per-token average log-probs of the policy and the reference.",
+        notes="Still ≡ −s_w: its gradient is −∇log π(y_w|x)/|y_w|, a per-token NLL.",
+        **_COMMON,
+    ),
+    LossSpec(
+        name="mmpo-entropy",
+        fn=mmpo_entropy_loss,
+        params_cls=MMPOEntropyParams,
+        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l) − β·Ĥ(π(·|x))",
+        needs=_REF | {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES},
+        monotone=False,
+        description="Ablation: MMPO plus entropy maximization with the appendix's estimator ∇P1 + ∇P2 over "
+        "per-token log-probs and entropies of both completions.",
+        notes="Ĥ's value is Σ_t H_t; its gradient is the score-function term ∇P1 plus the pathwise ∇P2.",
+        **_COMMON,
+    ),
+    )
+
 
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
-    common: dict[str, Any] = dict(family="mmpo", paper=PAPER, scores=_SCORES, batch_coupled=True)
-    return [
-        LossSpec(
-            name="mmpo",
-            fn=mmpo_loss,
-            params_cls=MMPOParams,
-            formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l)  (≡ −s_w)",
-            needs=_REF,
-            description="MMPO as listed in the paper: the MML logsumexp term plus the DPO-style auxiliary term, "
-            "on rewards r + β·log π_ref min-max normalized over the gathered batch.",
-            notes="The two terms sum to −s_w exactly, so the gradient is −∇log π(y_w|x): NLL on the chosen "
-            "response, independent of β, r_ε, the reference and the rejected response.",
-            **common,
-        ),
-        LossSpec(
-            name="mmpo-no-aux",
-            fn=mmpo_no_aux_loss,
-            params_cls=MMPOParams,
-            formula="−logsumexp(s_w, s_l)",
-            needs=_REF,
-            monotone=False,
-            description="Ablation: MMPO without the auxiliary −log σ(s_w − s_l) term. Its gradient is Theorem 3.1's "
-            "−σ(s_w − s_l)∇log π(y_w) − σ(s_l − s_w)∇log π(y_l).",
-            notes="Raises the likelihood of both responses (∂L/∂log π(y_l) = −σ(s_l − s_w) ≤ 0), weighting the "
-            "chosen one more when s_w > s_l.",
-            **common,
-        ),
-        LossSpec(
-            name="mmpo-no-norm",
-            fn=mmpo_no_norm_loss,
-            params_cls=MMPOParams,
-            formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l), s = log π + R (unnormalized)",
-            needs=_REF,
-            description="Ablation: MMPO with raw rewards R = r + β·log π_ref, no in-batch normalization.",
-            notes="Still ≡ −s_w; without normalization no example depends on another.",
-            **{**common, "batch_coupled": False},
-        ),
-        LossSpec(
-            name="mmpo-length-norm",
-            fn=mmpo_length_norm_loss,
-            params_cls=MMPOParams,
-            formula="MMPO with log π(y|x)/|y| and log π_ref(y|x)/|y|",
-            needs=_REF | {Need.LENGTHS},
-            description="Ablation: MMPO on per-token average log-probs of the policy and the reference.",
-            notes="Still ≡ −s_w: its gradient is −∇log π(y_w|x)/|y_w|, a per-token NLL.",
-            **common,
-        ),
-        LossSpec(
-            name="mmpo-entropy",
-            fn=mmpo_entropy_loss,
-            params_cls=MMPOEntropyParams,
-            formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l) − β·Ĥ(π(·|x))",
-            needs=_REF | {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES},
-            monotone=False,
-            description="Ablation: MMPO plus entropy maximization with the appendix's estimator ∇P1 + ∇P2 over "
-            "per-token log-probs and entropies of both completions.",
-            notes="Ĥ's value is Σ_t H_t; its gradient is the score-function term ∇P1 plus the pathwise ∇P2.",
-            **common,
-        ),
-    ]
+    return list(_SPECS)

@@ -165,79 +165,83 @@ def _cpo(
     )
 
 
+# every spec this module registers, in catalogue order: declarations are data
+_SPECS: tuple[LossSpec, ...] = (
+    LossSpec(
+        name="simpo",
+        fn=simpo_loss,
+        params_cls=SimPOParams,
+        family="simpo",
+        formula="−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ)",
+        paper="Meng et al. 2024, arXiv:2405.14734 (SimPO)",
+        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        needs=_LEN,
+        logp_reward="average",
+        description="Simple Preference Optimization: reference-free, length-normalized margin loss.",
+    ),
+    _cpo(
+        "cpo",
+        cpo_loss,
+        CPOParams,
+        "−log σ(β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+        "Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
+        paper="Xu et al. 2024, arXiv:2401.08417 (CPO)",
+    ),
+    _cpo(
+        "cpo-hinge",
+        cpo_hinge_loss,
+        CPOParams,
+        "max(0, 1 − β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+        "CPO with SLiC's hinge as the preference term (TRL CPOTrainer loss_type='hinge').",
+    ),
+    _cpo(
+        "cpo-ipo",
+        cpo_ipo_loss,
+        CPOParams,
+        "(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α·log π(y_w|x)/|y_w|",
+        "CPO with IPO's squared preference term on average log-probs (TRL CPOTrainer loss_type='ipo').",
+        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        monotone=False,
+    ),
+    _cpo(
+        "cpo-simpo",
+        cpo_simpo_loss,
+        CPOSimPOParams,
+        "−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ) − α·log π(y_w|x)/|y_w|",
+        "CPO-SimPO: SimPO's length-normalized margin plus CPO's NLL on the chosen response "
+        "(TRL CPOTrainer loss_type='simpo' with cpo_alpha).",
+        paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
+        "as TRL 1.16 trl.experimental.cpo",
+        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+    ),
+    LossSpec(
+        name="simper",
+        fn=simper_loss,
+        params_cls=SimPERParams,
+        family="simpo",
+        formula="−exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)",
+        paper="Xiao et al. 2025, arXiv:2502.00883 (SimPER)",
+        scores="exp(log π_θ(y|x)/|y|) (inverse perplexity)",
+        needs=_LEN,
+        description="Simple Preference optimization with pERplexity: hyperparameter-free and reference-free; "
+        "raises the chosen response's inverse perplexity and lowers the rejected one's.",
+    ),
+    LossSpec(
+        name="slic",
+        fn=slic_loss,
+        params_cls=SLiCParams,
+        family="simpo",
+        formula="max(0, δ − log π(y_w|x) + log π(y_l|x)) − λ·log π(y_w|x)",
+        paper="Zhao et al. 2023, arXiv:2305.10425 (SLiC-HF)",
+        scores="log π_θ(y|x) (summed log-prob)",
+        description="Sequence Likelihood Calibration with Human Feedback, direct: a rank-calibration hinge on "
+        "summed log-probs plus an NLL regulariser on the chosen response (y_ref = y_w); reference-free.",
+        notes="The regulariser is the summed (sequence) NLL, as the paper; `hinge` is the reference-based "
+        "variant that TRL calls SLiC.",
+    ),
+    )
+
+
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
-    return [
-        LossSpec(
-            name="simpo",
-            fn=simpo_loss,
-            params_cls=SimPOParams,
-            family="simpo",
-            formula="−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ)",
-            paper="Meng et al. 2024, arXiv:2405.14734 (SimPO)",
-            scores="β·log π_θ(y|x)/|y| (average log-prob)",
-            needs=_LEN,
-            logp_reward="average",
-            description="Simple Preference Optimization: reference-free, length-normalized margin loss.",
-        ),
-        _cpo(
-            "cpo",
-            cpo_loss,
-            CPOParams,
-            "−log σ(β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
-            "Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
-            paper="Xu et al. 2024, arXiv:2401.08417 (CPO)",
-        ),
-        _cpo(
-            "cpo-hinge",
-            cpo_hinge_loss,
-            CPOParams,
-            "max(0, 1 − β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
-            "CPO with SLiC's hinge as the preference term (TRL CPOTrainer loss_type='hinge').",
-        ),
-        _cpo(
-            "cpo-ipo",
-            cpo_ipo_loss,
-            CPOParams,
-            "(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α·log π(y_w|x)/|y_w|",
-            "CPO with IPO's squared preference term on average log-probs (TRL CPOTrainer loss_type='ipo').",
-            scores="β·log π_θ(y|x)/|y| (average log-prob)",
-            monotone=False,
-        ),
-        _cpo(
-            "cpo-simpo",
-            cpo_simpo_loss,
-            CPOSimPOParams,
-            "−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ) − α·log π(y_w|x)/|y_w|",
-            "CPO-SimPO: SimPO's length-normalized margin plus CPO's NLL on the chosen response "
-            "(TRL CPOTrainer loss_type='simpo' with cpo_alpha).",
-            paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
-            "as TRL 1.16 trl.experimental.cpo",
-            scores="β·log π_θ(y|x)/|y| (average log-prob)",
-        ),
-        LossSpec(
-            name="simper",
-            fn=simper_loss,
-            params_cls=SimPERParams,
-            family="simpo",
-            formula="−exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)",
-            paper="Xiao et al. 2025, arXiv:2502.00883 (SimPER)",
-            scores="exp(log π_θ(y|x)/|y|) (inverse perplexity)",
-            needs=_LEN,
-            description="Simple Preference optimization with pERplexity: hyperparameter-free and reference-free; "
-            "raises the chosen response's inverse perplexity and lowers the rejected one's.",
-        ),
-        LossSpec(
-            name="slic",
-            fn=slic_loss,
-            params_cls=SLiCParams,
-            family="simpo",
-            formula="max(0, δ − log π(y_w|x) + log π(y_l|x)) − λ·log π(y_w|x)",
-            paper="Zhao et al. 2023, arXiv:2305.10425 (SLiC-HF)",
-            scores="log π_θ(y|x) (summed log-prob)",
-            description="Sequence Likelihood Calibration with Human Feedback, direct: a rank-calibration hinge on "
-            "summed log-probs plus an NLL regulariser on the chosen response (y_ref = y_w); reference-free.",
-            notes="The regulariser is the summed (sequence) NLL, as the paper; `hinge` is the reference-based "
-            "variant that TRL calls SLiC.",
-        ),
-    ]
+    return list(_SPECS)

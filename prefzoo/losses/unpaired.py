@@ -134,67 +134,72 @@ def bco_loss(batch: UnpairedBatch, p: BCOParams, ctx: LossContext) -> LossOutput
 
 _SCORES = "β·ρ of the completion (chosen_rewards) against the point it is compared with (rejected_rewards)"
 
+_COMMON: dict[str, Any] = dict(family="unpaired", shapes=UNPAIRED, shift_invariant=True)
+
+
+# every spec this module registers, in catalogue order: declarations are data
+_SPECS: tuple[LossSpec, ...] = (
+    LossSpec(
+        name="kto",
+        fn=kto_loss,
+        params_cls=KTOParams,
+        formula="λ_D·(1 − σ(β(ρ − z₀))) desirable, λ_U·(1 − σ(β(z₀ − ρ))) undesirable; "
+        "z₀ = max(0, mean_batch(log π_θ(y'|x) − log π_ref(y'|x)))",
+        paper=KTO_PAPER,
+        scores=_SCORES + ": β·z₀",
+        needs=frozenset({Need.REFERENCE, Need.KL_REFERENCE}),
+        batch_coupled=True,
+        description="Kahneman–Tversky Optimization on thumbs-up/down data: each completion's implicit reward "
+        "is compared with a reference point z₀, an estimate of KL(π_θ‖π_ref) from mismatched "
+        "prompt/completion pairs, averaged over the whole gathered batch (all processes).",
+        notes="z₀ is a constant (no gradient), as in TRL. TRL averages the per-process means of the KL "
+        "estimate; prefzoo takes the mean over the gathered batch, equal for equal shards and independent of "
+        "how an uneven batch is split. Set λ_D·n_D/(λ_U·n_U) in [1, 4/3] when the classes are imbalanced "
+        "(KTO paper, Eq. 8).",
+        **_COMMON,
+    ),
+    LossSpec(
+        name="apo-zero-unpaired",
+        fn=apo_zero_unpaired_loss,
+        params_cls=KTOParams,
+        formula="λ_D·(1 − σ(βρ)) desirable, λ_U·σ(βρ) undesirable",
+        paper=APO_PAPER,
+        scores=_SCORES + ": 0",
+        needs=frozenset({Need.REFERENCE}),
+        description="Anchored Preference Optimization (zero anchor) on unpaired data: raise the likelihood "
+        "of desirable and lower that of undesirable completions relative to the reference, for data better "
+        "than the model's own outputs. KTO with z₀ = 0 and no KL completions.",
+        **_COMMON,
+    ),
+    LossSpec(
+        name="bco",
+        fn=bco_loss,
+        params_cls=BCOParams,
+        formula="−log σ(βρ − δ) desirable, −log σ(−(βρ − δ)) undesirable; "
+        "δ = running mean of every β·ρ trained on",
+        paper=BCO_PAPER,
+        scores=_SCORES + ": δ",
+        needs=frozenset({Need.REFERENCE}),
+        batch_coupled=True,
+        initial_state=bco_initial_state,
+        density_ratio_weights=True,
+        description="Binary Classifier Optimization: a logistic classifier of desirable vs undesirable on the "
+        "implicit reward, shifted by δ, the running mean of the rewards of every training batch (gathered over "
+        "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
+        "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
+        notes="TRL's underlying-distribution matching is `prefzoo train --density-ratio` (off by default, as in "
+        "TRL, where it needs an embedding_func): at the start the trainer embeds a seeded sample of up to "
+        "--density-ratio-prompts desirable and as many undesirable prompts (mean-pooled last hidden states of "
+        "the frozen reference), fits prefzoo.losses.density_ratio.DensityRatioClassifier (sklearn's balanced "
+        "LogisticRegression, in torch) on the embeddings gathered from every process, and passes each batch's "
+        "weights 1 (desirable) and clamp(P/(1 − P + 1e-8), --min-density-ratio, --max-density-ratio) "
+        "(undesirable) in UnpairedBatch.density_ratio_weights; the loss multiplies each example's loss by its "
+        "weight. δ is kept in float64 (TRL: float32).",
+        **_COMMON,
+    ),
+    )
+
 
 @hookimpl
 def prefzoo_register_losses() -> list[LossSpec]:
-    common: dict[str, Any] = dict(family="unpaired", shapes=UNPAIRED, shift_invariant=True)
-    return [
-        LossSpec(
-            name="kto",
-            fn=kto_loss,
-            params_cls=KTOParams,
-            formula="λ_D·(1 − σ(β(ρ − z₀))) desirable, λ_U·(1 − σ(β(z₀ − ρ))) undesirable; "
-            "z₀ = max(0, mean_batch(log π_θ(y'|x) − log π_ref(y'|x)))",
-            paper=KTO_PAPER,
-            scores=_SCORES + ": β·z₀",
-            needs=frozenset({Need.REFERENCE, Need.KL_REFERENCE}),
-            batch_coupled=True,
-            description="Kahneman–Tversky Optimization on thumbs-up/down data: each completion's implicit reward "
-            "is compared with a reference point z₀, an estimate of KL(π_θ‖π_ref) from mismatched "
-            "prompt/completion pairs, averaged over the whole gathered batch (all processes).",
-            notes="z₀ is a constant (no gradient), as in TRL. TRL averages the per-process means of the KL "
-            "estimate; prefzoo takes the mean over the gathered batch, equal for equal shards and independent of "
-            "how an uneven batch is split. Set λ_D·n_D/(λ_U·n_U) in [1, 4/3] when the classes are imbalanced "
-            "(KTO paper, Eq. 8).",
-            **common,
-        ),
-        LossSpec(
-            name="apo-zero-unpaired",
-            fn=apo_zero_unpaired_loss,
-            params_cls=KTOParams,
-            formula="λ_D·(1 − σ(βρ)) desirable, λ_U·σ(βρ) undesirable",
-            paper=APO_PAPER,
-            scores=_SCORES + ": 0",
-            needs=frozenset({Need.REFERENCE}),
-            description="Anchored Preference Optimization (zero anchor) on unpaired data: raise the likelihood "
-            "of desirable and lower that of undesirable completions relative to the reference, for data better "
-            "than the model's own outputs. KTO with z₀ = 0 and no KL completions.",
-            **common,
-        ),
-        LossSpec(
-            name="bco",
-            fn=bco_loss,
-            params_cls=BCOParams,
-            formula="−log σ(βρ − δ) desirable, −log σ(−(βρ − δ)) undesirable; "
-            "δ = running mean of every β·ρ trained on",
-            paper=BCO_PAPER,
-            scores=_SCORES + ": δ",
-            needs=frozenset({Need.REFERENCE}),
-            batch_coupled=True,
-            initial_state=bco_initial_state,
-            density_ratio_weights=True,
-            description="Binary Classifier Optimization: a logistic classifier of desirable vs undesirable on the "
-            "implicit reward, shifted by δ, the running mean of the rewards of every training batch (gathered over "
-            "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
-            "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
-            notes="TRL's underlying-distribution matching is `prefzoo train --density-ratio` (off by default, as in "
-            "TRL, where it needs an embedding_func): at the start the trainer embeds a seeded sample of up to "
-            "--density-ratio-prompts desirable and as many undesirable prompts (mean-pooled last hidden states of "
-            "the frozen reference), fits prefzoo.losses.density_ratio.DensityRatioClassifier (sklearn's balanced "
-            "LogisticRegression, in torch) on the embeddings gathered from every process, and passes each batch's "
-            "weights 1 (desirable) and clamp(P/(1 − P + 1e-8), --min-density-ratio, --max-density-ratio) "
-            "(undesirable) in UnpairedBatch.density_ratio_weights; the loss multiplies each example's loss by its "
-            "weight. δ is kept in float64 (TRL: float32).",
-            **common,
-        ),
-    ]
+    return list(_SPECS)
