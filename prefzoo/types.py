@@ -201,49 +201,40 @@ class PreferenceBatch:
                 continue
             _check_tensor(name, t, (b,), ref)
             if name.endswith("lengths"):
-                integral = not t.is_complex() and t.dtype != torch.bool
-                if integral and t.is_floating_point():
-                    integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-                if not integral:
-                    raise PreferenceBatchError(
-                        f"PreferenceBatch.{name} must hold whole token counts (an integer tensor), got {t.dtype} "
-                        f"values {t.flatten()[:4].tolist()}; pass completion_mask.sum(-1)"
-                    )
-                if not bool((t > 0).all()):
-                    bad = int(torch.nonzero(t <= 0)[0, 0])
-                    raise PreferenceBatchError(
-                        f"PreferenceBatch.{name}[{bad}] = {t[bad].item()}: completion lengths must be positive "
-                        "token counts; drop pairs whose completion was truncated away"
-                    )
+                _check_lengths(name, t)
             elif not t.is_floating_point():
                 raise PreferenceBatchError(f"PreferenceBatch.{name} must be a floating-point tensor, got {t.dtype}")
             _check_finite(name, t, self.example_ids)
         for group in (_TOKEN_LEVEL_W, _TOKEN_LEVEL_L):
-            shape: tuple[int, ...] | None = None
-            for name in group:
-                t = getattr(self, name)
-                if t is None:
-                    continue
-                if t.ndim != 2 or t.shape[0] != b:
-                    raise PreferenceBatchError(
-                        f"PreferenceBatch.{name} must have shape (B, T) with B = {b}, got {tuple(t.shape)}"
-                    )
-                if shape is not None and tuple(t.shape) != shape:
-                    raise PreferenceBatchError(
-                        f"PreferenceBatch.{name} has shape {tuple(t.shape)} but {group[0]} and friends have {shape}"
-                    )
-                shape = tuple(t.shape)
-                if t.device != ref.device:
-                    raise PreferenceBatchError(
-                        f"PreferenceBatch.{name} is on {t.device} but policy_chosen_logps is on {ref.device}"
-                    )
-                if name.endswith("mask"):
-                    if t.dtype != torch.bool:
-                        raise PreferenceBatchError(f"PreferenceBatch.{name} must be a bool tensor, got {t.dtype}")
-                else:
-                    _check_finite(name, t, self.example_ids)
+            self._validate_token_group(group, b, ref)
         if self.example_ids is not None and len(self.example_ids) != b:
             raise PreferenceBatchError(f"PreferenceBatch.example_ids has {len(self.example_ids)} ids for B = {b}")
+
+    def _validate_token_group(self, group: tuple[str, ...], b: int, ref: Tensor) -> None:
+        """One completion's (B, T) token-level fields: one shape among them, on ``ref``'s device, bool masks, finite."""
+        shape: tuple[int, ...] | None = None
+        for name in group:
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if t.ndim != 2 or t.shape[0] != b:
+                raise PreferenceBatchError(
+                    f"PreferenceBatch.{name} must have shape (B, T) with B = {b}, got {tuple(t.shape)}"
+                )
+            if shape is not None and tuple(t.shape) != shape:
+                raise PreferenceBatchError(
+                    f"PreferenceBatch.{name} has shape {tuple(t.shape)} but {group[0]} and friends have {shape}"
+                )
+            shape = tuple(t.shape)
+            if t.device != ref.device:
+                raise PreferenceBatchError(
+                    f"PreferenceBatch.{name} is on {t.device} but policy_chosen_logps is on {ref.device}"
+                )
+            if name.endswith("mask"):
+                if t.dtype != torch.bool:
+                    raise PreferenceBatchError(f"PreferenceBatch.{name} must be a bool tensor, got {t.dtype}")
+            else:
+                _check_finite(name, t, self.example_ids)
 
     def replace(self, **changes: Tensor | None) -> PreferenceBatch:
         """A copy with some fields replaced (validated again)."""
@@ -261,6 +252,24 @@ def _check_tensor(name: str, t: object, shape: tuple[int, ...], ref: Tensor) -> 
     if t.device != ref.device:
         raise PreferenceBatchError(
             f"PreferenceBatch.{name} is on {t.device} but policy_chosen_logps is on {ref.device}: move it with .to()"
+        )
+
+
+def _check_lengths(name: str, t: Tensor) -> None:
+    """``t`` (B,) holds whole, positive token counts, or a PreferenceBatchError naming the field and the fix."""
+    integral = not t.is_complex() and t.dtype != torch.bool
+    if integral and t.is_floating_point():
+        integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
+    if not integral:
+        raise PreferenceBatchError(
+            f"PreferenceBatch.{name} must hold whole token counts (an integer tensor), got {t.dtype} "
+            f"values {t.flatten()[:4].tolist()}; pass completion_mask.sum(-1)"
+        )
+    if not bool((t > 0).all()):
+        bad = int(torch.nonzero(t <= 0)[0, 0])
+        raise PreferenceBatchError(
+            f"PreferenceBatch.{name}[{bad}] = {t[bad].item()}: completion lengths must be positive "
+            "token counts; drop pairs whose completion was truncated away"
         )
 
 
