@@ -119,48 +119,61 @@ def choose_fast_paths(
     by sequence boundaries but cannot express y_l ↛ y_w); forced on, the run stops with that reason later.
     """
 
-    def forced(value: str) -> tuple[bool] | None:
-        return None if value == AUTO else (value == ON,)
-
     blocked = unavailable or ("no pair statistics" if stats is None else None)
-    # prompt sharing
-    got = forced(share_prompt)
-    if got is not None:
-        share, share_why = got[0], "forced"
-    elif blocked or stats is None or refusal or share_refusal:
-        share, share_why = False, f"auto: {blocked or refusal or share_refusal}"
-    else:
-        share = stats.prompt_saving >= SHARE_MIN_SAVING
-        cmp = "≥" if share else "<"
-        share_why = f"auto: prompt is {stats.prompt_saving:.0%} of plain tokens, {cmp} {SHARE_MIN_SAVING:.0%}"
+    share, share_why = _choose_sharing(stats, share_prompt, blocked or refusal or share_refusal)
     if share and split:
         share_why += ", attention split in two causal parts"
     padding = None if stats is None else (stats.padding_shared if share else stats.padding_plain)
-    # packing
-    got = forced(packing)
-    if got is not None:
-        pack, pack_why = got[0], "forced"
-    elif blocked or padding is None or refusal:
-        pack, pack_why = False, f"auto: {blocked or refusal}"
-    else:
-        least = PACK_SPLIT_MIN_PADDING if split else PACK_MIN_PADDING
-        pack = padding >= least
-        how = ": one row, split attention" if split and pack else ""
-        pack_why = f"auto: batches {padding:.0%} padding, {'≥' if pack else '<'} {least:.0%}{how}"
-    # length grouping
-    got = forced(group_by_length)
-    if got is not None:
-        group, group_why = got[0], "forced"
-    elif blocked or padding is None:
-        group, group_why = False, f"auto: {blocked}"
-    elif pack:
-        group, group_why = False, "auto: packing removes the padding"
-    elif batch_coupled:
-        group, group_why = False, "auto: the loss normalises over its batch; grouping would change the batches"
-    else:
-        group = padding >= PACK_MIN_PADDING
-        group_why = f"auto: batches {padding:.0%} padding, {'≥' if group else '<'} {PACK_MIN_PADDING:.0%}"
+    pack, pack_why = _choose_packing(padding, packing, blocked or refusal, split)
+    group, group_why = _choose_grouping(padding, group_by_length, blocked, pack, batch_coupled)
     return FastPaths(share, pack, group, (share_why, pack_why, group_why))
+
+
+def _forced(value: str) -> tuple[bool] | None:
+    """``(on,)`` for a switch forced on or off, None for ``auto``."""
+    return None if value == AUTO else (value == ON,)
+
+
+def _choose_sharing(stats: LengthStats | None, switch: str, blocked: str | None) -> tuple[bool, str]:
+    """(prompt sharing on, why): forced, blocked (the reason), or when the prompt is a large enough share."""
+    got = _forced(switch)
+    if got is not None:
+        return got[0], "forced"
+    if blocked or stats is None:
+        return False, f"auto: {blocked}"
+    share = stats.prompt_saving >= SHARE_MIN_SAVING
+    cmp = "≥" if share else "<"
+    return share, f"auto: prompt is {stats.prompt_saving:.0%} of plain tokens, {cmp} {SHARE_MIN_SAVING:.0%}"
+
+
+def _choose_packing(padding: float | None, switch: str, blocked: str | None, split: bool) -> tuple[bool, str]:
+    """(packing on, why): forced, blocked, or when the batches would be padded enough to pay for the mask."""
+    got = _forced(switch)
+    if got is not None:
+        return got[0], "forced"
+    if blocked or padding is None:
+        return False, f"auto: {blocked}"
+    least = PACK_SPLIT_MIN_PADDING if split else PACK_MIN_PADDING
+    pack = padding >= least
+    how = ": one row, split attention" if split and pack else ""
+    return pack, f"auto: batches {padding:.0%} padding, {'≥' if pack else '<'} {least:.0%}{how}"
+
+
+def _choose_grouping(
+    padding: float | None, switch: str, blocked: str | None, pack: bool, batch_coupled: bool
+) -> tuple[bool, str]:
+    """(length grouping on, why): only when packing is off, the loss is not batch-coupled and padding is high."""
+    got = _forced(switch)
+    if got is not None:
+        return got[0], "forced"
+    if blocked or padding is None:
+        return False, f"auto: {blocked}"
+    if pack:
+        return False, "auto: packing removes the padding"
+    if batch_coupled:
+        return False, "auto: the loss normalises over its batch; grouping would change the batches"
+    group = padding >= PACK_MIN_PADDING
+    return group, f"auto: batches {padding:.0%} padding, {'≥' if group else '<'} {PACK_MIN_PADDING:.0%}"
 
 
 def pair_triples(tokenized: Any) -> list[tuple[int, int, int]]:
