@@ -61,8 +61,29 @@ def batch_fields(
         if density_ratio is not None:
             rows["density_ratio_weights"] = density_ratio(batch)  # (N,) constants
         return rows
+    fields = _pair_policy_fields(loss, policy, batch, stats)
+    if Need.SCORES in loss.needs:
+        if "chosen_scores" not in batch:
+            raise KeyError("the loss needs the pairs' scores but the data has no score_chosen/score_rejected columns")
+        fields.update(chosen_scores=batch["chosen_scores"].float(), rejected_scores=batch["rejected_scores"].float())
+    if reference is not None:
+        with autocast():
+            ref_w, ref_l = reference(batch)  # (B,), (B,) constants
+        fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
+        if Need.REF_TOKEN_LOGPS in loss.needs:  # LD-DPO on a reference loss: (B, T_c) on the policy's token grid
+            with autocast():
+                tok_w, tok_l = reference.token_logps(batch)
+            fields.update(ref_chosen_token_logps=tok_w.float(), ref_rejected_token_logps=tok_l.float())
+    return fields
+
+
+def _pair_policy_fields(
+    loss: Loss, policy: Any, batch: dict[str, Any], stats: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A pair batch's policy fields from one forward: sequence log-probs and lengths, and the token-level tensors
+    (log-probs, entropies, log Σ_v π(v)², masks) only where the loss declares it needs them."""
     want_tokens, want_ent = Need.TOKEN_LOGPS in loss.needs, Need.TOKEN_ENTROPIES in loss.needs
-    want_sq, want_ref_tokens = Need.TOKEN_SQUARED_PROBS in loss.needs, Need.REF_TOKEN_LOGPS in loss.needs
+    want_sq = Need.TOKEN_SQUARED_PROBS in loss.needs
     out = policy(
         batch["input_ids"],
         batch["attention_mask"],
@@ -90,22 +111,10 @@ def batch_fields(
         fields.update(
             chosen_token_log_sq_probs=w["token_log_sq_probs"], rejected_token_log_sq_probs=l["token_log_sq_probs"]
         )
-    if Need.SCORES in loss.needs:
-        if "chosen_scores" not in batch:
-            raise KeyError("the loss needs the pairs' scores but the data has no score_chosen/score_rejected columns")
-        fields.update(chosen_scores=batch["chosen_scores"].float(), rejected_scores=batch["rejected_scores"].float())
     if want_tokens:
         fields.update(policy_chosen_token_logps=w["token_logps"], policy_rejected_token_logps=l["token_logps"])
     if want_ent:
         fields.update(chosen_token_entropies=w["token_entropies"], rejected_token_entropies=l["token_entropies"])
-    if reference is not None:
-        with autocast():
-            ref_w, ref_l = reference(batch)  # (B,), (B,) constants
-        fields.update(ref_chosen_logps=ref_w.float(), ref_rejected_logps=ref_l.float())
-        if want_ref_tokens:  # LD-DPO on a reference loss: (B, T_c) on the policy's token grid
-            with autocast():
-                tok_w, tok_l = reference.token_logps(batch)
-            fields.update(ref_chosen_token_logps=tok_w.float(), ref_rejected_token_logps=tok_l.float())
     return fields
 
 
