@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from hypothesis import strategies as st
+from torch import Tensor
 
 from prefzoo.spec import LossParamError, LossSpec, ParamInfo, param_infos, value_type
 from prefzoo.types import GroupBatch, Need, PreferenceBatch, Shape, UnpairedBatch
@@ -40,6 +41,78 @@ _PARAM_SPAN = 10.0  # an unbounded parameter is drawn within 10 of its bound (or
 
 def _as_dtype(d: str | torch.dtype) -> torch.dtype:
     return DTYPES[d] if isinstance(d, str) else d
+
+
+def _token_logp_lists(size: int) -> st.SearchStrategy[list[float]]:
+    """``size`` per-token log-probs in [−30, 0]."""
+    return st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=size, max_size=size)
+
+
+def _draw_token_rows(draw: st.DrawFn, rows: int, prefix: str) -> tuple[int, Tensor, Tensor, Tensor]:
+    """Draws T, ``rows`` token counts, per-token log-probs, entropies: (T, mask, log π_t, H_t), each (rows, T)."""
+    t = draw(st.integers(1, MAX_TOKENS), label=f"{prefix}T")
+    cnt = torch.tensor(draw(st.lists(st.integers(1, t), min_size=rows, max_size=rows), label=f"{prefix}token_counts"))
+    mask = torch.arange(t)[None, :] < cnt[:, None]  # (rows, T) True on completion tokens
+    ent = st.lists(st.floats(0.0, math.log(_VOCAB), allow_nan=False, width=64), min_size=rows * t, max_size=rows * t)
+    lp = torch.tensor(draw(_token_logp_lists(rows * t), label=f"{prefix}token_logps"), dtype=torch.float64)
+    h = torch.tensor(draw(ent, label=f"{prefix}token_entropies"), dtype=torch.float64)
+    return t, mask, lp.view(rows, t) * mask, h.view(rows, t) * mask
+
+
+def _draw_pair_reference(
+    draw: st.DrawFn, vec: st.SearchStrategy[list[float]], pw: Tensor, pl: Tensor, dtype: torch.dtype
+) -> dict[str, Tensor]:
+    """Reference log-probs of both responses, equal to the policy's on a drawn subset of pairs."""
+    b = pw.shape[0]
+    rw = torch.tensor(draw(vec, label="ref_chosen_logps"), dtype=torch.float64)
+    rl = torch.tensor(draw(vec, label="ref_rejected_logps"), dtype=torch.float64)
+    same = draw(st.lists(st.booleans(), min_size=b, max_size=b), label="reference_equals_policy")
+    same_t = torch.tensor(same)
+    return {
+        "ref_chosen_logps": torch.where(same_t, pw, rw).to(dtype),
+        "ref_rejected_logps": torch.where(same_t, pl, rl).to(dtype),
+    }
+
+
+def _draw_pair_token_side(
+    draw: st.DrawFn,
+    side: str,
+    b: int,
+    dtype: torch.dtype,
+    requires_grad: bool,
+    ref_token_level: bool,
+    token_sq_probs: bool,
+) -> dict[str, Tensor]:
+    """One side's token-level fields: log-probs, entropies and mask, optionally reference log-probs and log Σπ²."""
+    t, mask, lp, h = _draw_token_rows(draw, b, f"{side}_")
+    pol = "policy_chosen_token_logps" if side == "chosen" else "policy_rejected_token_logps"
+    fields = {
+        pol: lp.to(dtype).requires_grad_(requires_grad),
+        f"{side}_token_entropies": h.to(dtype).requires_grad_(requires_grad),
+        f"{side}_mask": mask,
+    }
+    if ref_token_level:
+        tok = _token_logp_lists(b * t)
+        ref = torch.tensor(draw(tok, label=f"ref_{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
+        fields[f"ref_{side}_token_logps"] = ref.to(dtype)
+    if token_sq_probs:
+        unit = st.lists(st.floats(0.0, 1.0, width=64), min_size=b * t, max_size=b * t)
+        u = torch.tensor(draw(unit, label=f"{side}_sq_fraction"), dtype=torch.float64).view(b, t)
+        # a distribution over V = 50,000 tokens has Σπ² ≥ π(y_t)², ≥ 1/V, and π(y_t)/Σπ² ≤ √V/2
+        lo = torch.maximum(torch.maximum(2 * lp, lp - math.log(math.sqrt(_VOCAB) / 2)),
+                           torch.tensor(-math.log(_VOCAB), dtype=torch.float64))  # fmt: skip
+        fields[f"{side}_token_log_sq_probs"] = (lo * u * mask).to(dtype)
+    return fields
+
+
+def _draw_pair_scores(draw: st.DrawFn, b: int, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Data scores s_w > s_l in multiples of 1/8 in [−10, 10]: exact in bfloat16 too, so s_w > s_l survives the cast."""
+    eighths = st.lists(st.integers(-80, 80), min_size=b, max_size=b)
+    s_l = torch.tensor(draw(eighths, label="rejected_scores_x8"), dtype=torch.float64) / 8
+    gaps = st.lists(st.integers(1, 80), min_size=b, max_size=b)
+    s_w = (s_l + torch.tensor(draw(gaps, label="score_gaps_x8"), dtype=torch.float64) / 8).clamp(max=10.0)
+    s_l = torch.minimum(s_l, s_w - 0.125)
+    return {"chosen_scores": s_w.to(dtype), "rejected_scores": s_l.to(dtype)}
 
 
 @st.composite
@@ -78,12 +151,7 @@ def preference_batches(
     if reference is None:
         reference = draw(st.booleans(), label="with_reference")
     if reference:
-        rw = torch.tensor(draw(vec, label="ref_chosen_logps"), dtype=torch.float64)
-        rl = torch.tensor(draw(vec, label="ref_rejected_logps"), dtype=torch.float64)
-        same = draw(st.lists(st.booleans(), min_size=b, max_size=b), label="reference_equals_policy")
-        same_t = torch.tensor(same)
-        fields["ref_chosen_logps"] = torch.where(same_t, pw, rw).to(dtype)
-        fields["ref_rejected_logps"] = torch.where(same_t, pl, rl).to(dtype)
+        fields.update(_draw_pair_reference(draw, vec, pw, pl, dtype))
     if lengths is None:
         lengths = draw(st.booleans(), label="with_lengths")
     if lengths:
@@ -94,35 +162,9 @@ def preference_batches(
         token_level = draw(st.booleans(), label="with_token_fields")
     if token_level:
         for side in ("chosen", "rejected"):
-            t = draw(st.integers(1, MAX_TOKENS), label=f"{side}_T")
-            n = st.lists(st.integers(1, t), min_size=b, max_size=b)
-            lens_t = torch.tensor(draw(n, label=f"{side}_token_counts"))
-            mask = torch.arange(t)[None, :] < lens_t[:, None]  # (B, T) True on completion tokens
-            tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=b * t, max_size=b * t)
-            ent = st.lists(st.floats(0.0, math.log(_VOCAB), allow_nan=False, width=64), min_size=b * t, max_size=b * t)
-            lp = torch.tensor(draw(tok, label=f"{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
-            h = torch.tensor(draw(ent, label=f"{side}_token_entropies"), dtype=torch.float64).view(b, t) * mask
-            pol = "policy_chosen_token_logps" if side == "chosen" else "policy_rejected_token_logps"
-            fields[pol] = lp.to(dtype).requires_grad_(requires_grad)
-            fields[f"{side}_token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
-            fields[f"{side}_mask"] = mask
-            if ref_token_level:
-                ref = torch.tensor(draw(tok, label=f"ref_{side}_token_logps"), dtype=torch.float64).view(b, t) * mask
-                fields[f"ref_{side}_token_logps"] = ref.to(dtype)
-            if token_sq_probs:
-                unit = st.lists(st.floats(0.0, 1.0, width=64), min_size=b * t, max_size=b * t)
-                u = torch.tensor(draw(unit, label=f"{side}_sq_fraction"), dtype=torch.float64).view(b, t)
-                # a distribution over V = 50,000 tokens has Σπ² ≥ π(y_t)², ≥ 1/V, and π(y_t)/Σπ² ≤ √V/2
-                lo = torch.maximum(torch.maximum(2 * lp, lp - math.log(math.sqrt(_VOCAB) / 2)),
-                                   torch.tensor(-math.log(_VOCAB), dtype=torch.float64))  # fmt: skip
-                fields[f"{side}_token_log_sq_probs"] = (lo * u * mask).to(dtype)
-    if scores:  # multiples of 1/8 in [−10, 10]: exact in bfloat16 too, so s_w > s_l survives the cast
-        eighths = st.lists(st.integers(-80, 80), min_size=b, max_size=b)
-        s_l = torch.tensor(draw(eighths, label="rejected_scores_x8"), dtype=torch.float64) / 8
-        gaps = st.lists(st.integers(1, 80), min_size=b, max_size=b)
-        s_w = (s_l + torch.tensor(draw(gaps, label="score_gaps_x8"), dtype=torch.float64) / 8).clamp(max=10.0)
-        s_l = torch.minimum(s_l, s_w - 0.125)
-        fields["chosen_scores"], fields["rejected_scores"] = s_w.to(dtype), s_l.to(dtype)
+            fields.update(_draw_pair_token_side(draw, side, b, dtype, requires_grad, ref_token_level, token_sq_probs))
+    if scores:
+        fields.update(_draw_pair_scores(draw, b, dtype))
     return PreferenceBatch(
         policy_chosen_logps=pw.to(dtype).requires_grad_(requires_grad),
         policy_rejected_logps=pl.to(dtype).requires_grad_(requires_grad),
@@ -203,6 +245,25 @@ def loss_params(draw: st.DrawFn, spec: LossSpec, *, defaults_weight: float = 0.2
     return spec.params()
 
 
+def _draw_group_mask(draw: st.DrawFn, g: int, k: int) -> Tensor:
+    """A (G, K) mask of real slots, anywhere in the row, with at least two real completions per group."""
+    keep = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="real_slots"))
+    mask = keep.view(g, k)
+    for i in range(g):  # at least two real completions per group
+        if int(mask[i].sum()) < 2:
+            mask[i, :2] = True
+    return mask
+
+
+def _draw_group_scores(draw: st.DrawFn, mask: Tensor) -> Tensor:
+    """(G, K) float64 scores, a few grades 0..3 (ties common) or floats in [0, 10]; 0 on padded slots."""
+    g, k = mask.shape
+    grade = draw(st.booleans(), label="integer_grades")
+    val = st.integers(0, 3).map(float) if grade else st.floats(0.0, 10.0, allow_nan=False)
+    sc = torch.tensor(draw(st.lists(val, min_size=g * k, max_size=g * k), label="scores"), dtype=torch.float64)
+    return sc.view(g, k).masked_fill(~mask, 0.0)
+
+
 @st.composite
 def group_batches(
     draw: st.DrawFn,
@@ -234,15 +295,9 @@ def group_batches(
     ties = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="policy_ties")).view(g, k)
     ties[:, 0] = False
     pol = torch.where(ties, pol[:, :1].expand(g, k), pol)  # a tied slot copies the group's first completion
-    mask = torch.ones(g, k, dtype=torch.bool)
     if padding is None:
         padding = draw(st.booleans(), label="with_padding")
-    if padding and k > 2:
-        keep = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="real_slots"))
-        mask = keep.view(g, k)
-        for i in range(g):  # at least two real completions per group
-            if int(mask[i].sum()) < 2:
-                mask[i, :2] = True
+    mask = _draw_group_mask(draw, g, k) if padding and k > 2 else torch.ones(g, k, dtype=torch.bool)
     fields: dict[str, Any] = {"mask": mask if padding else None}
     if reference is None:
         reference = draw(st.booleans(), label="with_reference")
@@ -258,21 +313,11 @@ def group_batches(
     if scores is None:
         scores = draw(st.booleans(), label="with_scores")
     if scores:
-        grade = draw(st.booleans(), label="integer_grades")
-        val = st.integers(0, 3).map(float) if grade else st.floats(0.0, 10.0, allow_nan=False)
-        sc = torch.tensor(draw(st.lists(val, min_size=g * k, max_size=g * k), label="scores"), dtype=torch.float64)
-        fields["scores"] = sc.view(g, k).masked_fill(~mask, 0.0).to(dtype)
+        fields["scores"] = _draw_group_scores(draw, mask).to(dtype)
     if token_level is None:
         token_level = draw(st.booleans(), label="with_token_fields")
     if token_level:
-        t = draw(st.integers(1, MAX_TOKENS), label="T")
-        n = torch.tensor(draw(st.lists(st.integers(1, t), min_size=g * k, max_size=g * k), label="token_counts"))
-        tmask = torch.arange(t)[None, :] < n[:, None]  # (G·K, T)
-        tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=g * k * t, max_size=g * k * t)
-        ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=g * k * t,
-                       max_size=g * k * t)
-        lp = torch.tensor(draw(tok, label="token_logps"), dtype=torch.float64).view(g * k, t) * tmask
-        h = torch.tensor(draw(ent, label="token_entropies"), dtype=torch.float64).view(g * k, t) * tmask
+        t, tmask, lp, h = _draw_token_rows(draw, g * k, "")  # (G·K, T)
         fields["policy_token_logps"] = lp.view(g, k, t).to(dtype).requires_grad_(requires_grad)
         fields["token_entropies"] = h.view(g, k, t).to(dtype).requires_grad_(requires_grad)
         fields["token_mask"] = tmask.view(g, k, t)
@@ -324,13 +369,7 @@ def unpaired_batches(
         fields["kl_policy_logps"] = torch.tensor(draw(vec, label="kl_policy_logps"), dtype=torch.float64).to(dtype)
         fields["kl_ref_logps"] = torch.tensor(draw(vec, label="kl_ref_logps"), dtype=torch.float64).to(dtype)
     if token_level:
-        t = draw(st.integers(1, MAX_TOKENS), label="T")
-        cnt = torch.tensor(draw(st.lists(st.integers(1, t), min_size=n, max_size=n), label="token_counts"))
-        tmask = torch.arange(t)[None, :] < cnt[:, None]
-        tok = st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=n * t, max_size=n * t)
-        ent = st.lists(st.floats(0.0, math.log(50_000), allow_nan=False, width=64), min_size=n * t, max_size=n * t)
-        lp = torch.tensor(draw(tok, label="token_logps"), dtype=torch.float64).view(n, t) * tmask
-        h = torch.tensor(draw(ent, label="token_entropies"), dtype=torch.float64).view(n, t) * tmask
+        _, tmask, lp, h = _draw_token_rows(draw, n, "")
         fields["policy_token_logps"] = lp.to(dtype).requires_grad_(requires_grad)
         fields["token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
         fields["token_mask"] = tmask
