@@ -92,12 +92,8 @@ def modified_params_cls(base: type[LossParams], mods: Sequence[ModifierSpec], ch
     return cls
 
 
-def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
-    """The LossSpec of ``base`` under ``mods`` (its params drawn like any loss's: loss fields and modifier fields)."""
-    names = [m.name for m in mods]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ModifierError(f"modifier {twice[0]!r} is given twice; give each modifier once")
+def _splitter(base: LossSpec, mods: Sequence[ModifierSpec]) -> Callable[[Any], tuple[Any, list[LossParams]]]:
+    """The function that splits a modified loss's params into the loss's own params and each modifier's."""
     base_fields = [i.name for i in param_infos(base.params_cls)]
 
     def split(params: Any) -> tuple[Any, list[LossParams]]:
@@ -106,17 +102,16 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
                for m in mods]  # fmt: skip
         return lp, mps
 
-    def check(params: Any) -> None:
-        try:
-            lp, _ = split(params)
-        except LossParamError as e:
-            raise ModifierError(str(e)) from None
-        for m in mods:
-            why = m.why_not(base, lp)
-            if why is not None:
-                raise ModifierError(why)
+    return split
 
-    stateful = base.initial_state is not None or any(m.initial_state is not None for m in mods)
+
+def _composed_fn(
+    base: LossSpec,
+    mods: Sequence[ModifierSpec],
+    split: Callable[[Any], tuple[Any, list[LossParams]]],
+    stateful: bool,
+) -> Callable[[PreferenceBatch, Any, LossContext], LossOutput]:
+    """The modified loss: the first modifier wraps the next ... wraps ``base``, each with its own slice of the state."""
 
     def fn(batch: PreferenceBatch, params: Any, ctx: LossContext) -> LossOutput:
         lp, mps = split(params)
@@ -140,6 +135,29 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
         out = call(0, batch, lp)
         return dataclasses.replace(out, state=new if stateful else None)
 
+    return fn
+
+
+def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
+    """The LossSpec of ``base`` under ``mods`` (its params drawn like any loss's: loss fields and modifier fields)."""
+    names = [m.name for m in mods]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ModifierError(f"modifier {twice[0]!r} is given twice; give each modifier once")
+    split = _splitter(base, mods)
+
+    def check(params: Any) -> None:
+        try:
+            lp, _ = split(params)
+        except LossParamError as e:
+            raise ModifierError(str(e)) from None
+        for m in mods:
+            why = m.why_not(base, lp)
+            if why is not None:
+                raise ModifierError(why)
+
+    stateful = base.initial_state is not None or any(m.initial_state is not None for m in mods)
+
     needs = set(base.needs)
     for m in mods:
         needs |= m.needs | (m.reference_needs if Need.REFERENCE in base.needs else set())
@@ -157,7 +175,7 @@ def modified_spec(base: LossSpec, mods: Sequence[ModifierSpec]) -> LossSpec:
 
     return LossSpec(
         name=f"{base.name}[{','.join(names)}]",
-        fn=fn,
+        fn=_composed_fn(base, mods, split, stateful),
         params_cls=modified_params_cls(base.params_cls, mods, check),
         family=base.family,
         formula=base.formula + "".join(f"; {m.name}: {m.transforms}" for m in mods),
