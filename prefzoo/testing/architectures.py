@@ -236,14 +236,7 @@ def _compact(x: torch.Tensor, m: torch.Tensor, t_c: int) -> torch.Tensor:
 def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     """Build ``model_type`` tiny and compare every prefzoo path with the model's own logits."""
     from prefzoo.data.collate import PreferenceCollator
-    from prefzoo.model import (
-        SharedPromptError,
-        attention_layer_types,
-        check_logps,
-        logit_transform,
-        sequence_logps,
-        unwrap_causal_lm,
-    )
+    from prefzoo.model import attention_layer_types, logit_transform, unwrap_causal_lm
 
     cls_name = _class_name(model_type)
     if any(s in cls_name for s in _MULTIMODAL):
@@ -271,6 +264,25 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     except Exception as e:  # only the model's own forward: a bug in the reduction below must not read as a skip
         return ArchResult(model_type, "skip", f"its own forward fails on a padded batch ({type(e).__name__})")
     ref_sum, ref_tok, ref_ent = _token_logps_from(logits, plain)
+    _check_fast_paths(model, res, plain, ref_sum, ref_tok, ref_ent)
+    if shared and res.status == "pass":
+        _check_shared(model, res, ref_sum, vocab)
+    if res.status != "pass":  # never silent: the run-start self-check must catch it on the failing layout
+        _check_caught(model, res, vocab)
+    return res
+
+
+def _check_fast_paths(
+    model: Any,
+    res: ArchResult,
+    plain: dict[str, Any],
+    ref_sum: torch.Tensor,
+    ref_tok: torch.Tensor,
+    ref_ent: torch.Tensor,
+) -> None:
+    """The fused and chunked heads' sequence, token log-probs and entropies against the model's own logits."""
+    from prefzoo.model import sequence_logps
+
     ids, attn, cm = plain["input_ids"], plain["attention_mask"], plain["completion_mask"]
     m = cm[:, 1:]
     try:
@@ -291,27 +303,36 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
         if max(res.errors.values()) > TOKEN_TOL * 10:
             res.status = "fail"
             res.reason = "fast path differs from the model's logits"
-    if shared and res.status == "pass":
-        sb = PreferenceCollator(0, share_prompt=True)(tiny_pairs(vocab))
-        try:
-            _compare_shared(model, res, ref_sum, sb, "shared", "shared-prompt layout")
-        except SharedPromptError as e:
-            res.reason = f"sharing refused: {str(e).split(': ', 1)[-1][:110]}"
-        except Exception as e:
-            res.status, res.reason = "fail", f"shared layout crashed: {type(e).__name__}: {str(e)[:80]}"
-        else:
-            if res.status == "pass":
-                _check_split(model, res, ref_sum, sb)
-    if res.status != "pass":  # never silent: the run-start self-check must catch it on the failing layout
-        from prefzoo.model import PolicyLogps
 
-        share = "shared" in res.reason
-        batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(vocab))
-        policy = PolicyLogps(model, chunk_size=5, packing=res.reason.startswith("packed"))  # as a packed run checks
-        check = check_logps(policy, batch, rows=3)
-        res.caught = not check.ok
-        res.reason += "; the self-check catches it" if res.caught else "; THE SELF-CHECK MISSES IT"
-    return res
+
+def _check_shared(model: Any, res: ArchResult, ref_sum: torch.Tensor, vocab: int) -> None:
+    """The shared-prompt layout against the plain rows, then (if it passes) its split attention; a refusal is noted."""
+    from prefzoo.data.collate import PreferenceCollator
+    from prefzoo.model import SharedPromptError
+
+    sb = PreferenceCollator(0, share_prompt=True)(tiny_pairs(vocab))
+    try:
+        _compare_shared(model, res, ref_sum, sb, "shared", "shared-prompt layout")
+    except SharedPromptError as e:
+        res.reason = f"sharing refused: {str(e).split(': ', 1)[-1][:110]}"
+    except Exception as e:
+        res.status, res.reason = "fail", f"shared layout crashed: {type(e).__name__}: {str(e)[:80]}"
+    else:
+        if res.status == "pass":
+            _check_split(model, res, ref_sum, sb)
+
+
+def _check_caught(model: Any, res: ArchResult, vocab: int) -> None:
+    """Whether the run-start self-check catches the failure on the failing layout (``res.caught``, in the reason)."""
+    from prefzoo.data.collate import PreferenceCollator
+    from prefzoo.model import PolicyLogps, check_logps
+
+    share = "shared" in res.reason
+    batch = PreferenceCollator(0, share_prompt=share)(tiny_pairs(vocab))
+    policy = PolicyLogps(model, chunk_size=5, packing=res.reason.startswith("packed"))  # as a packed run checks
+    check = check_logps(policy, batch, rows=3)
+    res.caught = not check.ok
+    res.reason += "; the self-check catches it" if res.caught else "; THE SELF-CHECK MISSES IT"
 
 
 def _compare_shared(
