@@ -86,16 +86,8 @@ def generate(
     stored in ``report["prompts_truncated"]`` with the budget in ``report["prompt_budget"]``, the number of tokens
     each prompt generated before its eos in ``report["new_tokens"]`` and those tokens in ``report["token_ids"]``.
     """
-    import torch
-
-    if not prompts:
-        raise ValueError("generate: prompts is empty; pass at least one prompt")
-    if max_new_tokens < 1:
-        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+    pad_id = _checked_pad_id(tokenizer, prompts, max_new_tokens)
     model = unwrap_model(model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError("generate: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
     budget, why = prompt_budget(model, tokenizer, max_new_tokens)
     truncated = 0
     device = next(model.parameters()).device
@@ -104,27 +96,13 @@ def generate(
     out: list[str] = []
     lengths: list[int] = []  # generated tokens per prompt, before the first eos (at most max_new_tokens)
     token_ids: list[list[int]] = []  # those tokens
+    kw = _generate_kwargs(max_new_tokens, do_sample, temperature, top_p)
     try:
         with padding_side(tokenizer, "left"):
             for i in range(0, len(prompts), batch_size):
-                chunk = prompts[i : i + batch_size]
-                enc = tokenizer.pad(
-                    {"input_ids": [render_prompt(tokenizer, p) for p in chunk]}, padding=True, return_tensors="pt"
-                ).to(device)  # left-padded (B, T_prompt) input_ids and attention_mask
-                if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the ends are last
-                    truncated += int((enc["attention_mask"].sum(dim=1) > budget).sum())
-                    enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)
-                kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
-                if do_sample:
-                    kw.update(temperature=temperature, top_p=top_p, top_k=0)
-                else:
-                    kw.update(temperature=None, top_p=None, top_k=None)
-                with torch.random.fork_rng(devices=[]), torch.no_grad():
-                    torch.manual_seed(seed + i // batch_size)
-                    ids = model.generate(
-                        **enc, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, **kw
-                    )  # (b, T_prompt + T_new)
-                new = ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
+                enc, cut = _encode_chunk(tokenizer, prompts[i : i + batch_size], device, budget)
+                truncated += cut
+                new = _generate_chunk(model, tokenizer, enc, pad_id, kw, seed + i // batch_size)  # (b, T_new)
                 out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
                 got = _generated_lengths(new, tokenizer.eos_token_id)
                 lengths.extend(got)
@@ -139,3 +117,49 @@ def generate(
     if report is not None:
         report.update(prompts_truncated=truncated, prompt_budget=budget, new_tokens=lengths, token_ids=token_ids)
     return out
+
+
+def _checked_pad_id(tokenizer: Any, prompts: Sequence[Prompt], max_new_tokens: int) -> int:
+    """Refuses empty ``prompts`` and ``max_new_tokens`` < 1; the id to pad with: the pad token, else the eos token."""
+    if not prompts:
+        raise ValueError("generate: prompts is empty; pass at least one prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("generate: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+    return pad_id
+
+
+def _generate_kwargs(max_new_tokens: int, do_sample: bool, temperature: float, top_p: float) -> dict[str, Any]:
+    """``model.generate``'s decoding arguments: seeded sampling with ``temperature``/``top_p``, else greedy."""
+    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
+    if do_sample:
+        kw.update(temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        kw.update(temperature=None, top_p=None, top_k=None)
+    return kw
+
+
+def _encode_chunk(tokenizer: Any, chunk: Sequence[Prompt], device: Any, budget: int | None) -> tuple[Any, int]:
+    """A batch of rendered prompts, left-padded on ``device``, cut to their last ``budget`` tokens; the count cut."""
+    enc = tokenizer.pad(
+        {"input_ids": [render_prompt(tokenizer, p) for p in chunk]}, padding=True, return_tensors="pt"
+    ).to(device)  # left-padded (B, T_prompt) input_ids and attention_mask
+    truncated = 0
+    if budget is not None and enc["input_ids"].shape[1] > budget:  # left-padded: the ends are last
+        truncated = int((enc["attention_mask"].sum(dim=1) > budget).sum())
+        enc = {k: v[:, -budget:] for k, v in enc.items()}  # (b, budget)
+    return enc, truncated
+
+
+def _generate_chunk(model: Any, tokenizer: Any, enc: Any, pad_id: int, kw: dict[str, Any], seed: int) -> Any:
+    """The new tokens (b, T_new) generated for one encoded batch under ``torch.manual_seed(seed)`` in a forked RNG."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        ids = model.generate(
+            **enc, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, **kw
+        )  # (b, T_prompt + T_new)
+    return ids[:, enc["input_ids"].shape[1] :]  # (b, T_new)
