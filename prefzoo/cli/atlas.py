@@ -146,8 +146,6 @@ GROUPS = {
 
 def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
     """The atlas page of one loss, in Markdown."""
-    needs = sorted(n.value for n in spec.needs)
-    token = [n for n in needs if n.startswith(("token", "ref_token"))]
     out = [
         f"# {spec.name}",
         "",
@@ -167,19 +165,7 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         f"[catalogue entry](../losses.md#{spec.name})." if spec.builtin else
         f"**Paper:** {spec.paper}. Registered by `{spec.plugin}` ({source_of(spec)}); family `{spec.family}`.",
         "",
-        "## Capabilities",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| needs a reference | {'yes' if Need.REFERENCE in spec.needs else 'no'} |",
-        f"| needs lengths | {'yes' if Need.LENGTHS in spec.needs else 'no'} |",
-        f"| token-level inputs | {', '.join(token) or 'no'} |",
-        f"| batch-coupled | {coupling(spec)} |",
-        f"| takes | {takes(spec)} |",
-        f"| declared monotone | {'by params' if callable(spec.monotone) else 'yes' if spec.monotone else 'no'} |",
-        f"| shift-invariant | {'yes' if spec.shift_invariant else 'no'} |",
-        f"| stateful | {'yes' if spec.stateful else 'no'} |",
-        "",
+        *_capability_lines(spec),
         "## Parameters",
         "",
     ]
@@ -210,17 +196,44 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         out += ["A list loss: the pair is a group of K = 2, best first (`prefzoo inspect NAME --k K` shows ranks).",
                 ""]
     for c in curves:
-        out += [f"### {c.label}", "", summary(c.fp), ""]
-        marks = landmarks(c.fp)
-        out += [f"On [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: " + ("; ".join(marks) if marks else
-                "no sign change or saturation") + ".", ""]
-        at = {m: i for i, m in enumerate(c.fp.margins)}
-        idx = [at[m] for m in TABLE_MARGINS]
-        out += ["| m | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
-                "|---|" + "---|" * len(idx),
-                "| w_w | " + " | ".join(number(c.fp.w_w[i]) for i in idx) + " |",
-                "| w_l | " + " | ".join(number(c.fp.w_l[i]) for i in idx) + " |", ""]
+        out += _curve_lines(c)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _capability_lines(spec: LossSpec) -> list[str]:
+    """The page's capabilities table: what the loss needs, takes and declares."""
+    needs = sorted(n.value for n in spec.needs)
+    token = [n for n in needs if n.startswith(("token", "ref_token"))]
+    return [
+        "## Capabilities",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| needs a reference | {'yes' if Need.REFERENCE in spec.needs else 'no'} |",
+        f"| needs lengths | {'yes' if Need.LENGTHS in spec.needs else 'no'} |",
+        f"| token-level inputs | {', '.join(token) or 'no'} |",
+        f"| batch-coupled | {coupling(spec)} |",
+        f"| takes | {takes(spec)} |",
+        f"| declared monotone | {'by params' if callable(spec.monotone) else 'yes' if spec.monotone else 'no'} |",
+        f"| shift-invariant | {'yes' if spec.shift_invariant else 'no'} |",
+        f"| stateful | {'yes' if spec.stateful else 'no'} |",
+        "",
+    ]
+
+
+def _curve_lines(c: Curve) -> list[str]:
+    """One curve's section: its summary, its landmarks on the margin range and w_w, w_l at the table margins."""
+    out = [f"### {c.label}", "", summary(c.fp), ""]
+    marks = landmarks(c.fp)
+    out += [f"On [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: " + ("; ".join(marks) if marks else
+            "no sign change or saturation") + ".", ""]
+    at = {m: i for i, m in enumerate(c.fp.margins)}
+    idx = [at[m] for m in TABLE_MARGINS]
+    out += ["| m | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
+            "|---|" + "---|" * len(idx),
+            "| w_w | " + " | ".join(number(c.fp.w_w[i]) for i in idx) + " |",
+            "| w_l | " + " | ".join(number(c.fp.w_l[i]) for i in idx) + " |", ""]
+    return out
 
 
 def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> str:
