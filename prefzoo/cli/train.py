@@ -35,8 +35,6 @@ def _flag(name: str) -> str:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from prefzoo.model import SWITCHES
-    from prefzoo.train.aliases import TRL_OPTIONS
     from prefzoo.train.config import TrainConfig, field_docs
 
     p = subparsers.add_parser(
@@ -54,66 +52,61 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores the 1-minute load leaves free, "
         "at least 1; the choice is printed at the start)",
     )
+    aliases = _trl_spellings(p)
     docs = field_docs()
     types = _field_types()
-    aliases: dict[str, list[str]] = {}  # key -> TRL's spellings of its flag (docs/training.md, "Coming from TRL")
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+        _add_key(p, f.name, [_flag(f.name), *aliases.get(f.name, [])], types[f.name], help_text, docs)
+    return p
+
+
+def _trl_spellings(p: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """key -> TRL's spellings of its flag (docs/training.md, "Coming from TRL"); TRL options that mean something
+    else here become hidden flags that answer with what to write instead."""
+    from prefzoo.train.aliases import TRL_OPTIONS
+
+    aliases: dict[str, list[str]] = {}
     for trl, opt in TRL_OPTIONS.items():
         if opt.key is None:
             p.add_argument("--" + trl, dest=trl, nargs="?", action=_TRLRedirect, help=argparse.SUPPRESS)
             continue
         spellings = {"--" + trl, "--" + trl.replace("_", "-")} - {_flag(opt.key)}
         aliases.setdefault(opt.key, []).extend(sorted(spellings))
-    for f in dataclasses.fields(TrainConfig):
-        name = f.name
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        help_text = f"{docs.get(name, '')} (default: {default!r})".replace("%", "%%")
-        flag = _flag(name)
-        flags = [flag, *aliases.get(name, [])]
-        typ = types[name]
-        if name == "loss_params":
-            p.add_argument(
-                flag,
-                dest=name,
-                action="append",
-                metavar="KEY=VALUE",
-                help=docs[name].replace("%", "%%") + "; repeat for several, e.g. --loss-param beta=0.1 (default: none)",
-            )
-        elif name == "dataset":
-            p.add_argument(
-                *flags,
-                dest=name,
-                action="append",
-                metavar="PATH[:WEIGHT]",
-                help=docs[name].replace("%", "%%") + " (default: none)",
-            )
-        elif name == "callbacks":
-            p.add_argument(
-                flag,
-                dest=name,
-                action="append",
-                metavar="SPEC",
-                help=docs[name].replace("%", "%%") + ": a trainer callback, module:Class or a built-in name "
-                "(early-stopping, win-rate) or an entry point of group prefzoo.callbacks; repeat for several, e.g. "
-                "--callback early-stopping:metric=eval/loss,patience=2 (default: none)",
-            )
-        elif name == "modifiers":
-            p.add_argument(
-                flag,
-                dest=name,
-                action="append",
-                metavar="NAME[:KEY=VALUE,...]",
-                help=docs[name].replace("%", "%%") + "; repeat for several, applied in order, e.g. --modifier "
-                "ld-dpo:alpha=0.5 --modifier wpo (`prefzoo modifiers` lists them) (default: none)",
-            )
-        elif name in SWITCHES:  # --share-prompt [auto|on|off], --share-prompt alone = on, --no-share-prompt = off
-            p.add_argument(*flags, dest=name, nargs="?", const="on", choices=("auto", "on", "off"),
-                           metavar="auto|on|off", help=help_text)  # fmt: skip
-            p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const="off", help=f"{flag} off")
-        elif typ is bool:
-            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            p.add_argument(*flags, dest=name, metavar=name.upper(), help=help_text)
-    return p
+    return aliases
+
+
+# keys given several times on the command line: key -> (metavar, what to add to the key's own doc)
+_REPEATED = {
+    "loss_params": ("KEY=VALUE", "; repeat for several, e.g. --loss-param beta=0.1 (default: none)"),
+    "dataset": ("PATH[:WEIGHT]", " (default: none)"),
+    "callbacks": ("SPEC", ": a trainer callback, module:Class or a built-in name (early-stopping, win-rate) or an "
+                  "entry point of group prefzoo.callbacks; repeat for several, e.g. --callback "
+                  "early-stopping:metric=eval/loss,patience=2 (default: none)"),
+    "modifiers": ("NAME[:KEY=VALUE,...]", "; repeat for several, applied in order, e.g. --modifier ld-dpo:alpha=0.5 "
+                  "--modifier wpo (`prefzoo modifiers` lists them) (default: none)"),
+}  # fmt: skip
+
+
+def _add_key(
+    p: argparse.ArgumentParser, name: str, flags: list[str], typ: Any, help_text: str, docs: dict[str, str]
+) -> None:
+    """The flag(s) of one TrainConfig key: repeated, an auto|on|off switch, a boolean, or a value."""
+    from prefzoo.model import SWITCHES
+
+    if name in _REPEATED:
+        metavar, more = _REPEATED[name]
+        names = flags if name == "dataset" else flags[:1]  # the data alone keeps its TRL spellings
+        p.add_argument(*names, dest=name, action="append", metavar=metavar, help=docs[name].replace("%", "%%") + more)
+    elif name in SWITCHES:  # --share-prompt [auto|on|off], --share-prompt alone = on, --no-share-prompt = off
+        p.add_argument(*flags, dest=name, nargs="?", const="on", choices=("auto", "on", "off"),
+                       metavar="auto|on|off", help=help_text)  # fmt: skip
+        p.add_argument("--no-" + flags[0][2:], dest=name, action="store_const", const="off", help=f"{flags[0]} off")
+    elif typ is bool:
+        p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+    else:
+        p.add_argument(*flags, dest=name, metavar=name.upper(), help=help_text)
 
 
 def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
