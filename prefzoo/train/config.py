@@ -133,84 +133,15 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("max_prompt_length", "max_completion_length"):
-            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1 (or unset to fit the model's context)")
-        positive = (
-            "per_device_batch_size",
-            "grad_accum",
-            "lora_r",
-            "lora_alpha",
-            "logging_steps",
-            "save_total_limit",
-            "logp_chunk_size",
-            "samples_per_prompt",
-            "online_every",
-        )
-        for name in positive:
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr} must be > 0")
-        if not (self.epochs > 0 and math.isfinite(self.epochs)):
-            raise ConfigError(f"epochs={self.epochs} must be > 0 (a fraction such as 0.5 trains on part of the data)")
+        """Every setting in range, section by section: a ConfigError names the key and the fix."""
+        _validate_counts(self)
         self._validate_loading()
-        from prefzoo.model import SWITCHES, switch_value
-
-        for name in SWITCHES:  # auto (chosen per run from the data's lengths) | on | off; booleans mean on/off
-            try:
-                setattr(self, name, switch_value(name, getattr(self, name)))
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
-            raise ConfigError(f"lr_scheduler_type={self.lr_scheduler_type!r}: choose {', '.join(LR_SCHEDULERS)}")
-        for name in ("eval_steps", "skip_batches", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0 (0 = off)")
-        if self.push_to_hub is not None and (self.push_to_hub.count("/") > 1 or self.push_to_hub.lower() == "true"):
-            raise ConfigError(
-                f"push_to_hub={self.push_to_hub!r}: give the hub repo id, e.g. --push-to-hub org/name (TRL's "
-                "push_to_hub: true + hub_model_id: org/name is written here as push_to_hub: org/name)"
-            )
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens={self.max_new_tokens} must be >= 1 (or unset for the completion limit)")
-        if self.generation_batch_size is not None and self.generation_batch_size < 1:
-            raise ConfigError(f"generation_batch_size={self.generation_batch_size} must be >= 1 (or unset)")
-        if not 0 <= self.judge_max_skip <= 1:
-            raise ConfigError(f"judge_max_skip={self.judge_max_skip} must be in [0, 1]")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ConfigError(f"temperature={self.temperature} must be a positive number")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.dataset_num_proc is not None and self.dataset_num_proc < 1:
-            raise ConfigError(f"dataset_num_proc={self.dataset_num_proc} must be >= 1 (or unset)")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"max_steps={self.max_steps} must be >= 1 (or unset to use epochs)")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-        if not 0 <= self.eval_fraction < 1:
-            raise ConfigError(f"eval_fraction={self.eval_fraction} must be in [0, 1)")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
-        if self.optim not in ("adamw", "adamw8bit"):
-            raise ConfigError(f"optim={self.optim!r}: choose adamw or adamw8bit")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
-            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: choose no, bf16 or fp16")
-        if self.max_consecutive_skips < 0:
-            raise ConfigError(f"max_consecutive_skips={self.max_consecutive_skips} must be >= 0 (0 = never stop)")
-        if not self.dist_timeout > 0:
-            raise ConfigError(f"dist_timeout={self.dist_timeout} must be > 0 seconds")
-        if self.pairs_from_lists not in (None, "best-worst", "all-pairs", "best-vs-rest"):
-            raise ConfigError(
-                f"pairs_from_lists={self.pairs_from_lists!r}: choose best-worst, all-pairs or best-vs-rest (or unset)"
-            )
+        _validate_switches(self)
+        _validate_schedule_and_output(self)
+        _validate_online(self)
+        _validate_data_and_optimizer(self)
         self._validate_density_ratio()
-        if self.save_steps < 0:
-            raise ConfigError(f"save_steps={self.save_steps} must be >= 0")
-        if self.fsdp_sharding not in ("full", "shard_grad_op", "hybrid"):
-            raise ConfigError(f"fsdp_sharding={self.fsdp_sharding!r}: choose full, shard_grad_op or hybrid")
-        if self.fsdp_shard_size is not None and self.fsdp_shard_size < 1:
-            raise ConfigError(f"fsdp_shard_size={self.fsdp_shard_size} must be >= 1 (or unset: the processes per node)")
+        _validate_engine(self)
 
     def _validate_density_ratio(self) -> None:
         """BCO's density-ratio options: a sample of at least one prompt, 0 <= min <= max, finite."""
@@ -268,6 +199,106 @@ class TrainConfig:
         names = names or {}
         coerced = {k: _coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
         return cls(**coerced)
+
+
+def _validate_counts(cfg: TrainConfig) -> None:
+    """Token limits, batch sizes and other counts, the learning rate and the epochs."""
+    for name in ("max_prompt_length", "max_completion_length"):
+        if getattr(cfg, name) is not None and int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1 (or unset to fit the model's context)")
+    positive = (
+        "per_device_batch_size",
+        "grad_accum",
+        "lora_r",
+        "lora_alpha",
+        "logging_steps",
+        "save_total_limit",
+        "logp_chunk_size",
+        "samples_per_prompt",
+        "online_every",
+    )
+    for name in positive:
+        if int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr={cfg.lr} must be > 0")
+    if not (cfg.epochs > 0 and math.isfinite(cfg.epochs)):
+        raise ConfigError(f"epochs={cfg.epochs} must be > 0 (a fraction such as 0.5 trains on part of the data)")
+
+
+def _validate_switches(cfg: TrainConfig) -> None:
+    """The fast-path switches: auto | on | off (booleans mean on/off)."""
+    from prefzoo.model import SWITCHES, switch_value
+
+    for name in SWITCHES:  # auto (chosen per run from the data's lengths) | on | off; booleans mean on/off
+        try:
+            setattr(cfg, name, switch_value(name, getattr(cfg, name)))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _validate_schedule_and_output(cfg: TrainConfig) -> None:
+    """The schedule, evaluation and warm-up steps, and the hub repo id."""
+    if cfg.lr_scheduler_type not in LR_SCHEDULERS:
+        raise ConfigError(f"lr_scheduler_type={cfg.lr_scheduler_type!r}: choose {', '.join(LR_SCHEDULERS)}")
+    for name in ("eval_steps", "skip_batches", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0 (0 = off)")
+    if cfg.push_to_hub is not None and (cfg.push_to_hub.count("/") > 1 or cfg.push_to_hub.lower() == "true"):
+        raise ConfigError(
+            f"push_to_hub={cfg.push_to_hub!r}: give the hub repo id, e.g. --push-to-hub org/name (TRL's "
+            "push_to_hub: true + hub_model_id: org/name is written here as push_to_hub: org/name)"
+        )
+
+
+def _validate_online(cfg: TrainConfig) -> None:
+    """Generation and judging settings of on-policy training."""
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1 (or unset for the completion limit)")
+    if cfg.generation_batch_size is not None and cfg.generation_batch_size < 1:
+        raise ConfigError(f"generation_batch_size={cfg.generation_batch_size} must be >= 1 (or unset)")
+    if not 0 <= cfg.judge_max_skip <= 1:
+        raise ConfigError(f"judge_max_skip={cfg.judge_max_skip} must be in [0, 1]")
+    if not (cfg.temperature > 0 and math.isfinite(cfg.temperature)):
+        raise ConfigError(f"temperature={cfg.temperature} must be a positive number")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"top_p={cfg.top_p} must be in (0, 1]")
+
+
+def _validate_data_and_optimizer(cfg: TrainConfig) -> None:
+    """Data processing, steps, fractions, the optimizer, precision and skips."""
+    if cfg.dataset_num_proc is not None and cfg.dataset_num_proc < 1:
+        raise ConfigError(f"dataset_num_proc={cfg.dataset_num_proc} must be >= 1 (or unset)")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ConfigError(f"max_steps={cfg.max_steps} must be >= 1 (or unset to use epochs)")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise ConfigError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
+    if not 0 <= cfg.eval_fraction < 1:
+        raise ConfigError(f"eval_fraction={cfg.eval_fraction} must be in [0, 1)")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(f"lora_dropout={cfg.lora_dropout} must be in [0, 1)")
+    if cfg.optim not in ("adamw", "adamw8bit"):
+        raise ConfigError(f"optim={cfg.optim!r}: choose adamw or adamw8bit")
+    if cfg.mixed_precision not in ("no", "bf16", "fp16"):
+        raise ConfigError(f"mixed_precision={cfg.mixed_precision!r}: choose no, bf16 or fp16")
+    if cfg.max_consecutive_skips < 0:
+        raise ConfigError(f"max_consecutive_skips={cfg.max_consecutive_skips} must be >= 0 (0 = never stop)")
+    if not cfg.dist_timeout > 0:
+        raise ConfigError(f"dist_timeout={cfg.dist_timeout} must be > 0 seconds")
+    if cfg.pairs_from_lists not in (None, "best-worst", "all-pairs", "best-vs-rest"):
+        raise ConfigError(
+            f"pairs_from_lists={cfg.pairs_from_lists!r}: choose best-worst, all-pairs or best-vs-rest (or unset)"
+        )
+
+
+def _validate_engine(cfg: TrainConfig) -> None:
+    """Checkpoint frequency and the FSDP2 sharding."""
+    if cfg.save_steps < 0:
+        raise ConfigError(f"save_steps={cfg.save_steps} must be >= 0")
+    if cfg.fsdp_sharding not in ("full", "shard_grad_op", "hybrid"):
+        raise ConfigError(f"fsdp_sharding={cfg.fsdp_sharding!r}: choose full, shard_grad_op or hybrid")
+    if cfg.fsdp_shard_size is not None and cfg.fsdp_shard_size < 1:
+        raise ConfigError(f"fsdp_shard_size={cfg.fsdp_shard_size} must be >= 1 (or unset: the processes per node)")
 
 
 def unknown_keys_message(unknown: list[str], known: list[str]) -> str:
