@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,20 +145,57 @@ def _check_own_data(args: argparse.Namespace, needs_ref: bool, modes: list[str])
         raise CLIError(f"--win-rate compares --model {args.model} with a baseline: pass --baseline PATH")
 
 
+@dataclass
+class _Subject:
+    """What every evaluation mode needs: the model under test and its tokenizer, where they and the baseline come
+    from, and the default task when the user's data or models do not cover a mode."""
+
+    model: Any
+    tok: Any
+    model_path: str
+    baseline_path: str | None
+    task: Any
+
+
 def run(args: argparse.Namespace) -> int:
-    from prefzoo.judge import (
-        DEFAULT_JUDGE,
-        UnknownJudgeError,
-        get_judge,
-        judge_spec,
-        list_judges,
-        parse_judge_params,
-    )
+    from prefzoo.judge import judge_spec, list_judges
 
     if args.judge == "list":
         for name in list_judges():
             print(f"{name:16s} {judge_spec(name).description}")
         return 0
+    modes = _modes(args)
+    judge_name, spec, judge = _judge(args, modes)
+    from prefzoo.registry import get_loss, parse_loss_params
+    from prefzoo.types import Need
+
+    loss = get_loss(args.loss, **parse_loss_params(args.loss, args.loss_param)) if "reward_accuracy" in modes else None
+    needs_ref = loss is not None and Need.REFERENCE in loss.needs and not args.reference
+    _adapter_baseline(args)
+    _check_own_data(args, needs_ref, modes)
+    subject = _subject(args, modes, needs_ref)
+    results: dict[str, Any] = {"model": subject.model_path, "baseline": subject.baseline_path}
+    if "reward_accuracy" in modes:
+        assert loss is not None
+        results["reward_accuracy"] = _reward_accuracy(args, subject, loss)
+        _print_block(f"reward accuracy ({args.loss})", results["reward_accuracy"])
+    if "win_rate" in modes:
+        wr = _win_rate(args, subject, spec, judge, judge_name)
+        results["win_rate"] = wr
+        _print_block(f"win-rate vs {subject.baseline_path} (judge {wr['judge']})", wr)
+    if "lm_eval" in modes:
+        results["lm_eval"] = _lm_eval(args, subject.model_path)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str))
+        print(f"results written to {out}", file=sys.stderr)
+    return 0
+
+
+def _modes(args: argparse.Namespace) -> list[str]:
+    """The evaluations asked for, or those the given data allows (on the default task: reward accuracy and
+    win-rate); --lm-eval checked for its model and its package."""
     modes = [m for m in ("reward_accuracy", "win_rate", "lm_eval") if getattr(args, m)]
     if not modes:  # what the given data allows; on the default task both
         modes = [m for m, ok in (("reward_accuracy", args.dataset or not args.prompts),
@@ -169,6 +207,13 @@ def run(args: argparse.Namespace) -> int:
             import lm_eval  # noqa: F401
         except ImportError:
             raise CLIError("--lm-eval needs lm-eval, which is not installed: pip install 'prefzoo[eval]'") from None
+    return modes
+
+
+def _judge(args: argparse.Namespace, modes: list[str]) -> tuple[str, Any, Any]:
+    """(judge name, its spec, the judge built for --win-rate or None); a bad --judge is one line."""
+    from prefzoo.judge import DEFAULT_JUDGE, UnknownJudgeError, get_judge, judge_spec, parse_judge_params
+
     judge_name = args.judge or DEFAULT_JUDGE
     try:
         spec = judge_spec(judge_name)
@@ -177,15 +222,11 @@ def run(args: argparse.Namespace) -> int:
         judge = get_judge(judge_name, **parse_judge_params(args.judge_param)) if "win_rate" in modes else None
     except (UnknownJudgeError, ValueError) as e:
         raise CLIError(f"--judge: {e}") from None
+    return judge_name, spec, judge
 
-    from prefzoo.registry import get_loss, parse_loss_params
 
-    loss = get_loss(args.loss, **parse_loss_params(args.loss, args.loss_param)) if "reward_accuracy" in modes else None
-    from prefzoo.types import Need
-
-    needs_ref = loss is not None and Need.REFERENCE in loss.needs and not args.reference
-    _adapter_baseline(args)
-    _check_own_data(args, needs_ref, modes)
+def _subject(args: argparse.Namespace, modes: list[str], needs_ref: bool) -> _Subject:
+    """The model under test, loaded; the default task where a mode has no user data, model or baseline."""
     need_task = (
         not args.model
         or (("win_rate" in modes or needs_ref) and not args.baseline)
@@ -205,77 +246,74 @@ def run(args: argparse.Namespace) -> int:
             "and starting policy do not apply to it: pass your --dataset/--prompts and --baseline PATH"
         )
     baseline_path = args.baseline or (str(task.model_dir) if task is not None else None)
-    results: dict[str, Any] = {"model": model_path, "baseline": baseline_path}
+    return _Subject(model, tok, model_path, baseline_path, task)
 
-    if "reward_accuracy" in modes:
-        from prefzoo.data.formats import DataFormatError, load_preference_dataset
-        from prefzoo.eval.reward import reward_accuracy
 
-        try:
-            data = task.eval if args.dataset is None else load_preference_dataset(args.dataset, args.split)
-        except DataFormatError as e:
-            raise CLIError(str(e)) from None
-        assert loss is not None
-        ref_path: str = args.reference or baseline_path or ""  # need_task guarantees a baseline when one is needed
-        ref = _load(ref_path)[0] if Need.REFERENCE in loss.needs else None
-        try:
-            ra: dict[str, Any] = reward_accuracy(
-                model, tok, data, loss, reference=ref, batch_size=args.batch_size,
-                max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
-            )  # fmt: skip
-        except (ValueError, DataFormatError) as e:
-            raise CLIError(f"--reward-accuracy: {e}") from None
-        ra.update(
-            loss=args.loss, dataset=args.dataset or "default-task:eval", reference=ref_path if ref is not None else None
-        )
-        if ref is not None and Path(ref_path).resolve() == Path(model_path).resolve():
-            ra["note"] = "the model is its own reference: every reward is 0 (pass --model or a reference-free --loss)"
-        results["reward_accuracy"] = ra
-        _print_block(f"reward accuracy ({args.loss})", ra)
+def _reward_accuracy(args: argparse.Namespace, subject: _Subject, loss: Any) -> dict[str, Any]:
+    """Reward accuracy of the model on the user's split (or the default task's), scored by ``loss``."""
+    from prefzoo.data.formats import DataFormatError, load_preference_dataset
+    from prefzoo.eval.reward import reward_accuracy
+    from prefzoo.types import Need
 
-    if "win_rate" in modes:
-        assert baseline_path is not None  # need_task guarantees it for --win-rate
-        baseline, baseline_tok = _load(baseline_path)
-        if args.prompts is None and spec.grades_default_task and not args.sample:
-            from prefzoo.eval.default_task import evaluate_policy
+    try:
+        data = subject.task.eval if args.dataset is None else load_preference_dataset(args.dataset, args.split)
+    except DataFormatError as e:
+        raise CLIError(str(e)) from None
+    ref_path: str = args.reference or subject.baseline_path or ""  # _subject guarantees a baseline when needed
+    ref = _load(ref_path)[0] if Need.REFERENCE in loss.needs else None
+    try:
+        ra: dict[str, Any] = reward_accuracy(
+            subject.model, subject.tok, data, loss, reference=ref, batch_size=args.batch_size,
+            max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
+        )  # fmt: skip
+    except (ValueError, DataFormatError) as e:
+        raise CLIError(f"--reward-accuracy: {e}") from None
+    ra.update(
+        loss=args.loss, dataset=args.dataset or "default-task:eval", reference=ref_path if ref is not None else None
+    )
+    if ref is not None and Path(ref_path).resolve() == Path(subject.model_path).resolve():
+        ra["note"] = "the model is its own reference: every reward is 0 (pass --model or a reference-free --loss)"
+    return ra
 
-            wr: dict[str, Any] = evaluate_policy(task, model, tok, baseline, batch_size=args.batch_size)
-            wr.update(judge=judge_name, prompts="default-task:heldout", decoding="greedy")
-        else:
-            from prefzoo.eval.winrate import win_rate
 
-            prompts = task.heldout_prompts if args.prompts is None else _load_prompts(args.prompts)
-            try:
-                res = win_rate(
-                    model, baseline, tok, prompts, judge, max_new_tokens=args.max_new_tokens,
-                    batch_size=args.batch_size, do_sample=args.sample, temperature=args.temperature, seed=args.seed,
-                    baseline_tokenizer=baseline_tok,
-                )  # fmt: skip
-            except ValueError as e:
-                raise CLIError(f"--win-rate: {e}") from None
-            wr = dict(res.summary())
-            decoding = f"sample(T={args.temperature}, seed={args.seed})" if args.sample else "greedy"
-            wr.update(judge=judge_name, prompts=args.prompts or "default-task:heldout", decoding=decoding)
-        results["win_rate"] = wr
-        _print_block(f"win-rate vs {baseline_path} (judge {wr['judge']})", wr)
+def _win_rate(args: argparse.Namespace, subject: _Subject, spec: Any, judge: Any, judge_name: str) -> dict[str, Any]:
+    """Win-rate against the baseline: the default task's oracle evaluation, or generate and judge the prompts."""
+    assert subject.baseline_path is not None  # _subject guarantees it for --win-rate
+    baseline, baseline_tok = _load(subject.baseline_path)
+    task = subject.task
+    if args.prompts is None and spec.grades_default_task and not args.sample:
+        from prefzoo.eval.default_task import evaluate_policy
 
-    if "lm_eval" in modes:
-        from prefzoo.eval.harness import format_table, run_lm_eval
+        wr: dict[str, Any] = evaluate_policy(task, subject.model, subject.tok, baseline, batch_size=args.batch_size)
+        wr.update(judge=judge_name, prompts="default-task:heldout", decoding="greedy")
+        return wr
+    from prefzoo.eval.winrate import win_rate
 
-        try:
-            limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
-            le = run_lm_eval(
-                model_path, args.tasks, batch_size=args.batch_size, device=args.device, limit=limit, seed=args.seed
-            )
-        except ValueError as e:
-            raise CLIError(f"--lm-eval: {e}") from None
-        results["lm_eval"] = le
-        print("== lm-eval (zero-shot)")
-        print(format_table(le))
+    prompts = task.heldout_prompts if args.prompts is None else _load_prompts(args.prompts)
+    try:
+        res = win_rate(
+            subject.model, baseline, subject.tok, prompts, judge, max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size, do_sample=args.sample, temperature=args.temperature, seed=args.seed,
+            baseline_tokenizer=baseline_tok,
+        )  # fmt: skip
+    except ValueError as e:
+        raise CLIError(f"--win-rate: {e}") from None
+    wr = dict(res.summary())
+    decoding = f"sample(T={args.temperature}, seed={args.seed})" if args.sample else "greedy"
+    wr.update(judge=judge_name, prompts=args.prompts or "default-task:heldout", decoding=decoding)
+    return wr
 
-    if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2, default=str))
-        print(f"results written to {out}", file=sys.stderr)
-    return 0
+
+def _lm_eval(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    """lm-eval's zero-shot tasks on the saved model folder, printed as a table."""
+    from prefzoo.eval.harness import format_table, run_lm_eval
+
+    try:
+        limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
+        le = run_lm_eval(model_path, args.tasks, batch_size=args.batch_size, device=args.device, limit=limit,
+                         seed=args.seed)  # fmt: skip
+    except ValueError as e:
+        raise CLIError(f"--lm-eval: {e}") from None
+    print("== lm-eval (zero-shot)")
+    print(format_table(le))
+    return dict(le)
