@@ -119,9 +119,11 @@ def _dispatch(argv: list[str], program: bool = False) -> int:
     except Exception as e:
         if not _is_user_error(e):
             raise
+        sys.stdout.flush()  # what the run printed comes before the error, in a log that holds both streams
         print(f"prefzoo {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C; or a signal before training started (its message, its exit code)
+        sys.stdout.flush()
         print(f"prefzoo {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
         code = int(getattr(e, "exit_code", 130))
         if program and hasattr(e, "exit_code"):  # a run stopped before its work began (StoppedBeforeTraining):

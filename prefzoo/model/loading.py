@@ -173,6 +173,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
 
     from transformers import AutoTokenizer
 
+    check_model_source(name)
     remote: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
     path = Path(name)
     source = name

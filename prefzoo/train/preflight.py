@@ -1,4 +1,4 @@
-"""What a run checks before anything loads: options the loss cannot use, the output folder, the model folder.
+"""What a run checks before anything loads: options the loss cannot use, and the output folder.
 
 Each failure is one :class:`~prefzoo.errors.ConfigError` line naming the option or path and the fix, raised before
 torch loads a model or datasets tokenizes a row (the CLI calls :func:`preflight` right after reading its flags;
@@ -68,10 +68,8 @@ def check_output_dir(output_dir: str | os.PathLike[str]) -> None:
 
 
 def preflight(loss: Any, cfg: Any) -> None:
-    """Every check of this module, in the order a user would fix them: options, the output folder, the model."""
-    from prefzoo.model import check_model_source
-
+    """The checks of this module that need neither data nor model: options, then the output folder.  The model
+    folder is checked where the run first reads it (:func:`prefzoo.model.load_tokenizer`), after the data's shape
+    is checked against the loss, and still before anything loads."""
     check_run_options(loss, cfg)
     check_output_dir(cfg.output_dir)
-    if cfg.model is not None:
-        check_model_source(str(cfg.model))
