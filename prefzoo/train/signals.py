@@ -82,6 +82,9 @@ class PreemptionHandler:
                 self._previous[s] = previous
                 signal.signal(s, self._handle)
             self.handled = tuple(signal.Signals(s).name for s in self._previous)
+            # a signal blocked by whoever started us (a mask inherited through fork and exec) would never arrive:
+            # the ones handled here are unblocked, as in a shell
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self._previous))
         return self
 
     def __exit__(

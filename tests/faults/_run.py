@@ -38,6 +38,7 @@ def env(**extra: str) -> dict[str, str]:
 # handler even where the suite was started with SIGINT ignored (nohup, `cmd &`, .ci/hermetic's `signals`)
 _SIGINT_DEFAULT_THEN_EXEC = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM}); "  # a blocked mask survives exec too
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 

@@ -259,3 +259,17 @@ def test_a_resume_with_nothing_left_to_train_reports_the_run_s_numbers(tmp_path,
     said = capsys.readouterr().out
     assert "resumed from" in said and first.group(0) in said.splitlines(), said[-2000:]
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_the_handler_unblocks_the_signals_it_handles():
+    """A SIGINT/SIGTERM blocked by whoever started the run (a signal mask survives fork and exec) would never arrive:
+    the handler unblocks what it handles, as a shell does."""
+    from prefzoo.train.signals import PreemptionHandler
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        with PreemptionHandler() as handler:
+            assert "SIGTERM" in handler.handled
+            assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
