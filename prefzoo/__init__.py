@@ -8,8 +8,9 @@ and evaluation modules import transformers, accelerate and friends lazily.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.hookspecs import hookimpl, hookspec
@@ -60,17 +61,6 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """A public name's module is imported on first access (``from prefzoo import get_loss`` loads the registry)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'prefzoo' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -134,4 +124,5 @@ _MODULES: dict[str, tuple[str, ...]] = {
                       "group_from_pairs"),
     "prefzoo.model": ("sequence_logps",),
 }  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+_LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)

@@ -11,8 +11,9 @@ Importing this package imports nothing: each name loads its module on first use 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.judge.engines import ENGINES, GenerationEngine, Samples, SamplingParams, make_engine
@@ -39,20 +40,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
                                "list_judges", "parse_judge_params", "reset_judge_registry", "UnknownJudgeError"),
     "prefzoo.judge.scoring": ("JudgeFailure", "score_groups", "ScoredGroups"),
 }  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    """A public name's module is imported on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -78,3 +67,5 @@ __all__ = [
     "score_groups",
     "unwrap_model",
 ]
+
+_LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)

@@ -20,8 +20,9 @@ Importing this package imports nothing: each name loads its module on first use 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.model.arch import (
@@ -86,20 +87,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.moe": ("RouterAuxError", "add_router_loss", "router_metrics"),
     "prefzoo.model.selfcheck": ("LogpsSelfCheckError", "check_logps", "first_pairs", "run_self_check"),
 }  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    """A public name's module is imported on first access (``from prefzoo.model import sequence_logps``)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'prefzoo.model' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -154,3 +143,5 @@ __all__ = [
     "unwrap_causal_lm",
     "vocab_cut",
 ]
+
+_LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)

@@ -15,8 +15,9 @@ prefzoo installed loads, pulls in neither torch nor Hypothesis.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.data.tiny import char_tokenizer, tiny_causal_lm, tiny_llama_config
@@ -44,20 +45,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.testing.strategies": ("batches_for", "group_batches", "loss_params", "preference_batches",
                                    "unpaired_batches"),
 }  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    """A public name's module is imported on first access (``from prefzoo.testing import check_loss``)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'prefzoo.testing' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -87,3 +76,5 @@ __all__ = [
     "tiny_llama_config",
     "unpaired_batches",
 ]
+
+_LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)
