@@ -35,6 +35,7 @@ __all__ = [
     "COMPLETE_MARKER",
     "DiskFullError",
     "ResumeError",
+    "checkpoint_step",
     "complete_checkpoints",
     "find_latest_checkpoint",
     "is_complete",
@@ -246,6 +247,11 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
         return []
     found = [p for p in root.iterdir() if p.name.startswith("step-") and is_complete(p)]
     return sorted(found, key=lambda p: p.name)
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint folder was saved at, from its name (``step-00000016`` → 16)."""
+    return int(checkpoint.name.rsplit("-", 1)[-1])
 
 
 def find_latest_checkpoint(output_dir: str | Path) -> Path | None:

@@ -133,7 +133,8 @@ def _holds(path: Path, process_index: int) -> bool:
     return not isinstance(files, dict) or f"random_states_{process_index}.pkl" in files
 
 
-def _step_of(path: Path) -> int | None:
+def _marker_step(path: Path) -> int | None:
+    """The step a checkpoint's completion marker records, or None where the marker is unreadable."""
     try:
         return int(read_marker(path)["step"])
     except (ValueError, KeyError, TypeError):
@@ -154,7 +155,7 @@ def agree_on_resume(accelerator: Any, storage: Storage, output_dir: str | Path, 
         held = sorted(mine)
     else:
         path = Path(resume)
-        step = _step_of(path) if path.is_dir() and _holds(path, rank) else None
+        step = _marker_step(path) if path.is_dir() and _holds(path, rank) else None
         held = [step] if step is not None else []
     views = _gather(accelerator, (rank, storage.where(), str(output_dir), held))
     if accelerator.num_processes == 1:

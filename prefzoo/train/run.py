@@ -20,7 +20,7 @@ from prefzoo.data.progress import Progress, length, showing
 from prefzoo.model import add_router_loss, router_metrics
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
-from prefzoo.train.checkpoint import find_latest_checkpoint, save_checkpoint
+from prefzoo.train.checkpoint import checkpoint_step, find_latest_checkpoint, save_checkpoint
 from prefzoo.train.distributed import end_accelerator
 from prefzoo.train.guard import NonFiniteGuard, NonFiniteStepsError, deepspeed_drops_nonfinite_steps, nonfinite_ids
 from prefzoo.train.hub import push_folder
@@ -478,10 +478,6 @@ class Run:
         return True
 
 
-def _step_of(checkpoint: Path) -> int:
-    return int(checkpoint.name.rsplit("-", 1)[-1])
-
-
 def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsError:
     latest = find_latest_checkpoint(cfg.output_dir)
     return NonFiniteStepsError(
@@ -490,7 +486,8 @@ def _deepspeed_nonfinite(cfg: Any, step: int, ids: list[str]) -> NonFiniteStepsE
         "bf16.check_grad_overflow), so with --grad-accum > 1 prefzoo stops instead (with --grad-accum 1 it skips it). "
         + (
             f"Resume from {latest} with --resume auto, adding --skip-batches "
-            f"{(step - _step_of(latest)) * cfg.grad_accum} to pass over the steps up to this one (or a lower --lr)."
+            f"{(step - checkpoint_step(latest)) * cfg.grad_accum} to pass over the steps up to this one "
+            "(or a lower --lr)."
             if latest
             else f"No checkpoint yet: rerun with --skip-batches {step * cfg.grad_accum} to pass over steps 1..{step}."
         )
