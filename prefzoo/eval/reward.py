@@ -41,33 +41,49 @@ def reward_accuracy(
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
     from prefzoo.judge import unwrap_model
-    from prefzoo.model import PolicyLogps, fit_to_context
-    from prefzoo.train.batch import preference_batch
+    from prefzoo.model import PolicyLogps
     from prefzoo.types import Need
 
     loss_fn = get_loss(loss) if isinstance(loss, str) else loss
-    needs = loss_fn.needs
-    if Need.REFERENCE in needs and reference is None:
+    ref_needed = Need.REFERENCE in loss_fn.needs
+    if ref_needed and reference is None:
         raise ValueError(
             f"loss {loss_fn.spec.name!r} scores with a reference model; pass reference=... (CLI: --reference PATH, "
             "default the --baseline), or pick a reference-free loss such as simpo"
         )
     ensure_pad_token(tokenizer)
-    fitted = [
-        fit_to_context(max_prompt_length, max_completion_length, unwrap_model(m), tokenizer)
-        for m in (model, reference if Need.REFERENCE in needs else None)
-        if m is not None
-    ]
-    limits = min(fitted, key=lambda f: f.max_prompt_length + f.max_completion_length)  # the shorter context wins
+    limits = _limits(max_prompt_length, max_completion_length, [model, *([reference] if ref_needed else [])], tokenizer)
     enc, stats = tokenize_pairs(
         dataset, tokenizer, limits.max_prompt_length, limits.max_completion_length, requested=limits.requested
     )
-    collate = PreferenceCollator(tokenizer.pad_token_id)
     policy = PolicyLogps(unwrap_model(model))
-    ref = PolicyLogps(unwrap_model(reference)) if Need.REFERENCE in needs else None
+    ref = PolicyLogps(unwrap_model(reference)) if ref_needed else None
+    correct, ties, margins, losses = _score(loss_fn, policy, ref, enc, PreferenceCollator(tokenizer.pad_token_id),
+                                            batch_size)  # fmt: skip
+    acc = torch.cat(correct).float()  # (N,)
+    return {
+        "reward_accuracy": float(acc.mean()),
+        "tie_rate": float(torch.cat(ties).float().mean()),
+        "mean_margin": float(torch.cat(margins).mean()),
+        "mean_loss": float(torch.cat(losses).mean()),
+        "pairs": float(acc.numel()),
+        "dropped": float(stats.dropped),
+        "max_prompt_length": float(limits.max_prompt_length),
+        "max_completion_length": float(limits.max_completion_length),
+        "context_truncated": float(stats.context_truncated),
+    }
+
+
+def _score(
+    loss_fn: Any, policy: Any, ref: Any, enc: Any, collate: Any, batch_size: int
+) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(correct, ties, margins, losses) per batch of ``enc``, scored by ``loss_fn`` under no_grad with the policy
+    and reference in eval mode (their modes restored afterwards)."""
+    import torch
+
+    from prefzoo.train.batch import preference_batch
 
     def ref_pair(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,) reference log-probs
-        assert ref is not None
         rw, rl = ref(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]).split()
         return rw["logps"], rl["logps"]
 
@@ -93,15 +109,13 @@ def reward_accuracy(
     finally:
         for m, was in modes:
             m.train(was)
-    acc = torch.cat(correct).float()  # (N,)
-    return {
-        "reward_accuracy": float(acc.mean()),
-        "tie_rate": float(torch.cat(ties).float().mean()),
-        "mean_margin": float(torch.cat(margins).mean()),
-        "mean_loss": float(torch.cat(losses).mean()),
-        "pairs": float(acc.numel()),
-        "dropped": float(stats.dropped),
-        "max_prompt_length": float(limits.max_prompt_length),
-        "max_completion_length": float(limits.max_completion_length),
-        "context_truncated": float(stats.context_truncated),
-    }
+    return correct, ties, margins, losses
+
+
+def _limits(max_prompt: int | None, max_completion: int | None, models: list[Any], tokenizer: Any) -> Any:
+    """The token limits fitted to every scoring model's context (the shorter context wins)."""
+    from prefzoo.judge import unwrap_model
+    from prefzoo.model import fit_to_context
+
+    fitted = [fit_to_context(max_prompt, max_completion, unwrap_model(m), tokenizer) for m in models]
+    return min(fitted, key=lambda f: f.max_prompt_length + f.max_completion_length)
