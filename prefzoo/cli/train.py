@@ -166,11 +166,11 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.data.formats import DataFormatError
     from prefzoo.model import LoadOptionError, LoRATargetError
     from prefzoo.spec import LossOutputError
-    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.checkpoint.hub import HubPushError
+    from prefzoo.train.checkpoint.save import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
-    from prefzoo.train.distributed import DeepSpeedMissingError
+    from prefzoo.train.engines.deepspeed import DeepSpeedMissingError
     from prefzoo.train.guard import TrainingAborted
-    from prefzoo.train.hub import HubPushError
     from prefzoo.train.preflight import preflight
 
     _quiet_libraries()
@@ -355,7 +355,7 @@ def _print_report(task: Any, tokenizer: Any, before: dict[str, float], result: A
     """Score the saved final model (whole whatever the engine: under --fsdp or ZeRO-3 ``result.model`` holds this
     rank's shards) and print the before/after table of the default task."""
     from prefzoo.eval.default_task import evaluate_policy
-    from prefzoo.train.runcard import load_final_model
+    from prefzoo.train.checkpoint.final import load_final_model
 
     print("prefzoo train: scoring the trained policy", flush=True)
     after = evaluate_policy(task, load_final_model(result.final_dir), tokenizer)

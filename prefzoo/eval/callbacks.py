@@ -31,8 +31,8 @@ def read_prompts(source: str | Path) -> list[str]:
 class WinRateCallback(Callback):
     """At every ``every_epochs``-th epoch end, generate from the policy and the starting model and judge them.
 
-    Main process only (the other processes wait at the next collective); not with ZeRO-3, whose partitioned
-    weights cannot generate on one process.  Records ``winrate/win_rate``, ``winrate/lc_win_rate``, ... in
+    Main process only (the other processes wait at the next collective); not under an engine that partitions the
+    weights (they cannot generate on one process).  Records ``winrate/win_rate``, ``winrate/lc_win_rate``, ... in
     ``self.history``, metrics.jsonl and the trackers.  ``judge`` is a registered judge name, ``judge_options``
     its options (e.g. ``{"model_path": "./rm"}`` for ``reward-model``).
     """
@@ -66,8 +66,12 @@ class WinRateCallback(Callback):
         self.history: list[dict[str, float]] = []
 
     def on_train_begin(self, state: RunState) -> None:
-        if state.cfg.deepspeed == "zero3":
-            raise ValueError("the win-rate callback cannot generate from ZeRO-3 partitioned weights; drop it or ZeRO-3")
+        engine = state.engine
+        if engine is not None and engine.partitions_params:
+            raise ValueError(
+                f"the win-rate callback cannot generate from {engine.label} partitioned weights; drop it or "
+                f"{engine.option}"
+            )
         if state.is_main_process:  # the starting policy, frozen: the baseline every epoch is compared with
             self.baseline = copy.deepcopy(state.accelerator.unwrap_model(state.model).lm).eval().requires_grad_(False)
 

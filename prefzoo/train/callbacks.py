@@ -69,6 +69,7 @@ class RunState:
     stop_reason: str | None = None  # said in the log and in TrainResult.stop_reason when should_stop is set
     writer: Any = None  # the run's metrics.jsonl writer (main process)
     reference: Any = None  # the run's Reference (prefzoo.train.reference), None for a reference-free loss
+    engine: Any = None  # the run's Engine (prefzoo.train.engines): e.g. engine.partitions_params
 
     @property
     def is_main_process(self) -> bool:

@@ -18,7 +18,7 @@ are never embedded (their weight is 1).
 
 Checkpoints hold the classifier (``density_ratio.safetensors``: w, b and the settings it was fitted with); a resumed
 run loads it instead of refitting, and a checkpoint without one (or fitted with other settings) is a one-line
-:class:`~prefzoo.train.checkpoint.ResumeError` before any model loads.
+:class:`~prefzoo.train.checkpoint.save.ResumeError` before any model loads.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
-from prefzoo.model import PromptEmbedding, inner_policy, mean_pooled_hidden_states
-from prefzoo.train.checkpoint import ResumeError
+from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
+from prefzoo.train.checkpoint.save import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference
 
@@ -71,14 +71,10 @@ def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
         "online": "--online: there are no labelled examples at the start to fit the classifier on",
         "precompute_ref": "--precompute-ref: the prompts are embedded by the reference model, which it replaces by "
         "a table",
-        "fsdp": "--fsdp: the sharded reference is not wired for prompt embeddings yet",
     }
     for key, why in refusals.items():
         if getattr(cfg, key):
             raise ConfigError(f"--density-ratio with {why}; drop one of them")
-    if cfg.deepspeed == "zero3":
-        raise ConfigError("--density-ratio with --deepspeed zero3: the partitioned reference is not wired for prompt "
-                          "embeddings yet; use zero2 or drop --density-ratio")  # fmt: skip
 
 
 def reference_embedding(reference: Any) -> PromptEmbedding:
@@ -86,7 +82,7 @@ def reference_embedding(reference: Any) -> PromptEmbedding:
     if isinstance(reference, FrozenReference):
         return mean_pooled_hidden_states(reference.module.lm)
     if isinstance(reference, AdapterDisabledReference):
-        inner = inner_policy(reference.policy)
+        inner = unwrap(reference.policy, "policy")
         lm: Any = inner.lm  # a peft model
 
         def embed(input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -6,10 +6,8 @@ non-finite value on any process marks the optimizer step as skipped on every pro
 backward for the rest of the step, no ``optimizer.step()``, no scheduler step, gradients zeroed.  Skips are counted,
 logged with the offending example ids, and after ``max_consecutive_skips`` in a row the run stops with a checkpoint.
 
-Under DeepSpeed the engine steps inside ``backward`` at the accumulation boundary.  With one micro-batch per step no
-process calls backward for a bad step, so the engine never steps.  With several, earlier micro-batches' gradients
-are already in the engine, which has no API to drop them; so the rest of the step backpropagates NaN and the
-engine's own overflow check (:func:`deepspeed_drops_nonfinite_steps`) drops the step at the boundary.
+An engine that steps inside ``backward`` (:attr:`prefzoo.train.engines.Engine.steps_in_backward`) says how it
+drops a bad step instead (see its module).
 
 Fault injection for tests is a callback the tests install (``tests/faults/injector.py``), not part of the package.
 """
@@ -29,7 +27,6 @@ __all__ = [
     "NonFiniteStepsError",
     "PeerFailureError",
     "TrainingAborted",
-    "deepspeed_drops_nonfinite_steps",
     "is_peer_failure",
     "nonfinite_ids",
 ]
@@ -47,24 +44,6 @@ class NonFiniteStepsError(TrainingAborted):
 
 class PeerFailureError(TrainingAborted):
     """A collective failed or timed out: another process died or hung."""
-
-
-def deepspeed_drops_nonfinite_steps(engine: Any) -> bool:
-    """Whether DeepSpeed's ZeRO optimizer drops a step whose gradient norm is inf/NaN by itself (gradients zeroed,
-    weights, moments and its step count untouched, ``engine.was_step_applied()`` False).
-
-    ZeRO-3 always checks the norm; ZeRO-1/2 check it when it is computed, except in bf16 unless the config sets
-    ``bf16.check_grad_overflow``.  Without ZeRO the torch optimizer steps whatever it gets.
-    """
-    stage_of = getattr(engine, "zero_optimization_stage", None)
-    stage = stage_of() if callable(stage_of) else 0
-    opt = getattr(engine, "optimizer", None)
-    if stage == 3:
-        return True
-    if stage in (1, 2):
-        checks = bool(getattr(opt, "check_grad_overflow", False)) or getattr(opt, "dtype", None) != torch.bfloat16
-        return bool(getattr(opt, "compute_grad_norm", False)) and checks
-    return False
 
 
 def nonfinite_ids(ids: list[str], *tensors: Tensor | None) -> list[str]:

@@ -324,10 +324,9 @@ class OnlineRounds:
             if not self.checked:  # the log-prob fast path against the model's own forward, on the first samples
                 self.checked = True
                 from prefzoo.model import run_self_check
-                from prefzoo.train.reference import _zero3_enabled
 
-                if not _zero3_enabled():
-                    p = run.parts
+                p = run.parts
+                if p.engine.self_check:
                     run_self_check(p.policy, p.reference, batches[0], self.cfg.logps_fallback, p.accelerator.print)
             yield state.global_step // run.parts.steps_per_epoch + 1, batches[done * self.cfg.grad_accum :]
 

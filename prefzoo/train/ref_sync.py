@@ -45,7 +45,7 @@ class ReferenceSync(Callback):
             raise ConfigError(
                 f"tr-dpo needs a separate reference copy to update, but the run's reference is "
                 f"{type(ref).__name__ if ref is not None else 'none'} (precomputed, LoRA adapter-disabled or "
-                "DeepSpeed ZeRO-3 references stay fixed)"
+                "partitioned references stay fixed)"
             )
         return module.lm  # type: ignore[no-any-return, union-attr]
 
@@ -103,7 +103,7 @@ def _resumed_checkpoint(state: RunState) -> Path | None:
         return None
     if resume != "auto":
         return Path(resume)
-    from prefzoo.train.checkpoint import find_latest_checkpoint
+    from prefzoo.train.checkpoint.save import find_latest_checkpoint
 
     latest = find_latest_checkpoint(state.cfg.output_dir)
     return Path(latest) if latest is not None else None

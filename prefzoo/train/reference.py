@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.data.progress import Progress, length
-from prefzoo.model import PolicyLogps, inner_policy
+from prefzoo.model import PolicyLogps, unwrap
 from prefzoo.train.batch import row_ids
 from prefzoo.types import Need
 
@@ -69,19 +69,10 @@ class FrozenReference(Reference):
         self.module.eval()
 
     @classmethod
-    def under_zero3(
-        cls, lm: nn.Module, chunk_size: int, ds_config: dict[str, Any], packing: bool = False
-    ) -> FrozenReference:
-        """A reference whose weights stay ZeRO-3 partitioned: ``lm`` was loaded under zero.Init (not copied)."""
-        import deepspeed
-
+    def around(cls, module: Any) -> FrozenReference:
+        """A reference around an already built, frozen log-prob module (an engine's partitioned copy)."""
         ref = cls.__new__(cls)
-        cfg = {k: v for k, v in copy.deepcopy(ds_config).items() if k not in ("optimizer", "scheduler")}
-        module = PolicyLogps(lm, chunk_size, packing=packing)
-        module.requires_grad_(False)
-        engine, *_ = deepspeed.initialize(model=module, config=cfg)
-        engine.eval()
-        ref.module = engine
+        ref.module = module
         return ref
 
     @torch.no_grad()
@@ -124,7 +115,7 @@ class AdapterDisabledReference(Reference):
         return out.token_logps[:b].detach(), out.token_logps[b:].detach()
 
     def _run(self, batch: dict[str, Any], token_logps: bool) -> Any:
-        inner = inner_policy(self.policy)
+        inner = unwrap(self.policy, "policy")
         was_training = inner.training
         inner.eval()  # the reference scores in eval mode (no dropout) like a frozen copy, also under --keep-dropout
         try:
@@ -261,34 +252,19 @@ def _hit_everywhere(accelerator: Any, hit: bool) -> bool:
     return bool(accelerator.reduce(flag, reduction="sum").item() == 0)
 
 
-def _zero3_enabled() -> bool:
-    try:
-        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-    except ImportError:
-        return False
-    return bool(is_deepspeed_zero3_enabled())
-
-
-def build_reference(loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool, accelerator: Any) -> tuple[Any, str]:
-    """(the Reference the loss declares it needs, or None; how it is made), built before accelerate wraps the policy.
+def build_reference(
+    loss: Any, cfg: Any, policy: PolicyLogps, has_adapter: bool, accelerator: Any, engine: Any
+) -> tuple[Any, str]:
+    """(the Reference the loss declares it needs, or None; how it is made), built before the engine wraps the policy.
 
     Reference-free losses get None; a fresh LoRA adapter gets the policy with adapters disabled (no second copy);
-    ZeRO-3 gets a second load partitioned like the policy; otherwise a frozen copy of the starting model.
+    otherwise the engine's frozen copy of the starting model (:meth:`prefzoo.train.engines.Engine.frozen_reference`).
     """
     if Need.REFERENCE not in loss.needs and Need.KL_REFERENCE not in loss.needs:
         return None, "none (reference-free loss)"
     if cfg.lora and not has_adapter:
         return AdapterDisabledReference(policy), "adapter-disabled policy"
-    if _zero3_enabled():
-        from prefzoo.model import load_model_and_tokenizer
-
-        ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ref = FrozenReference.under_zero3(ref_lm, cfg.logp_chunk_size, ds_config, policy.packing)
-        return ref, "frozen ZeRO-3 partitioned copy of the starting model"
-    ref = FrozenReference(policy.lm, cfg.logp_chunk_size, policy.packing)
-    ref.module.to(accelerator.device)
-    return ref, "frozen copy of the starting model"
+    return engine.frozen_reference(policy, accelerator)  # type: ignore[no-any-return]
 
 
 def precompute_reference(

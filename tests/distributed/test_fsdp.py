@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.fsdp import check_fsdp, mesh_shape
+from prefzoo.train.engines.fsdp import FsdpEngine, mesh_shape
 from tests.distributed._nodes import free_port
 from tests.train.helpers import base_config, max_param_diff
 
@@ -133,14 +133,14 @@ def test_fsdp_resume_equals_uninterrupted_and_final_loads(runs, tiny_dir, pairs_
 def test_fsdp_where_it_cannot_apply_is_one_line(tmp_path):
     cfg = TrainConfig(model="m", fsdp=True)
     with pytest.raises(ConfigError, match="--fsdp with one process has nothing to shard"):
-        check_fsdp(cfg, 1, no_gpu=True)
+        FsdpEngine(cfg).check(1, no_gpu=True)
     with pytest.raises(ConfigError, match="choose one sharding engine"):
-        check_fsdp(TrainConfig(model="m", fsdp=True, deepspeed="zero3"), 2, no_gpu=True)
+        FsdpEngine(TrainConfig(model="m", fsdp=True, deepspeed="zero3")).check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="--fsdp-cpu-offload without a GPU"):
-        check_fsdp(TrainConfig(model="m", fsdp=True, fsdp_cpu_offload=True), 2, no_gpu=True)
+        FsdpEngine(TrainConfig(model="m", fsdp=True, fsdp_cpu_offload=True)).check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="fsdp_sharding='zero3': choose full, shard_grad_op or hybrid"):
         TrainConfig(model="m", fsdp=True, fsdp_sharding="zero3")
-    check_fsdp(cfg, 2, no_gpu=True)  # two processes on CPU: fine
+    FsdpEngine(cfg).check(2, no_gpu=True)  # two processes on CPU: fine
 
 
 @pytest.mark.distributed
@@ -170,12 +170,12 @@ def test_hybrid_mesh_shape_from_the_node_size_or_a_one_line_error(monkeypatch):
     assert mesh_shape(TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=4), 8) == (2, 4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # 3 processes per node cannot tile 4
     with pytest.raises(ConfigError, match=r"shard groups of 3 processes per node \(LOCAL_WORLD_SIZE\) do not divide"):
-        check_fsdp(hybrid, 4, no_gpu=True)
+        FsdpEngine(hybrid).check(4, no_gpu=True)
     odd = TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=3)
     with pytest.raises(ConfigError, match="--fsdp-shard-size 3 do not divide the 4 processes: set --fsdp-shard-size"):
-        check_fsdp(odd, 4, no_gpu=True)
+        FsdpEngine(odd).check(4, no_gpu=True)
     with pytest.raises(ConfigError, match="it sizes the shard groups of --fsdp-sharding hybrid"):
-        check_fsdp(TrainConfig(model="m", fsdp=True, fsdp_shard_size=2), 2, no_gpu=True)
+        FsdpEngine(TrainConfig(model="m", fsdp=True, fsdp_shard_size=2)).check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="fsdp_shard_size=0 must be >= 1"):
         TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=0)
 
@@ -184,7 +184,7 @@ def test_resume_on_another_mesh_is_one_line(tmp_path):
     """Shards saved as 2 nodes × 2 ranks cannot be put back on a 1-D mesh of 4 (same world size, other slices)."""
     from types import SimpleNamespace
 
-    from prefzoo.train.fsdp import FsdpEngine
+    from prefzoo.train.engines.fsdp import FsdpEngine
 
     path = FsdpEngine._file(tmp_path, 0)
     path.parent.mkdir(parents=True)

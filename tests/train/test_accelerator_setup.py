@@ -1,4 +1,5 @@
-"""Building the Accelerator (prefzoo/train/distributed.py): the run's settings reach accelerate, DeepSpeed on CPU gets
+"""Building the Accelerator (prefzoo/train/engines/launch.py): the run's settings reach accelerate, DeepSpeed on CPU
+gets
 its one-process environment, and settings accelerate would ignore or cannot honour are one line each."""
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from prefzoo.train import distributed
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.distributed import DeepSpeedMissingError, build_accelerator, deepspeed_config
+from prefzoo.train.engines import build_accelerator
+from prefzoo.train.engines import deepspeed as ds_engine
+from prefzoo.train.engines import launch as distributed
+from prefzoo.train.engines.deepspeed import DeepSpeedMissingError, deepspeed_config
 
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
 
@@ -72,7 +75,7 @@ def test_deepspeed_on_cpu_gets_a_one_process_group_and_skips_the_shm_build(monke
     comm = types.ModuleType("deepspeed.comm.torch")
     comm.build_shm_op = lambda: pytest.fail("the shared-memory op would be built")
     monkeypatch.setitem(sys.modules, "deepspeed.comm.torch", comm)
-    distributed._prepare_deepspeed_on_cpu()
+    ds_engine._prepare_deepspeed_on_cpu()
     import os
 
     assert comm.build_shm_op() is None
@@ -90,7 +93,7 @@ def test_under_a_launcher_the_environment_is_left_as_it_is(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
     monkeypatch.setitem(sys.modules, "deepspeed.comm.torch", None)  # a DeepSpeed without the op: nothing to skip
-    distributed._prepare_deepspeed_on_cpu()
+    ds_engine._prepare_deepspeed_on_cpu()
     import os
 
     assert os.environ["RANK"] == "3" and os.environ["DS_ACCELERATOR"] == "cuda" and "WORLD_SIZE" not in os.environ

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from prefzoo.train.config import ConfigError
-from prefzoo.train.distributed import deepspeed_config
+from prefzoo.train.engines.deepspeed import deepspeed_config
 
 KEY = "stage3_gather_16bit_weights_on_model_save"
 

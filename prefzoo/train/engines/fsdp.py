@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from prefzoo.train.config import ConfigError
+from prefzoo.errors import ConfigError
+from prefzoo.train.engines.base import Engine
 
-__all__ = ["FsdpEngine", "check_fsdp", "mesh_shape"]
+__all__ = ["FsdpEngine", "mesh_shape"]
 
 
 def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
@@ -46,34 +47,6 @@ def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
     return (num_processes // shard, shard)
 
 
-def check_fsdp(cfg: Any, num_processes: int, no_gpu: bool) -> None:
-    """``--fsdp`` where it cannot apply: one line saying what to run instead (never a silent DDP or a traceback)."""
-    if not cfg.fsdp:
-        if cfg.fsdp_cpu_offload:
-            raise ConfigError("fsdp_cpu_offload=true needs --fsdp: add --fsdp, or drop --fsdp-cpu-offload")
-        return
-    if cfg.fsdp_shard_size is not None and cfg.fsdp_sharding != "hybrid":
-        raise ConfigError(
-            f"--fsdp-shard-size {cfg.fsdp_shard_size} with --fsdp-sharding {cfg.fsdp_sharding}: it sizes the shard "
-            "groups of --fsdp-sharding hybrid; add that, or drop --fsdp-shard-size"
-        )
-    if cfg.deepspeed:
-        raise ConfigError(f"--fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine")
-    if getattr(cfg, "online", False):
-        raise ConfigError("--fsdp with --online is not supported yet (sampling needs the whole model): drop --fsdp")
-    if num_processes < 2:
-        raise ConfigError(
-            "--fsdp with one process has nothing to shard across: launch >= 2 processes (torchrun --nproc_per_node N "
-            "or accelerate launch --multi_gpu --num_processes N), or drop --fsdp to train unsharded"
-        )
-    if cfg.fsdp_cpu_offload and no_gpu:
-        raise ConfigError(
-            "--fsdp-cpu-offload without a GPU: the model already lives in CPU memory (torch's CPU offload needs an "
-            "accelerator device); drop --fsdp-cpu-offload"
-        )
-    mesh_shape(cfg, num_processes)  # hybrid: the shard groups divide the processes
-
-
 def _decoder_layers(module: nn.Module) -> list[nn.Module]:
     """The transformer blocks: modules whose class the model names in ``_no_split_modules`` (accelerate's rule)."""
     names: set[str] = set()
@@ -82,17 +55,83 @@ def _decoder_layers(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
-class FsdpEngine:
-    """Shards modules on a 1-D mesh over every process (2-D for hybrid); saves, loads and gathers the sharded policy."""
+class FsdpEngine(Engine):
+    """``--fsdp``: shards the policy (and a frozen reference) on a 1-D mesh over every process (2-D for hybrid);
+    saves, loads and gathers the sharded policy."""
 
-    def __init__(self, cfg: Any, accelerator: Any) -> None:
+    label = "FSDP2"
+    partitions_params = True
+    fast_paths_measured = False
+    unsupported: ClassVar[dict[str, str]] = {
+        "merge_lora": "merging LoRA into sharded weights is not supported here; save the adapter and merge afterwards",
+        "density_ratio": "the sharded reference is not wired for prompt embeddings yet; drop one of them",
+        "online": "sampling needs the whole model; drop --fsdp",
+    }
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.accelerator: Any = None
+        self.mesh: Any = None
+        self.layout = ""
+
+    @property
+    def option(self) -> str:
+        return "--fsdp"
+
+    @property
+    def checkpoint_format(self) -> str:
+        """DCP on a shared output dir (resumes on any layout); each rank's own file on node-local disks."""
+        return "per-rank" if self.node_local else "dcp"
+
+    def marker(self, num_processes: int) -> dict[str, Any]:
+        return {**super().marker(num_processes), "mesh": list(mesh_shape(self.cfg, num_processes))}
+
+    def check(self, num_processes: int, no_gpu: bool) -> None:
+        """``--fsdp`` where it cannot apply: one line saying what to run instead (never a silent DDP or a traceback)."""
+        cfg = self.cfg
+        if cfg.fsdp_shard_size is not None and cfg.fsdp_sharding != "hybrid":
+            raise ConfigError(
+                f"--fsdp-shard-size {cfg.fsdp_shard_size} with --fsdp-sharding {cfg.fsdp_sharding}: it sizes the shard "
+                "groups of --fsdp-sharding hybrid; add that, or drop --fsdp-shard-size"
+            )
+        if cfg.deepspeed:
+            raise ConfigError(f"--fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine")
+        super().check(num_processes, no_gpu)
+        if num_processes < 2:
+            raise ConfigError(
+                "--fsdp with one process has nothing to shard across: launch >= 2 processes (torchrun "
+                "--nproc_per_node N or accelerate launch --multi_gpu --num_processes N), or drop --fsdp to train "
+                "unsharded"
+            )
+        if cfg.fsdp_cpu_offload and no_gpu:
+            raise ConfigError(
+                "--fsdp-cpu-offload without a GPU: the model already lives in CPU memory (torch's CPU offload needs "
+                "an accelerator device); drop --fsdp-cpu-offload"
+            )
+        mesh_shape(cfg, num_processes)  # hybrid: the shard groups divide the processes
+
+    def shard(self, accelerator: Any, policy: Any, reference: Any) -> str | None:
+        """Shard the policy and a frozen reference copy (gathered layer by layer under no_grad)."""
+        from prefzoo.train.reference import FrozenReference
+
+        self._build_mesh(accelerator)
+        layers = self._shard(policy)
+        if isinstance(reference, FrozenReference):
+            self._shard(reference.module)
+        cfg = self.cfg
+        return (
+            f"FSDP2 ({cfg.fsdp_sharding} sharding{', CPU offload' if cfg.fsdp_cpu_offload else ''}): "
+            f"{layers} decoder layers and the root sharded over {self.layout}"
+        )
+
+    def _build_mesh(self, accelerator: Any) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
+        cfg = self.cfg
         self.accelerator = accelerator
-        device = accelerator.device
         shape = mesh_shape(cfg, accelerator.num_processes)
         names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-        self.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+        self.mesh = init_device_mesh(accelerator.device.type, shape, mesh_dim_names=names)
         n = accelerator.num_processes  # what the start-up line says the mesh is
         self.layout = (
             f"{n} processes" if len(shape) == 1 else f"{shape[1]} ranks, replicated {shape[0]}× ({n} processes)"
@@ -103,7 +142,16 @@ class FsdpEngine:
 
             self.kwargs["offload_policy"] = CPUOffloadPolicy()
 
-    def shard(self, module: nn.Module) -> int:
+    def prepare(self, accelerator: Any, policy: Any, optimizer: Any, train_dl: Any, schedule: Any) -> tuple[Any, ...]:
+        """accelerate wraps all but the sharded policy (no DDP around it); the optimizer keeps accelerate's step
+        gating under accumulation without accelerate's rank-0-only optimizer save."""
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        optimizer = AcceleratedOptimizer(optimizer, device_placement=False, scaler=accelerator.scaler)
+        _, _, train_dl, schedule = super().prepare(accelerator, None, None, train_dl, schedule)
+        return policy, optimizer, train_dl, schedule
+
+    def _shard(self, module: nn.Module) -> int:
         """``fully_shard`` every decoder layer, then ``module`` (the root whose forward is called); layers sharded."""
         from torch.distributed.fsdp import fully_shard
 
@@ -119,18 +167,36 @@ class FsdpEngine:
         fully_shard(module, mesh=self.mesh, **self.kwargs)
         return len(layers)
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        """accelerate's step gating under gradient accumulation, without accelerate's rank-0-only optimizer save."""
-        from accelerate.optimizer import AcceleratedOptimizer
-
-        return AcceleratedOptimizer(optimizer, device_placement=False, scaler=self.accelerator.scaler)
-
     # -- checkpoints ------------------------------------------------------------------------------------------------
     @staticmethod
     def _file(folder: Path, rank: int) -> Path:
         return Path(folder) / "fsdp" / f"rank-{rank:05d}.pt"
 
-    def save(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
+    def save_shards(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
+        """The sharded model and optimizer: DCP on a shared output dir (:mod:`prefzoo.train.engines.dcp`, resumes on
+        any layout); on node-local disks each rank's own file (the same processes and mesh only)."""
+        if self.checkpoint_format == "dcp":
+            from prefzoo.train.engines.dcp import save_dcp
+
+            save_dcp(policy, _inner(optimizer), folder)
+        else:
+            self._save_rank_file(policy, optimizer, folder)
+
+    def load_state(self, accelerator: Any, policy: Any, optimizer: Any, folder: Path) -> None:
+        """accelerate's state (it holds neither model nor optimizer here), then the model and optimizer from
+        whichever form the checkpoint holds: DCP, this rank's file, or the default engine's whole-tensor files."""
+        from prefzoo.train.engines.dcp import has_dcp, load_accelerate_files, load_dcp
+
+        accelerator.load_state(str(folder))
+        if has_dcp(folder):
+            load_dcp(policy, _inner(optimizer), folder)
+        elif self._file(folder, accelerator.process_index).is_file():
+            self._load_rank_file(policy, optimizer, folder)
+        else:  # written by the default engine (DDP or one process): whole tensors, named here
+            names = [n for n, p in policy.named_parameters() if p.requires_grad]
+            load_accelerate_files(policy, _inner(optimizer), folder, names)
+
+    def _save_rank_file(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
         """This rank's model and optimizer shards into ``folder/fsdp/rank-R.pt`` (every rank writes its own)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -140,7 +206,7 @@ class FsdpEngine:
         mesh = list(self.mesh.shape)  # the layout of the shards: resuming on another one would misplace them
         torch.save({"model": _local(model_sd), "optim": _local(optim_sd), "mesh": mesh}, path)
 
-    def load(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
+    def _load_rank_file(self, policy: nn.Module, optimizer: Any, folder: Path) -> None:
         """Put this rank's saved shards back into the sharded policy and its optimizer (exactly, same world size)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -160,7 +226,7 @@ class FsdpEngine:
             optim_state_dict=_restore(optim_sd, saved["optim"]),
         )
 
-    def full_state_dict(self, policy: nn.Module) -> dict[str, Any]:
+    def full_state_dict(self, accelerator: Any, policy: nn.Module) -> dict[str, Any]:
         """The whole policy's parameters on rank 0 (an empty dict elsewhere); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -1,0 +1,24 @@
+"""How the policy is spread over processes, behind one interface (:class:`Engine`).
+
+``engine_for(cfg)`` chooses: accelerate's DDP (one process or several, the default), FSDP2 (``--fsdp``, sharded by
+prefzoo with torch's ``fully_shard``) or DeepSpeed ZeRO-2/3 (``--deepspeed``, through accelerate).  The trainer builds
+the Accelerator, shards, wraps, checkpoints and gathers through the engine and never tests which one it has.
+"""
+
+from __future__ import annotations
+
+from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.choice import engine_for, resume_refusal
+from prefzoo.train.engines.launch import build_accelerator, end_accelerator, make_gather
+
+__all__ = [
+    "ENGINE_PACKAGES",
+    "Engine",
+    "build_accelerator",
+    "end_accelerator",
+    "engine_for",
+    "make_gather",
+    "resume_refusal",
+]
+
+ENGINE_PACKAGES = ("deepspeed",)  # the packages the engines use beyond torch and accelerate (a run card lists them)

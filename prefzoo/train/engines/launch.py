@@ -1,0 +1,96 @@
+"""The accelerate side of every engine: building the Accelerator with what the run's engine adds, ending it, and a
+rank-ordered gather."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prefzoo.train.engines.choice import engine_for
+
+__all__ = ["build_accelerator", "end_accelerator", "make_gather"]
+
+
+def make_gather(accelerator: Any) -> Callable[[Tensor], Tensor]:
+    """``gather(t)``: concatenation of ``t`` (dim 0, any per-rank length) over processes in rank order.
+
+    gloo refuses uneven all_gathers, so sizes are gathered first, every rank pads to the largest, and the padding is
+    trimmed afterwards.  Not differentiable (losses only gather detached tensors).
+    """
+    if accelerator.num_processes == 1:
+        return lambda t: t
+
+    def gather(t: Tensor) -> Tensor:
+        t = t.detach().contiguous()
+        sizes = accelerator.gather(torch.tensor([t.shape[0]], device=t.device)).tolist()  # (P,)
+        padded = accelerator.pad_across_processes(t, dim=0)  # (max_size, ...)
+        allt = accelerator.gather(padded)  # (P·max_size, ...)
+        m = max(sizes)
+        return torch.cat([allt[r * m : r * m + n] for r, n in enumerate(sizes)], dim=0)
+
+    return gather
+
+
+def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:
+    """``accelerate launch --use_fsdp`` where accelerate would quietly run something else: one line, not silent DDP."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true", "yes"):
+        return
+    from prefzoo.train.config import ConfigError
+
+    if cfg.deepspeed:
+        raise ConfigError(
+            f"accelerate launch --use_fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine "
+            "(drop --use_fsdp, or drop --deepspeed)"
+        )
+    if no_gpu:
+        raise ConfigError(
+            "accelerate launch --use_fsdp (ACCELERATE_USE_FSDP=true): without a GPU accelerate ignores FSDP and would "
+            "run plain DDP, every process holding the whole model; drop --use_fsdp to train with DDP, or shard on CPU "
+            "with prefzoo's own FSDP2 engine (--fsdp) or --deepspeed zero3"
+        )
+
+
+def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, engine: Any = None) -> Any:
+    """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, trackers, and what ``engine``
+    (by default the one ``cfg`` chooses, :func:`prefzoo.train.engines.engine_for`) adds."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
+
+    engine = engine or engine_for(cfg)
+    no_gpu = cfg.cpu or not torch.cuda.is_available()
+    _refuse_ignored_fsdp(cfg, no_gpu)
+    # a collective that waits longer than this for a dead or hung peer fails (the loop turns it into a message)
+    timeout = timedelta(seconds=float(getattr(cfg, "dist_timeout", 1800.0)))
+    kwargs: dict[str, Any] = {
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "mixed_precision": cfg.mixed_precision,
+        "dataloader_config": DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        "step_scheduler_with_optimizer": False,  # we step the schedule once per optimizer step ourselves
+        "log_with": log_with,
+        "project_config": ProjectConfiguration(project_dir=project_dir, logging_dir=str(Path(project_dir) / "tb")),
+        **engine.accelerator_kwargs(no_gpu, timeout),
+    }
+    kwargs.setdefault("kwargs_handlers", [InitProcessGroupKwargs(timeout=timeout)])
+    # a second run in the same interpreter (notebook, tests) may change precision/accumulation: start afresh
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(**kwargs)
+
+
+def end_accelerator(accelerator: Any, engine: Any = None) -> None:
+    """The end of a run on this process: accelerate's ``end_training`` (trackers, the process group), then what the
+    engine turned on process-wide (see :meth:`Engine.end <prefzoo.train.engines.Engine.end>`)."""
+    accelerator.end_training()
+    if engine is not None:
+        engine.end(accelerator)
+    elif getattr(accelerator.state, "deepspeed_plugin", None) is not None:  # a caller that built it without one
+        from prefzoo.train.engines.deepspeed import end_zero3_switch
+
+        end_zero3_switch()
