@@ -40,8 +40,7 @@ def reward_accuracy(
     from prefzoo import get_loss
     from prefzoo.data.collate import PreferenceCollator
     from prefzoo.data.tokenize import ensure_pad_token, tokenize_pairs
-    from prefzoo.judge import unwrap_model
-    from prefzoo.model import PolicyLogps
+    from prefzoo.model import PolicyLogps, unwrap
     from prefzoo.types import Need
 
     loss_fn = get_loss(loss) if isinstance(loss, str) else loss
@@ -56,8 +55,8 @@ def reward_accuracy(
     enc, stats = tokenize_pairs(
         dataset, tokenizer, limits.max_prompt_length, limits.max_completion_length, requested=limits.requested
     )
-    policy = PolicyLogps(unwrap_model(model))
-    ref = PolicyLogps(unwrap_model(reference)) if ref_needed else None
+    policy = PolicyLogps(unwrap(model))
+    ref = PolicyLogps(unwrap(reference)) if ref_needed else None
     correct, ties, margins, losses = _score(loss_fn, policy, ref, enc, PreferenceCollator(tokenizer.pad_token_id),
                                             batch_size)  # fmt: skip
     acc = torch.cat(correct).float()  # (N,)
@@ -77,45 +76,42 @@ def reward_accuracy(
 def _score(
     loss_fn: Any, policy: Any, ref: Any, enc: Any, collate: Any, batch_size: int
 ) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
-    """(correct, ties, margins, losses) per batch of ``enc``, scored by ``loss_fn`` under no_grad with the policy
-    and reference in eval mode (their modes restored afterwards)."""
+    """(correct, ties, margins, losses) per batch of ``enc``: the trainer's scoring loop
+    (:func:`prefzoo.train.evaluation.score_batches`) on this process, the reference in eval mode too.  Pairs with
+    a non-finite log-prob, loss or reward are left out (as in the trainer's evaluation)."""
     import torch
 
-    from prefzoo.train.batch import preference_batch
-
-    def ref_pair(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,) reference log-probs
-        rw, rl = ref(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]).split()
-        return rw["logps"], rl["logps"]
+    from prefzoo.train.evaluation import score_batches
+    from prefzoo.train.reference import FrozenReference
 
     device = next(policy.parameters()).device
-    modes = [(m, m.training) for m in (policy, ref) if m is not None]
-    for m, _ in modes:
-        m.eval()
+    reference = FrozenReference.around(ref) if ref is not None else None
+    was = ref.training if ref is not None else False
+    if ref is not None:
+        ref.eval()
+
+    def batches() -> Any:
+        for start in range(0, len(enc), batch_size):
+            rows = [enc[i] for i in range(start, min(start + batch_size, len(enc)))]
+            yield {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in collate(rows).items()}
+
     correct, ties, margins, losses = [], [], [], []
     try:
-        with torch.no_grad():
-            for start in range(0, len(enc), batch_size):
-                rows = [enc[i] for i in range(start, min(start + batch_size, len(enc)))]
-                batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in collate(rows).items()}
-                pb = preference_batch(
-                    loss_fn, policy, ref_pair if ref is not None else None, batch, contextlib.nullcontext
-                )
-                out = loss_fn(pb)
-                margin = out.chosen_rewards - out.rejected_rewards  # (B,)
-                correct.append(margin > 0)
-                ties.append(margin == 0)
-                margins.append(margin.float())
-                losses.append(out.losses.float())
+        for _, out, ok in score_batches(loss_fn, policy, reference, batches(), contextlib.nullcontext):
+            margin = (out.chosen_rewards - out.rejected_rewards)[ok]  # (B',)
+            correct.append(margin > 0)
+            ties.append(margin == 0)
+            margins.append(margin.float())
+            losses.append(out.losses[ok].float())
     finally:
-        for m, was in modes:
-            m.train(was)
+        if ref is not None:
+            ref.train(was)
     return correct, ties, margins, losses
 
 
 def _limits(max_prompt: int | None, max_completion: int | None, models: list[Any], tokenizer: Any) -> Any:
     """The token limits fitted to every scoring model's context (the shorter context wins)."""
-    from prefzoo.judge import unwrap_model
-    from prefzoo.model import fit_to_context
+    from prefzoo.model import fit_to_context, unwrap
 
-    fitted = [fit_to_context(max_prompt, max_completion, unwrap_model(m), tokenizer) for m in models]
+    fitted = [fit_to_context(max_prompt, max_completion, unwrap(m), tokenizer) for m in models]
     return min(fitted, key=lambda f: f.max_prompt_length + f.max_completion_length)

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.train.callbacks import CallbackList, load_callbacks
-from prefzoo.train.checkpoint import find_latest_checkpoint
+from prefzoo.train.checkpoint.nodes import lost_ranks
+from prefzoo.train.checkpoint.outdir import finished_run, output_dir_lock
+from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
 from prefzoo.train.metrics import last_logged
-from prefzoo.train.modifiers import modifier_callbacks
-from prefzoo.train.nodes import lost_ranks
-from prefzoo.train.outdir import finished_run, output_dir_lock
+from prefzoo.train.modifiers import build_loss, modifier_callbacks
 from prefzoo.train.preflight import check_output_dir
 from prefzoo.train.run import Run, TrainResult, evaluate
 from prefzoo.train.signals import PreemptionHandler
@@ -41,7 +41,8 @@ def train(
     ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
     """
-    installed = modifier_callbacks(cfg)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
+    loss = build_loss(cfg)  # unknown names, bad params, modifiers that do not fit: before anything loads
+    installed = modifier_callbacks(loss)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
     hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
     check_output_dir(cfg.output_dir)  # a file, under a file, not writable: one line before anything loads
     with output_dir_lock(cfg.output_dir):
@@ -51,13 +52,13 @@ def train(
             return TrainResult(global_step=step, final_dir=Path(finished["final"]),
                                checkpoint=Path(finished["checkpoint"]), already_complete=True,
                                last_metrics=last_logged(Path(cfg.output_dir) / "metrics.jsonl", step))  # fmt: skip
-        return _train(cfg, hooks, train_dataset, eval_dataset)
+        return _train(cfg, loss, hooks, train_dataset, eval_dataset)
 
 
-def _train(cfg: TrainConfig, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
+def _train(cfg: TrainConfig, loss: Any, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
     with PreemptionHandler(immediate=True) as preemption:  # before the first step a signal stops the run at once
         try:
-            return Run(cfg, hooks, preemption).train(train_dataset, eval_dataset)
+            return Run(cfg, hooks, preemption, loss).train(train_dataset, eval_dataset)
         except TrainingAborted:
             raise
         except Exception as e:

@@ -46,11 +46,10 @@ def check_modifiers(loss: Loss, cfg: TrainConfig) -> None:
             )
 
 
-def modifier_callbacks(cfg: TrainConfig) -> list[Any]:
+def modifier_callbacks(loss: Loss) -> list[Any]:
     """The trainer callbacks the run's modifiers install (``ModifierSpec.callback``), built with their params."""
     from prefzoo.train.callbacks import load_callback
 
-    loss = build_loss(cfg)
     out = []
     for m in _modifiers(loss):
         if m.spec.callback:

@@ -130,7 +130,7 @@ def test_auto_fast_paths_read_the_router_capability():
     import datasets
 
     from prefzoo.data.shapes import PAIRS
-    from prefzoo.train.setup import _fast_paths
+    from prefzoo.train.setup.model import fast_paths as _fast_paths
     from prefzoo.train.shapes import ShapePlan
 
     cfg = SimpleNamespace(deepspeed=None, fsdp=False, share_prompt="auto", packing="auto", group_by_length="auto",

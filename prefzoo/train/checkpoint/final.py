@@ -22,12 +22,16 @@ __all__ = [
     "write_final_model",
 ]
 
-_PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "bitsandbytes")
+_PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "bitsandbytes")
 
 
-def versions(packages: tuple[str, ...] = _PACKAGES, missing: str = "not installed") -> dict[str, str]:
-    """Python's and the installed version of each of ``packages`` (default: those a run depends on); ``missing`` for
-    one that is not installed."""
+def versions(packages: tuple[str, ...] | None = None, missing: str = "not installed") -> dict[str, str]:
+    """Python's and the installed version of each of ``packages`` (default: those a run depends on, the sharding
+    engines' included); ``missing`` for one that is not installed."""
+    if packages is None:
+        from prefzoo.train.engines import ENGINE_PACKAGES
+
+        packages = (*_PACKAGES, *ENGINE_PACKAGES)
     out = {"python": platform.python_version()}
     for name in packages:
         try:
@@ -44,14 +48,14 @@ def save_model_folder(
     folder: Path,
     defaults: Any = None,
     merge: bool = False,
-    fsdp: Any = None,
+    engine: Any = None,
 ) -> str:
     """``save_pretrained`` of the trained model (or adapter, or merged model) and tokenizer into ``folder``.
 
-    Call on every process (ZeRO-3 or, with ``fsdp`` (:mod:`prefzoo.train.fsdp`), FSDP2 shards are gathered); the
-    main process writes.  Returns what was saved.
+    Call on every process (the ``engine`` gathers its shards, :class:`prefzoo.train.engines.Engine`); the main
+    process writes.  Returns what was saved.
     """
-    sd = final_state_dict(accelerator, policy, fsdp)
+    sd = final_state_dict(accelerator, policy, engine)
     lm = accelerator.unwrap_model(policy).lm
     is_peft = hasattr(lm, "peft_config")
     if accelerator.is_main_process:
@@ -67,17 +71,17 @@ def save_model_folder(
     return "merged model" if is_peft and merge else ("LoRA adapter" if is_peft else "full model")
 
 
-def final_state_dict(accelerator: Any, policy: Any, fsdp: Any = None) -> dict[str, Any]:
+def final_state_dict(accelerator: Any, policy: Any, engine: Any = None) -> dict[str, Any]:
     """The trained model's whole state dict on the main process (empty elsewhere), the same for every engine.
 
-    Call on every process: the engine gathers its shards (FSDP2 through ``fsdp``, :mod:`prefzoo.train.fsdp`; ZeRO-3
-    through accelerate).  Keys are the model's own (``policy.lm``'s), and parameters the model ties (embeddings and
-    LM head) are one tensor under each of their names, as in the unwrapped model, so ``save_pretrained`` writes the
-    keys it writes for that model (one of a tied pair) whichever engine trained it.  FSDP2's gather returns a separate
-    copy per name, which would save the tied LM head too.
+    Call on every process: the ``engine`` gathers its shards (:meth:`prefzoo.train.engines.Engine.full_state_dict`;
+    None: accelerate's ``get_state_dict``).  Keys are the model's own (``policy.lm``'s), and parameters the model
+    ties (embeddings and LM head) are one tensor under each of their names, as in the unwrapped model, so
+    ``save_pretrained`` writes the keys it writes for that model (one of a tied pair) whichever engine trained it (a
+    sharded gather may return a separate copy per name, which would save the tied LM head too).
     """
-    full = fsdp.full_state_dict(policy) if fsdp is not None else accelerator.get_state_dict(policy)
-    # ZeRO-3 returns None off the main process; keys carry the policy wrapper's 'lm.' prefix
+    full = engine.full_state_dict(accelerator, policy) if engine is not None else accelerator.get_state_dict(policy)
+    # some engines return None off the main process; keys carry the policy wrapper's 'lm.' prefix
     sd = {k[len("lm.") :]: v for k, v in (full or {}).items() if k.startswith("lm.")}
     lm = accelerator.unwrap_model(policy).lm
     for names in _tied_names(lm):
@@ -96,7 +100,7 @@ def _tied_names(module: Any) -> list[list[str]]:
 
 
 def write_final_model(
-    accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, fsdp: Any = None, loss: Any = None
+    accelerator: Any, policy: Any, tokenizer: Any, cfg: Any, result: Any, engine: Any = None, loss: Any = None
 ) -> Path:
     """``output_dir/final``: save_pretrained model (or adapter / merged model), tokenizer, run_card.json, README.md.
 
@@ -105,7 +109,7 @@ def write_final_model(
     A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
     the last checkpoint (the run's last step) is left as it was, so ``--resume auto`` writes the model afterwards.
     """
-    from prefzoo.train.checkpoint import _any_process, _enospc
+    from prefzoo.train.checkpoint.save import _any_process, _enospc
 
     final = Path(cfg.output_dir) / "final"
     tmp = Path(cfg.output_dir) / ".tmp-final"
@@ -117,7 +121,8 @@ def write_final_model(
     saved: list[str] = []
 
     def write() -> None:
-        saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora, fsdp=fsdp))
+        saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora,
+                                        engine=engine))
         if accelerator.is_main_process:
             _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, loss_params(loss, cfg))
 
@@ -143,7 +148,7 @@ def load_final_model(folder: Path) -> Any:
 
 
 def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:
-    from prefzoo.train.checkpoint import DiskFullError, _bytes, _measure_and_remove, find_latest_checkpoint
+    from prefzoo.train.checkpoint.save import DiskFullError, _bytes, _measure_and_remove, find_latest_checkpoint
 
     written = _measure_and_remove(accelerator, tmp, accelerator.is_main_process)
     latest = find_latest_checkpoint(cfg.output_dir)

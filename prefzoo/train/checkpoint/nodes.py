@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.checkpoint import COMPLETE_MARKER, ResumeError, complete_checkpoints, is_complete, read_marker
+from prefzoo.train.checkpoint.save import COMPLETE_MARKER, ResumeError, complete_checkpoints, is_complete, read_marker
 from prefzoo.train.config import ConfigError
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.checkpoint import find_latest_checkpoint, read_marker
+from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
 from prefzoo.train.guard import TrainingAborted
 
 __all__ = ["FINISHED_MARKER", "LOCK_FILE", "OutputDirLockedError", "finished_run", "mark_finished", "output_dir_lock"]

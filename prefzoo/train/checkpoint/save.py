@@ -2,7 +2,7 @@
 
 A kill at any moment (even ``kill -9`` inside ``save_state``) leaves the newest *complete* checkpoint intact.  The
 *writer* of a folder is global rank 0 when the output dir is shared, else each node's local rank 0 (node-local
-disks, :mod:`prefzoo.train.nodes`); the save is two-phase across nodes:
+disks, :mod:`prefzoo.train.checkpoint.nodes`); the save is two-phase across nodes:
 
 1. every process writes its state into ``checkpoints/.tmp-step-N`` on its node (a name ``--resume auto`` never looks
    at): on node-local disks each node's local rank 0 writes the model and optimizer, every rank its RNG state;
@@ -98,9 +98,10 @@ def save_checkpoint(
     ``node_local``: every node has its own ``output_dir`` (each node's local rank 0 writes a complete folder).
     ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
     ``write(tmp_folder)`` (called on every process) replaces ``accelerator.save_state`` (``--save-only-model``).
-    ``save_shards(tmp_folder)`` runs on every process after accelerate's state: what accelerate does not save (FSDP2
-    model and optimizer shards, :mod:`prefzoo.train.fsdp`; the density-ratio classifier), each rank its own files in
-    its node's folder; they are fsynced and listed in the manifest with accelerate's.
+    ``save_shards(tmp_folder)`` runs on every process after accelerate's state: what accelerate does not save (an
+    engine's model and optimizer shards, :meth:`prefzoo.train.engines.Engine.save_shards`; the density-ratio
+    classifier), each rank its own files in its node's folder; they are fsynced and listed in the manifest with
+    accelerate's.
     """
     root = _checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
