@@ -17,7 +17,7 @@ from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.judge.engines import ENGINES, GenerationEngine, Samples, SamplingParams, make_engine
-    from prefzoo.judge.generation import generate, prompt_budget, unwrap_model
+    from prefzoo.judge.generation import generate, prompt_budget
     from prefzoo.judge.registry import (
         DEFAULT_JUDGE,
         JUDGES,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
 # module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step)
 _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.judge.engines": ("ENGINES", "GenerationEngine", "make_engine", "Samples", "SamplingParams"),
-    "prefzoo.judge.generation": ("generate", "prompt_budget", "unwrap_model"),
+    "prefzoo.judge.generation": ("generate", "prompt_budget"),
     "prefzoo.judge.registry": ("DEFAULT_JUDGE", "JUDGES", "get_judge", "Judge", "judge_spec", "JudgeSpec",
                                "list_judges", "parse_judge_params", "reset_judge_registry", "UnknownJudgeError"),
     "prefzoo.judge.scoring": ("JudgeFailure", "score_groups", "ScoredGroups"),
@@ -65,7 +65,6 @@ __all__ = [
     "prompt_budget",
     "reset_judge_registry",
     "score_groups",
-    "unwrap_model",
 ]
 
 _LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)

@@ -128,9 +128,9 @@ class VLLMEngine:
             raise RuntimeError("--engine vllm: vLLM needs a CUDA device; use --engine hf on this machine")
         from vllm import LLM  # pragma: no cover - GPU only
 
-        from prefzoo.judge.generation import unwrap_model  # pragma: no cover
+        from prefzoo.model import unwrap  # pragma: no cover
 
-        self.model, self.tokenizer = unwrap_model(model), tokenizer  # pragma: no cover
+        self.model, self.tokenizer = unwrap(model), tokenizer  # pragma: no cover
         self.llm = LLM(  # pragma: no cover
             model=self.model.config._name_or_path, tokenizer=getattr(tokenizer, "name_or_path", None),
             gpu_memory_utilization=gpu_memory_utilization, dtype=str(self.model.dtype).removeprefix("torch."),

@@ -8,8 +8,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefzoo.data.chat import Prompt, render_prompt
+from prefzoo.model import unwrap
 
-__all__ = ["generate", "padding_side", "prompt_budget", "unwrap_model"]
+__all__ = ["generate", "padding_side", "prompt_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,6 @@ def padding_side(tokenizer: Any, side: str) -> Iterator[Any]:
         tokenizer.padding_side = old
 
 
-def unwrap_model(model: Any) -> Any:
-    """The bare transformers model inside a DDP/accelerate/DeepSpeed wrapper."""
-    while hasattr(model, "module") and not hasattr(model, "generate"):
-        model = model.module
-    return model
-
-
 def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int | None, str]:
     """(prompt tokens that fit beside ``max_new_tokens`` in the model's context or None when it declares none, why).
 
@@ -39,7 +33,7 @@ def prompt_budget(model: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int 
     """
     from prefzoo.model import model_context
 
-    context, source = model_context(unwrap_model(model), tokenizer)
+    context, source = model_context(unwrap(model), tokenizer)
     if context is None:
         return None, source
     if max_new_tokens >= context:
@@ -87,7 +81,7 @@ def generate(
     each prompt generated before its eos in ``report["new_tokens"]`` and those tokens in ``report["token_ids"]``.
     """
     pad_id = _checked_pad_id(tokenizer, prompts, max_new_tokens)
-    model = unwrap_model(model)
+    model = unwrap(model)
     budget, why = prompt_budget(model, tokenizer, max_new_tokens)
     truncated = 0
     device = next(model.parameters()).device

@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
         load_tokenizer,
         prepare_quantized,
     )
-    from prefzoo.model.logps import CompletionLogps, PolicyLogps, inner_policy, sequence_logps, unwrap_causal_lm
+    from prefzoo.model.logps import CompletionLogps, PolicyLogps, sequence_logps, unwrap
     from prefzoo.model.moe import RouterAuxError, add_router_loss, router_metrics
     from prefzoo.model.selfcheck import LogpsSelfCheckError, check_logps, first_pairs, run_self_check
 
@@ -83,7 +83,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.loading": ("LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
                               "check_model_source", "enable_gradient_checkpointing", "load_kwargs",
                               "load_model_and_tokenizer", "load_tokenizer", "prepare_quantized"),
-    "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "inner_policy", "sequence_logps", "unwrap_causal_lm"),
+    "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "sequence_logps", "unwrap"),
     "prefzoo.model.moe": ("RouterAuxError", "add_router_loss", "router_metrics"),
     "prefzoo.model.selfcheck": ("LogpsSelfCheckError", "check_logps", "first_pairs", "run_self_check"),
 }  # fmt: skip
@@ -123,7 +123,6 @@ __all__ = [
     "fit_to_context",
     "fuse_gated_mlps",
     "head_logps",
-    "inner_policy",
     "lean_rms_norms",
     "load_kwargs",
     "load_model_and_tokenizer",
@@ -140,7 +139,7 @@ __all__ = [
     "sparsify_dropout",
     "split_refusal",
     "switch_value",
-    "unwrap_causal_lm",
+    "unwrap",
     "vocab_cut",
 ]
 

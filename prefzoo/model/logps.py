@@ -27,17 +27,16 @@ __all__ = [
     "CompletionLogps",
     "PolicyLogps",
     "completion_logps_naive",
-    "inner_policy",
     "is_shared_layout",
     "sequence_logps",
-    "unwrap_causal_lm",
+    "unwrap",
 ]
 
 
 class CompletionLogps(dict):
     """Per-row results for N = 2B rows (chosen rows first), a dict with attribute access.
 
-    A dict so that DDP and DeepSpeed ZeRO-3 find the output tensors for their backward hooks.
+    A dict so that data-parallel and sharding engines find the output tensors for their backward hooks.
     ``logps`` (N,) Σ_t log π(y_t | x, y_<t) over completion tokens; ``lengths`` (N,) completion token counts;
     optional ``token_logps`` / ``token_entropies`` / ``token_log_sq_probs`` (log Σ_v π(v)², constant) (N, T_c), 0 at
     padding, and ``token_mask`` (N, T_c) bool;
@@ -81,9 +80,20 @@ class CompletionLogps(dict):
         return chosen, rejected
 
 
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The transformers CausalLM inside a peft wrapper (LoRA layers stay injected in it)."""
-    get_base = getattr(model, "get_base_model", None)
+def unwrap(model: Any, to: str = "lm") -> Any:
+    """What ``model`` holds inside the wrappers around it: engines' (``.module``) and peft's.
+
+    ``to="lm"``: the first object that can ``generate`` (a transformers model, or a peft model around one);
+    ``"base"``: that model without peft's wrapper (LoRA layers stay injected in it); ``"policy"``: the
+    :class:`PolicyLogps` inside a wrapped policy.
+    """
+    if to == "policy":
+        while not isinstance(model, PolicyLogps):
+            model = model.module
+        return model
+    while hasattr(model, "module") and not hasattr(model, "generate"):
+        model = model.module
+    get_base = getattr(model, "get_base_model", None) if to == "base" else None
     return get_base() if callable(get_base) else model
 
 
@@ -209,7 +219,7 @@ def sequence_logps(
     """
     if path not in ("fast", "model"):
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
-    causal: Any = unwrap_causal_lm(model)
+    causal: Any = unwrap(model, "base")
     router = router_aux and router_loss(causal.config)
     if path == "model":
         scores = _model_path_scores(causal, input_ids, attention_mask, completion_mask, router, token_entropies,
@@ -392,7 +402,7 @@ def _log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransfo
 class PolicyLogps(nn.Module):
     """Wraps a causal LM so that ``forward(batch)`` returns :func:`sequence_logps` (what accelerate prepares).
 
-    Wrapping keeps DDP/DeepSpeed gradient hooks on the module actually called.  The trainer, the reference and
+    Wrapping keeps an engine's gradient hooks on the module actually called.  The trainer, the reference and
     evaluation all compute log-probs through this one function.
     """
 
@@ -447,10 +457,3 @@ def completion_logps_naive(lm: Any, input_ids: Tensor, attention_mask: Tensor, c
     return (logp * completion_mask[:, 1:]).sum(dim=1)  # (N,)
 
 
-def inner_policy(policy: Any) -> PolicyLogps:
-    """The :class:`PolicyLogps` inside ``policy``, through any wrappers (DDP, DeepSpeed, FSDP) that hold it as
-    ``.module``."""
-    m = policy
-    while not isinstance(m, PolicyLogps):
-        m = m.module
-    return m

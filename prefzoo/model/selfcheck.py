@@ -31,10 +31,9 @@ from prefzoo.model.fast.prompt import SharedPromptError, unshare_rows
 from prefzoo.model.logps import (
     PolicyLogps,
     _router_aux,
-    inner_policy,
-    is_shared_layout,
+        is_shared_layout,
     sequence_logps,
-    unwrap_causal_lm,
+    unwrap,
 )
 
 __all__ = [
@@ -82,7 +81,7 @@ def _first_rows(batch: dict[str, Any], k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _architecture(lm: Any) -> str:
-    causal = unwrap_causal_lm(lm)
+    causal = unwrap(lm, "base")
     return f"{getattr(causal.config, 'model_type', '?')} ({type(causal).__name__})"
 
 
@@ -113,7 +112,7 @@ def own_forward_logps(
 ) -> tuple[Tensor, Tensor | None]:
     """(Σ_t log π(y_t | x, y_<t) (N,), router aux term or None) from the model's own ``forward``, its logits computed
     for chunks of at most ``logits_bytes`` (float32) of completion positions over one decoder pass of full rows."""
-    causal: Any = unwrap_causal_lm(lm)
+    causal: Any = unwrap(lm, "base")
     router = router and router_loss(causal.config)
     decoder = causal.get_decoder()
     if "logits_to_keep" in inspect.signature(causal.forward).parameters and decoder is not causal:
@@ -202,7 +201,7 @@ def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback:
     ``policy`` is the (possibly accelerate-wrapped) :class:`PolicyLogps`; ``reference`` a
     :class:`prefzoo.train.reference.Reference` or None; ``say`` prints one line on the main process.
     """
-    inner = inner_policy(policy)
+    inner = unwrap(policy, "policy")
     result = check_logps(inner, batch)
     if result.ok:
         say(
@@ -232,11 +231,11 @@ def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback:
 
 def use_model_forward(policy: Any, reference: Any) -> None:
     """Switch the policy (and a reference that computes log-probs) to the model's own forward."""
-    inner_policy(policy).path = "model"
+    unwrap(policy, "policy").path = "model"
     module = getattr(reference, "module", None)
     with contextlib.suppress(AttributeError):
         if module is not None:
-            inner_policy(module).path = "model"
+            unwrap(module, "policy").path = "model"
 
 
 def first_pairs(tokenized: Any, collate: Any, device: Any, k: int = ROWS) -> dict[str, Any]:

@@ -236,7 +236,7 @@ def _compact(x: torch.Tensor, m: torch.Tensor, t_c: int) -> torch.Tensor:
 def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
     """Build ``model_type`` tiny and compare every prefzoo path with the model's own logits."""
     from prefzoo.data.collate import PreferenceCollator
-    from prefzoo.model import attention_layer_types, logit_transform, unwrap_causal_lm
+    from prefzoo.model import attention_layer_types, logit_transform, unwrap
 
     cls_name = _class_name(model_type)
     if any(s in cls_name for s in _MULTIMODAL):
@@ -249,7 +249,7 @@ def check_architecture(model_type: str, shared: bool = True) -> ArchResult:
         return ArchResult(
             model_type, "skip", f"cannot be built tiny ({type(e).__name__}: {str(e).splitlines()[0][:90]})"
         )
-    cfg = unwrap_causal_lm(model).config
+    cfg = unwrap(model, "base").config
     res = ArchResult(
         model_type,
         "pass",
@@ -354,7 +354,7 @@ def _compare_shared(
 def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict[str, Any]) -> None:
     """Under SDPA, the shared layout's attention in two causal parts (fastpath_split) against the plain rows, on
     the padded rows and on the pairs packed into one padding-free row (``packing``, the split gathered from it)."""
-    from prefzoo.model import split_refusal, unwrap_causal_lm
+    from prefzoo.model import split_refusal, unwrap
 
     if not getattr(model, "_supports_sdpa", False):
         return
@@ -364,7 +364,7 @@ def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict
     except Exception:  # a model that cannot switch keeps its own attention: nothing to compare
         return
     try:
-        causal: Any = unwrap_causal_lm(model)
+        causal: Any = unwrap(model, "base")
         if split_refusal(causal.get_decoder(), causal.config) is not None:
             return
         _compare_shared(model, res, ref_sum, batch, "split", "split shared-prompt attention")

@@ -152,13 +152,13 @@ def test_a_lora_layer_on_the_head_is_cut_too(inkling):
     and the log-probs equal the wrapped model's own."""
     peft = pytest.importorskip("peft")
     from prefzoo.model.arch import FirstRows, logits_head
-    from prefzoo.model.logps import unwrap_causal_lm
+    from prefzoo.model.logps import unwrap
 
     model = peft.get_peft_model(
         build_tiny("inkling_text").double(), peft.LoraConfig(r=4, target_modules=["lm_head"], init_lora_weights=False)
     )
     model.base_model.model.set_experts_implementation("eager")
-    head = logits_head(unwrap_causal_lm(model))
+    head = logits_head(unwrap(model, "base"))
     assert type(head) is FirstRows and type(head.head) is not nn.Linear
     b = _batch(inkling)
     with torch.no_grad():

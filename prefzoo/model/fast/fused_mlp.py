@@ -157,7 +157,7 @@ def _probe(module: nn.Module, forward: Callable[[Any, Tensor], Tensor], width: i
         x = torch.randn(1, 3, width, generator=gen).to(device=w.device, dtype=dtype)
         with torch.no_grad():
             return bool(torch.equal(type(module).forward(module, x), forward(module, x)))
-    except Exception:  # a partitioned (ZeRO-3) or unusual module: leave it as it is
+    except Exception:  # a partitioned (sharded) or unusual module: leave it as it is
         return False
     finally:
         for m, training in modes:

@@ -21,7 +21,7 @@ dz/da = s · (1 − (z/c)²), and the frozen-head form stores E = (d ⊙ p) W, F
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ MAX_KEEP_BYTES = 512 << 20  # trainable head: keep the float32 log p for backwar
 
 
 def fusable_head(head: nn.Module) -> bool:
-    """A plain bias-free ``nn.Linear`` with its full weight present (not a LoRA layer, not ZeRO-3 partitioned), or
+    """A plain bias-free ``nn.Linear`` with its full weight present (not a LoRA layer, not a partitioned shard), or
     the first rows of one (:class:`~prefzoo.model.arch.FirstRows`: ``head.weight`` is then those rows)."""
     inner = head.head if type(head) is FirstRows else head
     return (
@@ -134,26 +134,8 @@ class _HeadLogps(torch.autograd.Function):
                     e_sum[s : s + m] = z.div_(sum_e.unsqueeze(-1)).to(w.dtype) @ w  # (m, H) E = p W
                 continue
             assert scratch is not None
-            lse_c, sum_e = _exp_shifted(z, out=scratch[:m])  # scratch holds e (m, V)
-            lse[s : s + m] = lse_c
-            lp[s : s + m] = z_y - lse_c
-            logp_all = z.sub_(lse_c.unsqueeze(-1))  # (m, V) in place: log p
-            if kept is not None:
-                kept.append(logp_all)  # not modified below: the in-place entropy product is frozen-head only
-            if want_entropy or e_sum is not None:
-                p = scratch[:m].div_(sum_e.unsqueeze(-1))  # (m, V) the softmax, from the one exp pass
-                if want_entropy:
-                    ent_c = -(p * logp_all).sum(-1)  # (m,)
-                    ent[s : s + m] = ent_c
-                if d_y is not None:  # p ← d ⊙ p, d = dz/da: the transform's factor enters E and F through p
-                    d = transform.derivative_(logp_all + lse_c.unsqueeze(-1))  # (m, V)
-                    d_y[s : s + m] = d.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-                    p = p.mul_(d) if not want_entropy else p * d
-                if e_sum is not None:
-                    e_sum[s : s + m] = p.to(w.dtype) @ w  # (m, H) E = (d ⊙) p W
-                if f_sum is not None:
-                    q = logp_all.add_(ent_c.unsqueeze(-1)).mul_(p)  # (m, V) p ⊙ (log p + H)
-                    f_sum[s : s + m] = q.to(w.dtype) @ w  # (m, H)
+            out = _Rows(lp, lse, ent, d_y, e_sum, f_sum, kept)
+            _general_chunk(z, z_y, tgt, w, transform, want_entropy, scratch[:m], out, slice(s, s + m))
         ctx.save_for_backward(h, w, targets, lse, ent, *(t for t in (e_sum, f_sum, d_y) if t is not None))
         ctx.chunk_size, ctx.want_entropy, ctx.transform = chunk_size, want_entropy, transform
         dev = h.device.type
@@ -252,3 +234,44 @@ def head_logps(
     keep = torch.is_grad_enabled() and h.shape[0] * w.shape[0] * 4 <= keep_bytes  # small: keep log p, skip recompute
     lp, ent = _HeadLogps.apply(h, w, targets, chunk_size, want_entropy, keep, transform or LogitTransform())
     return lp, (ent if want_entropy else None)
+
+
+class _Rows(NamedTuple):
+    """The forward's per-position outputs, written a chunk at a time (None: not asked for)."""
+
+    lp: Tensor  # (M,) log p(y)
+    lse: Tensor  # (M,)
+    ent: Tensor  # (M,)
+    d_y: Tensor | None  # (M,) dz_y/da_y of the logit transform
+    e_sum: Tensor | None  # (M, H) E = (d ⊙) p W, frozen head
+    f_sum: Tensor | None  # (M, H) F = (p ⊙ (log p + H)) W, frozen head with entropy
+    kept: list[Tensor] | None  # chunks of log p kept for backward
+
+
+def _general_chunk(
+    z: Tensor, z_y: Tensor, tgt: Tensor, w: Tensor, transform: LogitTransform, want_entropy: bool, scratch: Tensor,
+    out: _Rows, rows: slice,
+) -> None:
+    """One chunk's log p over the vocabulary (entropy or a logit transform): ``z`` (m, V) logits, overwritten with
+    log p; ``scratch`` (m, V) holds e = exp(z − max), then the softmax."""
+    lse_c, sum_e = _exp_shifted(z, out=scratch)  # scratch holds e (m, V)
+    out.lse[rows] = lse_c
+    out.lp[rows] = z_y - lse_c
+    logp_all = z.sub_(lse_c.unsqueeze(-1))  # (m, V) in place: log p
+    if out.kept is not None:
+        out.kept.append(logp_all)  # not modified below: the in-place entropy product is frozen-head only
+    if not (want_entropy or out.e_sum is not None):
+        return
+    p = scratch.div_(sum_e.unsqueeze(-1))  # (m, V) the softmax, from the one exp pass
+    if want_entropy:
+        ent_c = -(p * logp_all).sum(-1)  # (m,)
+        out.ent[rows] = ent_c
+    if out.d_y is not None:  # p ← d ⊙ p, d = dz/da: the transform's factor enters E and F through p
+        d = transform.derivative_(logp_all + lse_c.unsqueeze(-1))  # (m, V)
+        out.d_y[rows] = d.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        p = p.mul_(d) if not want_entropy else p * d
+    if out.e_sum is not None:
+        out.e_sum[rows] = p.to(w.dtype) @ w  # (m, H) E = (d ⊙) p W
+    if out.f_sum is not None:
+        q = logp_all.add_(ent_c.unsqueeze(-1)).mul_(p)  # (m, V) p ⊙ (log p + H)
+        out.f_sum[rows] = q.to(w.dtype) @ w  # (m, H)
