@@ -35,6 +35,13 @@ def test_every_module_the_page_names_exists():
     assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
 
 
+def test_every_module_is_named():
+    """A reader finds every module of the package on the page (its package's line of the diagram, or a code span)."""
+    named = named_modules(DOC.read_text(encoding="utf-8"))
+    modules = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert [m for m in modules if m not in named] == []
+
+
 def test_every_package_is_named():
     text = DOC.read_text(encoding="utf-8")
     packages = sorted(p.parent.relative_to(PACKAGE).as_posix() + "/" for p in PACKAGE.rglob("__init__.py"))
