@@ -211,7 +211,7 @@ def run_sweep(
 
 
 def versions() -> dict[str, str]:
-    from prefzoo.train.runcard import versions as installed
+    from prefzoo.train.checkpoint.final import versions as installed
 
     out = installed(("prefzoo", "torch", "transformers", "accelerate"))
     del out["python"]  # the sweep's record names the packages and the commit

@@ -302,7 +302,7 @@ def step_timer() -> Any:
 
 def versions(*packages: str) -> dict[str, str]:
     """Python's and each package's installed version ("-" when not installed), for a benchmark's record."""
-    from prefzoo.train.runcard import versions as installed
+    from prefzoo.train.checkpoint.final import versions as installed
 
     return installed(packages, missing="-")
 

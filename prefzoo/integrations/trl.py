@@ -26,7 +26,7 @@ from torch import Tensor
 from prefzoo.losses.combine import CombinedLoss, is_combination, parse_terms
 from prefzoo.registry import get_loss, loss_spec
 from prefzoo.spec import Loss, LossParamError
-from prefzoo.train.distributed import make_gather
+from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = [

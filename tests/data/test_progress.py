@@ -7,7 +7,7 @@ import io
 import re
 import signal
 
-from prefzoo.train.checkpoint import find_latest_checkpoint
+from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from tests.faults._run import slow_to_tokenize, start_cli, wait_for
 from tests.train.helpers import base_config
 

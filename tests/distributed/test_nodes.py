@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from prefzoo.train.checkpoint import complete_checkpoints, find_latest_checkpoint, is_complete
+from prefzoo.train.checkpoint.save import complete_checkpoints, find_latest_checkpoint, is_complete
 from tests.distributed._nodes import kill_node, run_nodes, start_nodes, wait_nodes
 from tests.faults._run import final_weights, max_diff
 from tests.faults.injector import SPEC as INJECTOR

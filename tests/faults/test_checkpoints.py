@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from prefzoo.train.checkpoint import (
+from prefzoo.train.checkpoint.save import (
     COMPLETE_MARKER,
     ResumeError,
     complete_checkpoints,

@@ -11,7 +11,7 @@ import pytest
 
 from prefzoo.cli.main import main
 from prefzoo.testing.sharding import run_threads
-from prefzoo.train.checkpoint import DiskFullError, complete_checkpoints, find_latest_checkpoint
+from prefzoo.train.checkpoint.save import DiskFullError, complete_checkpoints, find_latest_checkpoint
 from tests.faults._run import cli_args, final_weights, max_diff
 from tests.faults.injector import SPEC as INJECTOR
 from tests.properties._helpers import ThreadAccelerator
@@ -96,7 +96,7 @@ def _on_two_thread_ranks(save) -> dict[int, str | None]:
 
 
 def _checkpoint_on_thread_ranks(out, monkeypatch):
-    from prefzoo.train.checkpoint import save_checkpoint
+    from prefzoo.train.checkpoint.save import save_checkpoint
 
     def write(tmp):  # rank 0 writes its part, rank 1's disk is full
         if _RANK.id == 0:
@@ -111,7 +111,7 @@ def _checkpoint_on_thread_ranks(out, monkeypatch):
 def _final_model_on_thread_ranks(out, monkeypatch):
     from types import SimpleNamespace
 
-    from prefzoo.train import runcard
+    from prefzoo.train.checkpoint import final as runcard
 
     def save_model_folder(acc, policy, tokenizer, tmp, defaults, merge, fsdp):
         tmp.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def test_enospc_on_one_rank_every_rank_measures_the_partial_folder_before_it_is_
     """The writer removes the partial folder only after every process has measured it for the error's size. CI once
     failed here: rank 1 was walking ``.tmp-step-N`` while rank 0 removed it (FileNotFoundError from ``rglob``). Rank
     1's measurement is slowed so that a removal without a barrier always lands before or inside it."""
-    from prefzoo.train import checkpoint as ckpt
+    from prefzoo.train.checkpoint import save as ckpt
 
     measure = ckpt._bytes
 

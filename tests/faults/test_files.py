@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import prefzoo
-from prefzoo.train.checkpoint import ResumeError, find_latest_checkpoint
+from prefzoo.train.checkpoint.save import ResumeError, find_latest_checkpoint
 from prefzoo.train.reference import Reference, _cache_file, load_or_compute_reference_table
 from tests.train.helpers import base_config, run_inprocess
 

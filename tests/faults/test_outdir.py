@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from prefzoo.cli.main import main
-from prefzoo.train.outdir import LOCK_FILE, OutputDirLockedError
+from prefzoo.train.checkpoint.outdir import LOCK_FILE, OutputDirLockedError
 from tests.faults._run import cli_args, start_cli, wait_for
 from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config, run_inprocess

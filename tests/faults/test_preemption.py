@@ -15,8 +15,8 @@ import time
 import pytest
 
 from prefzoo.cli.main import main
-from prefzoo.train.checkpoint import find_latest_checkpoint
-from prefzoo.train.outdir import FINISHED_MARKER
+from prefzoo.train.checkpoint.outdir import FINISHED_MARKER
+from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.signals import PreemptionHandler
 from tests.faults._run import (
     cli_args,

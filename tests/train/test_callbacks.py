@@ -11,7 +11,7 @@ import pytest
 
 from prefzoo.train import Callback
 from prefzoo.train.callbacks import CallbackError, load_callback
-from prefzoo.train.checkpoint import find_latest_checkpoint, read_marker
+from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
 from prefzoo.train.config import ConfigError
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 

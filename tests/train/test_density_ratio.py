@@ -246,7 +246,7 @@ def _tamper(path: Any) -> None:
 def test_a_checkpoint_and_a_run_that_disagree_on_the_classifier_is_a_one_line_error(bco_runs, tiny_dir, change, words):
     import shutil
 
-    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.checkpoint.save import ResumeError
     from prefzoo.train.density_ratio import CLASSIFIER_FILE
     from tests.train.helpers import run_inprocess
 
@@ -267,7 +267,7 @@ def test_a_checkpoint_and_a_run_that_disagree_on_the_classifier_is_a_one_line_er
 
 
 def test_resuming_a_run_without_density_ratio_with_it_is_a_one_line_error(bco_runs, tiny_dir):
-    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.checkpoint.save import ResumeError
     from tests.train.helpers import run_inprocess
 
     out = bco_runs["root"] / "plain"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prefzoo.train.checkpoint import COMPLETE_MARKER, ResumeError, find_latest_checkpoint
+from prefzoo.train.checkpoint.save import COMPLETE_MARKER, ResumeError, find_latest_checkpoint
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 

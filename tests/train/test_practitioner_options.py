@@ -167,7 +167,7 @@ def test_save_only_model_checkpoints_are_model_folders_and_refuse_to_resume(tmp_
     assert not any(n.startswith(("optimizer", "scheduler", "random_states")) for n in names), names
     loaded = AutoModelForCausalLM.from_pretrained(ckpt)
     assert max_param_diff(params_of(loaded), params_of(res.model)) == 0
-    from prefzoo.train.checkpoint import ResumeError
+    from prefzoo.train.checkpoint.save import ResumeError
 
     with pytest.raises(ResumeError, match=r"--save-only-model .* cannot be resumed; start a new run from it"):
         run_inprocess({**cfg, "max_steps": 6, "resume": str(out / "checkpoints" / "step-00000002")})
