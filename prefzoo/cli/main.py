@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "train", "eval", "export")
+SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "train", "eval", "export", "checkpoint")
 
 
 class CLIError(Exception):

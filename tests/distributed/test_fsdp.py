@@ -122,8 +122,8 @@ def test_fsdp_resume_equals_uninterrupted_and_final_loads(runs, tiny_dir, pairs_
 
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "out", loss="dpo", fsdp=True, save_steps=1)
     _train({**cfg, "stop_after_steps": 2}, 2)
-    files = sorted(os.listdir(tmp_path / "out" / "checkpoints" / "step-00000002" / "fsdp"))
-    assert files == ["rank-00000.pt", "rank-00001.pt"]
+    files = sorted(os.listdir(tmp_path / "out" / "checkpoints" / "step-00000002" / "dcp"))
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # torch's Distributed Checkpoint, one file a rank
     resumed = _train({**cfg, "resume": "auto"}, 2)
     assert "resumed from" in resumed["log"] and resumed["step"] == 3
     diff = max_param_diff(resumed["params"], whole["params"])

@@ -57,6 +57,11 @@ class DeepSpeedEngine(Engine):
     def option(self) -> str:
         return f"--deepspeed {self.cfg.deepspeed}"
 
+    @property
+    def checkpoint_format(self) -> str:
+        """DeepSpeed's own partitioned files: they resume on the same stage and number of processes."""
+        return "deepspeed"
+
     def accelerator_kwargs(self, no_gpu: bool, timeout: Any) -> dict[str, Any]:
         from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 

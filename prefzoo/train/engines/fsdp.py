@@ -12,10 +12,12 @@ inside a node and all-reduced across nodes, so the slow inter-node links carry 1
 each rank holds 1/shard of it.  Ranks are laid out row-major, so a group is ``shard`` consecutive ranks: one node
 under torchrun and accelerate, which number a node's processes consecutively.
 
-Checkpoints: every rank writes its own shards of the model and the optimizer state (plain local tensors, read back
-with ``torch.load(weights_only=True)``) into ``fsdp/rank-R.pt`` of the checkpoint folder, so node-local disks hold
-what their ranks need and no cross-node metadata exists.  Resuming needs the same number of processes (the
-checkpoint's batch geometry is already checked).  The final model is gathered into a full state dict on rank 0.
+Checkpoints: on a shared output dir the model and optimizer shards are saved with torch's Distributed Checkpoint
+(``dcp/``, :mod:`prefzoo.train.engines.dcp`), which loads into any mesh, number of processes or engine.  On
+node-local disks every rank writes its own shards (plain local tensors, read back with
+``torch.load(weights_only=True)``) into ``fsdp/rank-R.pt``, so each node holds what its ranks need and no cross-node
+metadata exists; those resume on the same processes and mesh only.  A checkpoint of the default engine (whole
+tensors) loads here too.  The final model is gathered into a full state dict on rank 0.
 """
 
 from __future__ import annotations
