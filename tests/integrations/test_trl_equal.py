@@ -25,6 +25,7 @@ CASES = {
     # TRL's own switches, carried out by prefzoo's modifiers wpo, ld-dpo and tr-dpo (varied lengths: LD-DPO acts)
     "dpo-use_weighting": ("dpo", "sigmoid", {"use_weighting": True}, False),
     "dpo-ld_alpha": ("dpo", "sigmoid", {"ld_alpha": 0.3}, False),
+    "dpo-ld_alpha-lora": ("dpo", "sigmoid", {"ld_alpha": 0.3, "lora": True}, False),  # adapter-disabled reference
     "dpo-sync_ref_model": ("dpo", "sigmoid", {"sync_ref_model": True, "ref_model_sync_steps": 1,
                                                "ref_model_mixup_alpha": 0.5}, False),
 }

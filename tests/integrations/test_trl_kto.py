@@ -19,6 +19,7 @@ CASES = {
     "apo-zero-unpaired": ("apo-zero-unpaired", "apo_zero_unpaired", {}),
     "kto-precompute": ("kto", "kto", {"precompute_ref_log_probs": True}),
     "no-loss": (None, "kto", {}),  # without loss= the trainer is TRL's
+    "kto-lora": ("kto", "kto", {"lora": True}),  # the reference is the base model with the adapter disabled
 }
 METRICS = ["kl", "entropy", "num_tokens", "logits/chosen", "logits/rejected", "rewards/chosen", "rewards/rejected",
            "logps/chosen", "logps/rejected", "rewards/margins"]  # fmt: skip
@@ -41,7 +42,11 @@ def test_three_sgd_steps_equal_trls_kto_trainer(case, trl_model_dir, start_param
                                     **extra)  # fmt: skip
     theirs, trl_log, _ = train(trl_model_dir, tmp_path / "trl", rows, adapter=False, kind="kto", loss_type=loss_type,
                                **extra)  # fmt: skip
-    _assert_same_training(ours, ours_log, theirs, trl_log, {k: v for k, v in start_params.items() if k in theirs})
+    if extra.get("lora"):  # only the adapter trains: compare against its initial values (B = 0, A seeded)
+        start, _, _ = train(trl_model_dir, tmp_path / "start", rows, adapter=False, kind="kto", lora=True, max_steps=0)
+    else:
+        start = {k: v for k, v in start_params.items() if k in theirs}
+    _assert_same_training(ours, ours_log, theirs, trl_log, start)
     assert trainer.calculate_KL == (loss_type == "kto")  # KL completions only for a loss that needs them
     for key in METRICS:
         assert ours_log[-2][key] == pytest.approx(trl_log[-2][key], rel=1e-4, abs=1e-6), key
@@ -123,6 +128,19 @@ def test_bco_steps_equal_prefzoos_own_bco_on_the_same_batches(trl_model_dir, sta
         float(state["delta"]), rel=1e-5
     )
     assert log[-2]["bco/delta"] == pytest.approx(float(state["delta"]), rel=1e-6)
+
+
+def test_evaluation_logs_eval_metrics_and_leaves_bcos_running_mean(trl_model_dir, tmp_path):
+    """In evaluation (no gradient) the loss is computed and logged under eval_ names, and δ does not advance."""
+    import datasets
+
+    _, _, trainer = train(trl_model_dir, tmp_path, make_unpaired(12, seed=3), adapter=True, kind="kto", loss="bco",
+                          max_steps=2)  # fmt: skip
+    before = trainer.prefzoo_loss.state_dict()
+    metrics = trainer.evaluate(datasets.Dataset.from_list(make_unpaired(4, seed=5)))
+    assert trainer.prefzoo_loss.state_dict()["delta"] == before["delta"] and float(before["delta"]) != 0.0
+    assert {"eval_loss", "eval_bco/delta", "eval_rewards/chosen", "eval_logps/rejected", "eval_kl"} <= set(metrics)
+    assert metrics["eval_bco/delta"] == pytest.approx(float(before["delta"]), rel=1e-6)
 
 
 def _construct(tmp_path, loss, loss_params=None, **cfg):
