@@ -196,6 +196,7 @@ class KTOTrainer(trl.KTOTrainer):
         metrics["num_tokens"] = [self._total_train_tokens]
         rewards = (out.rewards if out.rewards is not None else out.chosen_rewards).detach()  # (N,)
         logits, logps = outputs.mean_logits[:, -seq_len:], ub.policy_logps.detach()
+        present = []  # the sides with an example on some process (a key is only touched when it gets a value)
         for side, rows in (("chosen", ub.labels), ("rejected", ~ub.labels)):
             m = mask.bool() & rows[:, None]
             total, count = (acc.gather_for_metrics(x).sum().item() for x in (logits[m].sum(), m.sum()))
@@ -205,7 +206,6 @@ class KTOTrainer(trl.KTOTrainer):
             if n > 0:
                 metrics[f"rewards/{side}"].append(acc.gather_for_metrics(rewards[rows].nansum()).nansum().item() / n)
                 metrics[f"logps/{side}"].append(acc.gather_for_metrics(logps[rows].nansum()).nansum().item() / n)
-        if metrics["rewards/chosen"] and metrics["rewards/rejected"] and all(
-            acc.gather_for_metrics(r.sum()).sum().item() > 0 for r in (ub.labels, ~ub.labels)
-        ):
+                present.append(side)
+        if len(present) == 2:
             metrics["rewards/margins"].append(metrics["rewards/chosen"][-1] - metrics["rewards/rejected"][-1])
