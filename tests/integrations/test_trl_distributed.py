@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integrations.trl_support import make_pairs, max_rel_diff, train
+from tests.integrations.trl_support import make_pairs, make_unpaired, max_rel_diff, train
 
 pytestmark = [pytest.mark.distributed]
 
 HERE = Path(__file__).resolve().parent
 
 
-def _run(model_dir: Path, out: Path, nproc: int, per_device: int, loss: str) -> dict:
+def _run(model_dir: Path, out: Path, nproc: int, per_device: int, loss: str, kind: str = "dpo") -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"model_dir": str(model_dir), "out": str(out), "pairs": 24, "per_device": per_device, "loss": loss}
+    spec = {"model_dir": str(model_dir), "out": str(out), "pairs": 24, "per_device": per_device, "loss": loss,
+            "kind": kind}  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            str(HERE / "trl_worker.py"), json.dumps(spec)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -46,3 +47,18 @@ def test_two_processes_equal_one_with_the_same_global_batch(trl_model_dir, start
     assert len(losses) == 3 and all(a == pytest.approx(b, rel=1e-5) for a, b in losses), losses
     for key in ("mmpo/reward_min", "mmpo/reward_max", "rewards/margins"):  # gathered: the whole global batch
         assert two["log"][-2][key] == pytest.approx(one["log"][-2][key], rel=1e-5), key
+
+
+def test_bco_through_kto_trainer_on_two_processes_equals_one(trl_model_dir, start_params, tmp_path):
+    """BCO's running reward mean δ advances from the rewards of every process (gathered), so 2 processes × 2 examples
+    train as 1 × 4; a per-process mean would give each process its own δ and different parameters (measured 0.12
+    relative; gathered 5e-7). The first global batch holds one label only, so TRL's metrics skip that side's rewards
+    and rewards/margins there, as TRL's own trainer does."""
+    two = _run(trl_model_dir, tmp_path / "two", 2, 2, "bco", kind="kto")
+    params, log, _ = train(trl_model_dir, tmp_path / "one", make_unpaired(24, seed=3), adapter=True, loss="bco",
+                           kind="kto", per_device_train_batch_size=4)  # fmt: skip
+    assert two["world"] == 2
+    diff = max_rel_diff(two["params"], params, start_params)
+    assert diff <= 1e-5, diff
+    assert two["log"][-2]["bco/delta"] == pytest.approx(log[-2]["bco/delta"], rel=1e-5)
+    assert "rewards/margins" not in log[0] and "rewards/margins" in log[-2]  # step 1's batch: one label

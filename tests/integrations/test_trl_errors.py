@@ -42,8 +42,17 @@ def _one_line(excinfo) -> str:
         ("dpo", None, {"label_smoothing": 0.1}, "DPOConfig.label_smoothing=0.1 has no meaning for loss 'dpo'"),
         ("dpo", None, {"loss_type": "ipo"}, "DPOConfig.loss_type=['ipo'] does not apply with loss='dpo'"),
         ("dpo", None, {"loss_weights": [1.0]}, "loss_weights"),
-        ("dpo", None, {"use_weighting": True}, "use_weighting"),
-        ("dpo", None, {"ld_alpha": 0.5}, "ld_alpha"),
+        # TRL's switches that prefzoo has as modifiers: refused only where the modifier does not apply
+        ("mmpo-no-aux", None, {"use_weighting": True}, "DPOConfig.use_weighting=True (prefzoo modifier 'wpo') does "
+         "not apply to loss 'mmpo-no-aux': wpo applies to losses that are not batch-coupled"),
+        ("0.5*dpo + 0.5*sft", None, {"use_weighting": True}, "(prefzoo modifier 'wpo') does not apply to loss 'sft'"),
+        ("simpo", None, {"sync_ref_model": True}, "DPOConfig.sync_ref_model=True (prefzoo modifier 'tr-dpo') does "
+         "not apply to loss 'simpo': tr-dpo applies to losses with a reference model"),
+        ("dpo", None, {"ld_alpha": 1.5}, "DPOConfig.ld_alpha=1.5 is out of range for prefzoo modifier 'ld-dpo'"),
+        ("dpo", None, {"ld_alpha": 0.5, "precompute_ref_log_probs": True},
+         "needs the reference's per-token log-probs, which precomputed reference columns do not hold"),
+        (prefzoo.modify("dpo", "wpo"), None, {}, "computes only with DPOConfig(use_weighting=True)"),
+        (prefzoo.modify("dpo", "wpo"), None, {"use_weighting": True}, "both apply modifier 'wpo': set it once"),
         ("dpo", {"gamma": 1.0}, {}, "loss 'dpo' has no parameter 'gamma'"),
         ("simpo", {"beta": -1.0}, {}, "'beta' = -1.0 must be > 0.0"),
         (prefzoo.get_loss("dpo", beta=0.3), None, {"beta": 0.2}, "has beta=0.3: set it once"),
@@ -75,7 +84,7 @@ def test_the_config_is_read_when_trl_dpotrainer_is_the_adapter(tmp_path, monkeyp
         _construct(tmp_path, "dpo", loss_params, **cfg)
     assert expected in _one_line(excinfo)
     seen = []
-    monkeypatch.setattr(adapter, "resolve_loss", lambda loss, params, config: seen.append(config) or 1 / 0)
+    monkeypatch.setattr(adapter.dpo, "resolve_loss", lambda loss, params, config: seen.append(config) or 1 / 0)
     args = config(tmp_path, beta=0.5)
     with pytest.raises(ZeroDivisionError):
         trl.DPOTrainer("no-model", args=args, loss="dpo")
@@ -107,13 +116,28 @@ def test_dpoconfig_fields_of_the_same_meaning_reach_the_loss():
     assert resolve_loss("simpo", None, config(Path("unused"))).params.beta == 0.1  # DPOConfig's default β, as TRL
 
 
-@pytest.mark.parametrize("name", ["kto", "bco"])
+@pytest.mark.parametrize("name", ["kto", "bco", "apo-zero-unpaired"])
 def test_a_loss_that_does_not_take_pairs_is_refused_naming_it(tmp_path, name):
     with pytest.raises(LossParamError) as excinfo:
         _construct(tmp_path, name)
-    assert f"loss {name!r} takes unpaired batches, but TRL's DPOTrainer gives (chosen, rejected) pairs only" in (
-        _one_line(excinfo)
-    )
+    assert f"loss {name!r} takes unpaired batches, but TRL's DPOTrainer gives (chosen, rejected) pairs only: use " \
+        "prefzoo.integrations.trl.KTOTrainer" in _one_line(excinfo)
+
+
+def test_trls_switches_become_prefzoo_modifiers_on_every_term_they_apply_to():
+    from prefzoo.integrations.trl import resolve_loss
+
+    def cfg(**kw):
+        return config(Path("unused"), **kw)
+
+    loss = resolve_loss("simpo", None, cfg(use_weighting=True, ld_alpha=0.3))
+    assert loss.name == "simpo[ld-dpo,wpo]" and loss.params.ld_dpo_alpha == 0.3
+    combo = resolve_loss("0.5*dpo + 0.5*simpo", None, cfg(ld_alpha=0.4))
+    assert [t.name for _, t in combo.terms] == ["dpo[ld-dpo]", "simpo[ld-dpo]"]
+    # TR-DPO moves the run's reference: it modifies the terms that have one, and leaves sft as it is
+    synced = resolve_loss("0.5*dpo + 0.5*sft", None, cfg(sync_ref_model=True, ref_model_sync_steps=7))
+    assert [t.name for _, t in synced.terms] == ["dpo[tr-dpo]", "sft"]
+    assert synced.terms[0][1].params.tr_dpo_sync_steps == 7
 
 
 def test_a_list_loss_takes_pairs_as_groups_of_two():

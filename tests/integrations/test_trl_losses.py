@@ -26,7 +26,7 @@ class Recording:
 
 
 def _recorded_run(model_dir, tmp_path, loss, **cfg):
-    from prefzoo.integrations import trl as integration
+    from prefzoo.integrations.trl import dpo as integration
 
     recorders = []
     real = integration.resolve_loss

@@ -1,4 +1,4 @@
-"""The TRL integration tests' runs: a tiny Llama trained a few plain-SGD steps by TRL's DPOTrainer or prefzoo's.
+"""The TRL integration tests' runs: a tiny Llama trained a few plain-SGD steps by TRL's DPO/KTO trainer or prefzoo's.
 
 Both sides get the same model folder, the same data and the same seed, so the only difference is the loss code.
 Used by the tests and by ``benchmarks/bench_trl_adapter.py`` (run as a worker by the 2-process test too).
@@ -39,9 +39,19 @@ def model_dir(root: Path, seed: int = 0) -> Path:
     return out
 
 
-def config(out: Path, **kw: Any) -> Any:
-    """A DPOConfig for a deterministic CPU run: plain SGD, constant rate, no clipping, no checkpointing, fp32."""
-    from trl import DPOConfig
+def make_unpaired(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """2n unpaired examples (KTO's format): each pair of :func:`make_pairs` as a desirable and an undesirable
+    completion, shuffled with ``seed`` so that every batch of 4 mixes the labels."""
+    rows = [{"prompt": p["prompt"], "completion": p[key], "label": key == "chosen"}
+            for p in make_pairs(n, seed=seed) for key in ("chosen", "rejected")]  # fmt: skip
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def config(out: Path, kind: str = "dpo", **kw: Any) -> Any:
+    """A DPOConfig (or KTOConfig) for a deterministic CPU run: plain SGD, constant rate, no clipping, no
+    checkpointing, fp64."""
+    from trl import DPOConfig, KTOConfig
 
     base: dict[str, Any] = dict(
         output_dir=str(out),
@@ -66,18 +76,19 @@ def config(out: Path, **kw: Any) -> Any:
         model_init_kwargs={"dtype": torch.float64},  # the two loss codes' float32 rounding would show after 3 steps
     )
     base.update(kw)
-    return DPOConfig(**base)
+    return (KTOConfig if kind == "kto" else DPOConfig)(**base)
 
 
 def train(
     model_path: Path,
     out: Path,
-    pairs: list[dict[str, str]],
+    pairs: list[dict[str, Any]],
     *,
     adapter: bool,
     loss: Any = None,
     loss_params: dict[str, Any] | None = None,
     lora: bool = False,
+    kind: str = "dpo",
     **cfg: Any,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]], Any]:
     """Train; returns (trainable parameters after training, the log history, the trainer)."""
@@ -93,19 +104,20 @@ def train(
                                  task_type="CAUSAL_LM", init_lora_weights=True)  # fmt: skip
     kw: dict[str, Any] = dict(
         model=str(model_path),
-        args=config(out, **cfg),
+        args=config(out, kind, **cfg),
         train_dataset=datasets.Dataset.from_list(pairs),
         processing_class=tok,
         peft_config=peft_config,
     )
+    import trl
+
+    from prefzoo.integrations import trl as adapters
+
+    name = "KTOTrainer" if kind == "kto" else "DPOTrainer"
     if adapter:
-        from prefzoo.integrations.trl import DPOTrainer
-
-        trainer = DPOTrainer(**kw, loss=loss, loss_params=loss_params)
+        trainer = getattr(adapters, name)(**kw, loss=loss, loss_params=loss_params)
     else:
-        from trl import DPOTrainer as TRLDPOTrainer
-
-        trainer = TRLDPOTrainer(**kw)
+        trainer = getattr(trl, name)(**kw)
     trainer.train()
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     return params, list(trainer.state.log_history), trainer

@@ -1,4 +1,4 @@
-"""Any prefzoo loss inside TRL's ``DPOTrainer``, with one changed import.
+"""Any prefzoo loss inside TRL's ``DPOTrainer``: one changed import, one replaced method.
 
     from trl import DPOConfig
     from prefzoo.integrations.trl import DPOTrainer      # was: from trl import DPOTrainer
@@ -10,85 +10,32 @@ computes forward, loss and metrics in one method (``_compute_loss``), so that on
 forward is TRL's (its fused LM head), the reference log-probs come from TRL's ``compute_ref_log_probs`` or the
 precomputed columns, the loss is prefzoo's, and TRL's metrics are logged under their names with the loss's own
 rewards and its extra metrics beside them.  What the batch holds follows the loss's declared needs, never its name.
-TRL's internals change between releases, so the supported range is checked at import (:data:`TRL_RANGE`).
+TRL's own loss options that prefzoo has as modifiers (WPO, LD-DPO, TR-DPO) become those modifiers
+(:data:`CONFIG_MODIFIERS`), so they apply to any loss the modifier declares it can modify.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import trl
 from torch import Tensor
+from trl.trainer import dpo_trainer as _trl_dpo
 
-from prefzoo.losses.combine import CombinedLoss, is_combination, parse_terms
-from prefzoo.registry import get_loss, loss_spec
-from prefzoo.spec import Loss, LossParamError
+from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, log_loss_metrics, terms
+from prefzoo.losses.combine import CombinedLoss
+from prefzoo.modifiers.compose import ModifiedLoss
+from prefzoo.registry import combine, modifier_spec, modify
+from prefzoo.spec import Loss, LossParamError, ModifierError
 from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
-__all__ = [
-    "CONFIG_PARAMS",
-    "TRL_RANGE",
-    "DPOTrainer",
-    "PolicyDivergedError",
-    "TRLVersionError",
-    "check_trl_version",
-    "resolve_loss",
-]
+__all__ = ["CONFIG_MODIFIERS", "CONFIG_PARAMS", "DPOTrainer", "resolve_loss"]
 
-TRL_RANGE = ">=1.16,<1.17"  # the `trl` extra of pyproject.toml pins the same range (a test compares them)
-
-
-class TRLVersionError(ImportError):
-    """The installed TRL is outside :data:`TRL_RANGE`: its ``DPOTrainer`` internals may differ."""
-
-
-class PolicyDivergedError(FloatingPointError):
-    """The policy's log-probs are not finite: training diverged (typically float16 at a high learning rate).
-
-    TRL's own loop goes on with NaN weights; the adapter stops at the first non-finite log-prob, in one line.
-    """
-
-
-def check_policy_finite(logps: Tensor, step: int, dtype: torch.dtype) -> None:
-    """Raise :class:`PolicyDivergedError` (one line: the step, the dtype, what to try) if ``logps`` has a NaN/inf."""
-    bad = ~torch.isfinite(logps.detach())
-    if bool(bad.any()):
-        value = logps.detach()[bad][0].item()
-        dtype_name = str(dtype).removeprefix("torch.")
-        hint = "a lower learning_rate, or bf16=True (float16's narrow range overflows)" if dtype == torch.float16 else (
-            "a lower learning_rate, or gradient clipping (max_grad_norm)"
-        )
-        raise PolicyDivergedError(
-            f"the policy diverged at step {step} in {dtype_name}: its sequence log-probs are {value} "
-            f"({int(bad.sum())} of {bad.numel()} sequences); the weights are no longer finite: stop, and try {hint}"
-        )
-
-
-def check_trl_version(version: str) -> None:
-    """Raise :class:`TRLVersionError` (one line naming the range) when TRL ``version`` is outside :data:`TRL_RANGE`."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        ok = Version(version) in SpecifierSet(TRL_RANGE)
-    except InvalidVersion:
-        ok = False
-    if not ok:
-        raise TRLVersionError(
-            f"prefzoo.integrations.trl supports trl{TRL_RANGE}, found trl {version}: "
-            f"pip install 'prefzoo[trl]' (or 'trl{TRL_RANGE}')"
-        )
-
-
-try:
-    import trl
-except ImportError:
-    raise ImportError("prefzoo.integrations.trl needs TRL: pip install 'prefzoo[trl]'") from None
-check_trl_version(trl.__version__)
 # TRL's trainer as imported: a script that applies the drop-in everywhere (``trl.DPOTrainer = DPOTrainer``) must not
 # make the adapter read its own signature where it means TRL's
 _TRL_DPO_INIT = inspect.signature(next(c for c in trl.DPOTrainer.__mro__ if c.__module__.startswith("trl.")))
@@ -101,47 +48,20 @@ CONFIG_PARAMS: dict[str, str] = {
     "f_alpha_divergence_coef": "alpha_divergence_coef",
     "discopop_tau": "tau",
 }
+# DPOConfig switches that prefzoo has as a modifier: field -> (modifier, {modifier parameter: DPOConfig field}).
+# The modifier applies when the field is set away from its default (use_weighting=True, ld_alpha=0.5, ...)
+CONFIG_MODIFIERS: dict[str, tuple[str, dict[str, str]]] = {
+    "ld_alpha": ("ld-dpo", {"alpha": "ld_alpha"}),
+    "use_weighting": ("wpo", {}),
+    # TRL's own SyncRefModelCallback moves the reference (TRL installs it); the modifier checks the loss has one
+    "sync_ref_model": ("tr-dpo", {"mixup_alpha": "ref_model_mixup_alpha", "sync_steps": "ref_model_sync_steps"}),
+}
 # DPOConfig fields that shape TRL's own loss: with a prefzoo loss they must stay at their defaults (what to do instead)
 _TRL_LOSS_OPTIONS: dict[str, str] = {
     "loss_type": "loss= chooses the loss",
     "loss_weights": "write the weights into loss=, e.g. loss='0.8*dpo + 0.2*sft'",
-    "use_weighting": "WPO weighting is part of TRL's own losses only",
-    "ld_alpha": "LD-DPO's length-desensitized log-probs are part of TRL's own losses only",
 }
 _NON_MODEL_KEYS = {"completion_mask", "ref_chosen_logps", "ref_rejected_logps"}  # as TRL's _compute_loss
-
-
-def _config_defaults() -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(trl.DPOConfig):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
-def _is_default(name: str, value: Any, defaults: Mapping[str, Any]) -> bool:
-    default = defaults.get(name)
-    if name == "loss_type":  # DPOConfig turns "sigmoid" into ["sigmoid"]
-        value = [value] if isinstance(value, str) else list(value or [])
-        default = [default] if isinstance(default, str) else list(default or [])
-    return bool(value == default)
-
-
-def _term_params(loss: str | Loss) -> list[set[str]]:
-    """The parameter names of each term of ``loss`` (one set for a single loss)."""
-    if isinstance(loss, CombinedLoss):
-        return [set(type(t.params).__dataclass_fields__) for _, t in loss.terms]
-    if isinstance(loss, Loss):
-        return [set(type(loss.params).__dataclass_fields__)]
-    names = [n for _, n in parse_terms(loss)] if is_combination(loss) else [loss]
-    return [set(loss_spec(n).params_cls.__dataclass_fields__) for n in names]
-
-
-def _bound_values(loss: Loss, pname: str) -> list[Any]:
-    terms = [t for _, t in loss.terms] if isinstance(loss, CombinedLoss) else [loss]
-    return [getattr(t.params, pname) for t in terms if hasattr(t.params, pname)]
 
 
 def _check_shapes(loss: Loss) -> None:
@@ -149,14 +69,67 @@ def _check_shapes(loss: Loss) -> None:
 
     A list loss takes pairs as groups of K = 2 (``LossSpec.accepts``); an unpaired one (``kto``, ``bco``) does not.
     """
-    terms = [t for _, t in loss.terms] if isinstance(loss, CombinedLoss) else [loss]
-    for term in terms:
+    for term in terms(loss):
         if not term.spec.accepts(Shape.PAIR):
             shapes = ", ".join(sorted(s.value for s in term.spec.shapes))
+            hint = "use prefzoo.integrations.trl.KTOTrainer" if Shape.UNPAIRED in term.spec.shapes else (
+                "train it with `prefzoo train`"
+            )
             raise LossParamError(
                 f"loss {term.name!r} takes {shapes} batches, but TRL's DPOTrainer gives (chosen, rejected) pairs "
-                "only: train it with `prefzoo train`"
+                f"only: {hint}"
             )
+
+
+def _active_modifiers(config: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """(DPOConfig field as set, modifier name, modifier params) for each :data:`CONFIG_MODIFIERS` field set."""
+    defaults = {f.name: f.default for f in trl.DPOConfig.__dataclass_fields__.values()}
+    out = []
+    for field, (name, params) in CONFIG_MODIFIERS.items():
+        value = getattr(config, field, defaults[field])
+        if value != defaults[field]:
+            values = {p: getattr(config, f, defaults[f]) for p, f in params.items()}
+            out.append((f"DPOConfig.{field}={value!r}", name, values))
+    return out
+
+
+def _modify_term(term: Loss, setting: str, name: str, values: Mapping[str, Any]) -> Loss:
+    """``term`` under modifier ``name``; one line naming the DPOConfig setting, the modifier and the loss if not."""
+    if isinstance(term, ModifiedLoss) and any(m.name == name for m in term.modifiers):
+        raise LossParamError(f"{setting} and the Loss object {term.name!r} both apply modifier {name!r}: set it once")
+    try:
+        modifier_spec(name).params(**values)
+    except LossParamError as e:
+        raise LossParamError(f"{setting} is out of range for prefzoo modifier {name!r}: {e}") from None
+    try:
+        return modify(term, (name, values))
+    except ModifierError as e:
+        why = str(e).partition(": ")[2] or str(e)
+        raise LossParamError(
+            f"{setting} (prefzoo modifier {name!r}) does not apply to loss {term.name!r}: {why}"
+        ) from None
+
+
+def apply_config_modifiers(loss: Loss, config: Any) -> Loss:
+    """``loss`` under the modifiers its DPOConfig switches on (:data:`CONFIG_MODIFIERS`), each term of a weighted sum.
+
+    A modifier that moves the reference (``ModifierSpec.updates_reference``: TR-DPO) acts on the run, not on a
+    term's value: it modifies the terms it applies to and is refused only if it applies to none.
+    """
+    for setting, name, values in _active_modifiers(config):
+        parts = [(w, t) for w, t in loss.terms] if isinstance(loss, CombinedLoss) else [(1.0, loss)]
+        run_level = modifier_spec(name).updates_reference
+        new, applied = [], 0
+        for w, term in parts:
+            if run_level and modifier_spec(name).why_not(term.spec, term.params) is not None and len(parts) > 1:
+                new.append((w, term))
+                continue
+            new.append((w, _modify_term(term, setting, name, values)))
+            applied += 1
+        if run_level and not applied:  # no term takes it: the refusal names the first
+            _modify_term(parts[0][1], setting, name, values)
+        loss = combine(new) if isinstance(loss, CombinedLoss) else new[0][1]
+    return loss
 
 
 def resolve_loss(loss: str | Loss, loss_params: Mapping[str, Any] | None, config: Any = None) -> Loss:
@@ -164,45 +137,23 @@ def resolve_loss(loss: str | Loss, loss_params: Mapping[str, Any] | None, config
 
     A :data:`CONFIG_PARAMS` field of ``config`` goes to every term that has the parameter, unless ``loss_params``
     sets it; a field set away from its default that ``loss_params`` sets differently, or that no term has, is a
-    one-line :class:`LossParamError`, as is a TRL loss option (``loss_type``, ``loss_weights``, ...) left non-default.
+    one-line :class:`LossParamError`, as is a TRL loss option (``loss_type``, ``loss_weights``) left non-default.
+    A :data:`CONFIG_MODIFIERS` switch puts the loss under that prefzoo modifier.
     """
-    defaults = _config_defaults()
-    values = {f: getattr(config, f, defaults.get(f)) for f in [*CONFIG_PARAMS, *_TRL_LOSS_OPTIONS]}
-    for field, instead in _TRL_LOSS_OPTIONS.items():
-        if not _is_default(field, values[field], defaults):
-            raise LossParamError(f"DPOConfig.{field}={values[field]!r} does not apply with loss={loss!r}: {instead}")
-    params = dict(loss_params or {})
-    if isinstance(loss, Loss):
-        if params:
-            raise LossParamError(
-                f"loss_params={params!r} with a Loss object: bind them into it (prefzoo.get_loss(name, **params))"
-            )
-    elif not isinstance(loss, str):
-        raise TypeError(f"loss= takes a registered name, a weighted sum or a prefzoo.Loss, got {type(loss).__name__}")
-    have = set().union(*_term_params(loss))
-    for field, pname in CONFIG_PARAMS.items():
-        value, set_by_user = values[field], not _is_default(field, values[field], defaults)
-        given = {k: v for k, v in params.items() if k.rpartition(".")[2] == pname}
-        if set_by_user and pname not in have:
-            raise LossParamError(
-                f"DPOConfig.{field}={value!r} has no meaning for loss {getattr(loss, 'name', loss)!r} "
-                f"(no parameter {pname!r}): leave it at its default {defaults[field]!r}"
-            )
-        if set_by_user and any(v != value for v in given.values()):
-            k, v = next((k, v) for k, v in given.items() if v != value)
-            raise LossParamError(f"DPOConfig.{field}={value!r} and loss_params[{k!r}]={v!r} disagree: set it once")
-        if isinstance(loss, Loss):
-            bound = _bound_values(loss, pname)
-            if set_by_user and any(v != value for v in bound):
-                raise LossParamError(
-                    f"DPOConfig.{field}={value!r} but the Loss object {loss.name!r} has {pname}={bound[0]!r}: "
-                    "set it once"
-                )
-        elif pname in have and not given:
-            params[pname] = value
-    bound_loss = loss if isinstance(loss, Loss) else get_loss(loss, **params)
-    _check_shapes(bound_loss)
-    return bound_loss
+    bound = bind_loss(loss, loss_params, config, trl.DPOConfig, CONFIG_PARAMS, _TRL_LOSS_OPTIONS)
+    bound = apply_config_modifiers(bound, config)
+    _check_shapes(bound)
+    if Need.TOKEN_SQUARED_PROBS in bound.needs and not getattr(config, "use_weighting", False):
+        raise LossParamError(
+            f"loss {bound.name!r} needs the policy's per-token log Σ_v π(v)², which TRL's fused LM head computes only "
+            "with DPOConfig(use_weighting=True): apply WPO with that option rather than a Loss object's modifier"
+        )
+    if Need.REF_TOKEN_LOGPS in bound.needs and getattr(config, "precompute_ref_log_probs", False):
+        raise LossParamError(
+            f"loss {bound.name!r} needs the reference's per-token log-probs, which precomputed reference columns do "
+            "not hold: set DPOConfig.precompute_ref_log_probs=False"
+        )
+    return bound
 
 
 class DPOTrainer(trl.DPOTrainer):
@@ -210,8 +161,9 @@ class DPOTrainer(trl.DPOTrainer):
 
     ``loss_params={...}`` sets the loss's parameters; DPOConfig's ``beta``, ``label_smoothing``,
     ``f_divergence_type``, ``f_alpha_divergence_coef`` and ``discopop_tau`` are used where the loss has a parameter of
-    that meaning (:func:`resolve_loss`).  Without ``loss=`` this is TRL's trainer unchanged.  A batch-coupled loss
-    (``mmpo``) gathers over TRL's processes; the loss's extra metrics are logged beside TRL's (``mmpo/...``).
+    that meaning, ``use_weighting``, ``ld_alpha`` and ``sync_ref_model`` become prefzoo's ``wpo``, ``ld-dpo`` and
+    ``tr-dpo`` modifiers (:func:`resolve_loss`).  Without ``loss=`` this is TRL's trainer unchanged.  A
+    batch-coupled loss (``mmpo``) gathers over TRL's processes; the loss's extra metrics are logged beside TRL's.
     """
 
     def __init__(
@@ -247,12 +199,47 @@ class DPOTrainer(trl.DPOTrainer):
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(outputs.aux_loss).mean().item())
         self._log_trl_metrics(mode, inputs, outputs, mask, batch, out)
-        self._log_loss_metrics(mode, out)
+        log_loss_metrics(self._metrics[mode], self.prefzoo_loss, out, self._prefzoo_gather)
         if return_outputs:  # TRL's deprecated path: compute_metrics wants logits
             with torch.no_grad():
                 outputs = model(**model_kwargs)
             return loss, outputs
         return loss
+
+    def _ref_token_logps(self, inputs: dict[str, Any], seq_len: int) -> Tensor:
+        """The reference's per-token log-probs (2B, T−1), from the forward TRL's ``compute_ref_log_probs`` runs."""
+        model: Any = self.ref_model or self.model
+        policy: Any = self.model
+        gc_kwargs: Any = self.args.gradient_checkpointing_kwargs
+        adapter: Any = contextlib.nullcontext()
+        if self.ref_model is None and _trl_dpo.is_peft_model(policy):  # the base model with the adapter disabled
+            unwrapped = self.accelerator.unwrap_model(policy)
+            adapter = _trl_dpo.use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+        model_kwargs = {k: v for k, v in inputs.items() if k not in _NON_MODEL_KEYS}
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        with (
+            torch.no_grad(),
+            _trl_dpo.disable_gradient_checkpointing(policy, gc_kwargs),
+            adapter,
+            self.accelerator.autocast(),
+        ):
+            out = model(**model_kwargs, use_cache=False, labels=labels, fused_lm_head=True).log_probs
+        return out[:, -seq_len:]
+
+    def _reference_fields(self, inputs: dict[str, Any], seq_len: int, dtype: torch.dtype) -> dict[str, Tensor]:
+        """ref_chosen_logps, ref_rejected_logps and, for ``Need.REF_TOKEN_LOGPS`` (LD-DPO), the per-token ones."""
+        assert self.prefzoo_loss is not None
+        fields: dict[str, Tensor] = {}
+        if Need.REF_TOKEN_LOGPS in self.prefzoo_loss.needs:  # never precomputed (resolve_loss refuses it)
+            tokens = self._ref_token_logps(inputs, seq_len).to(dtype)  # (2B, T−1)
+            fields["ref_chosen_token_logps"], fields["ref_rejected_token_logps"] = tokens.chunk(2, dim=0)
+            ref: tuple[Tensor, Tensor] = tokens.sum(dim=1).chunk(2, dim=0)  # type: ignore[assignment]
+        elif self.precompute_ref_logps:
+            ref = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+        else:
+            ref = self.compute_ref_log_probs(self.ref_model or self.model, inputs)
+        fields["ref_chosen_logps"], fields["ref_rejected_logps"] = (r.to(dtype).detach() for r in ref)
+        return fields
 
     def _preference_batch(self, inputs: dict[str, Any], outputs: Any, mask: Tensor) -> PreferenceBatch:
         """The loss's inputs from TRL's forward: what its declared needs ask for, nothing more."""
@@ -262,22 +249,20 @@ class DPOTrainer(trl.DPOTrainer):
         token_logps = outputs.log_probs[:, -seq_len:]  # (2B, T−1), 0 off the completion; PEFT prompts cut
         chosen, rejected = token_logps.sum(dim=1).chunk(2, dim=0)  # (B,), (B,): the batch is [chosen; rejected]
         fields: dict[str, Tensor | None] = {"policy_chosen_logps": chosen, "policy_rejected_logps": rejected}
-        chosen_mask, rejected_mask = mask.bool().chunk(2, dim=0)  # (B, T−1) each
         if Need.LENGTHS in needs:
             fields["chosen_lengths"], fields["rejected_lengths"] = mask.sum(dim=1).long().chunk(2, dim=0)
         if Need.REFERENCE in needs:
-            if self.precompute_ref_logps:
-                ref = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
-            else:
-                ref = self.compute_ref_log_probs(self.ref_model or self.model, inputs)
-            fields["ref_chosen_logps"], fields["ref_rejected_logps"] = (r.to(chosen.dtype).detach() for r in ref)
+            fields.update(self._reference_fields(inputs, seq_len, chosen.dtype))
         if Need.TOKEN_LOGPS in needs:
             fields["policy_chosen_token_logps"], fields["policy_rejected_token_logps"] = token_logps.chunk(2, dim=0)
         if Need.TOKEN_ENTROPIES in needs:
             entropies = outputs.entropy[:, -seq_len:]
             fields["chosen_token_entropies"], fields["rejected_token_entropies"] = entropies.chunk(2, dim=0)
-        if Need.TOKEN_LOGPS in needs or Need.TOKEN_ENTROPIES in needs:
-            fields["chosen_mask"], fields["rejected_mask"] = chosen_mask, rejected_mask
+        if Need.TOKEN_SQUARED_PROBS in needs:  # TRL's fused head adds log_sum_sq_probs with use_weighting=True
+            sq = outputs.log_sum_sq_probs[:, -seq_len:].detach()  # (2B, T−1) log Σ_v π(v|prefix)², a constant
+            fields["chosen_token_log_sq_probs"], fields["rejected_token_log_sq_probs"] = sq.chunk(2, dim=0)
+        if needs & {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES, Need.TOKEN_SQUARED_PROBS, Need.REF_TOKEN_LOGPS}:
+            fields["chosen_mask"], fields["rejected_mask"] = mask.bool().chunk(2, dim=0)
         return PreferenceBatch(**fields)  # type: ignore[arg-type]
 
     def _log_trl_metrics(
@@ -312,11 +297,3 @@ class DPOTrainer(trl.DPOTrainer):
         metrics["rewards/margins"].append(acc.gather(rw - rl).mean().item())
         metrics["logps/chosen"].append(acc.gather(batch.policy_chosen_logps.detach()).mean().item())
         metrics["logps/rejected"].append(acc.gather(batch.policy_rejected_logps.detach()).mean().item())
-
-    def _log_loss_metrics(self, mode: str, out: LossOutput) -> None:
-        """The loss's extra metrics (``mmpo/weight_chosen``, ...), averaged over processes; TRL adds ``eval_``."""
-        assert self.prefzoo_loss is not None
-        for key, value in sorted(out.metrics.items()):
-            name = key if "/" in key else f"{self.prefzoo_loss.name}/{key}"
-            v = torch.as_tensor(value).detach().float().reshape(-1)  # a scalar or (B,)
-            self._metrics[mode][name].append(self._prefzoo_gather(v).mean().item())
