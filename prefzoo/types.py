@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -202,10 +202,7 @@ class PreferenceBatch:
     def _validate_token_group(self, group: tuple[str, ...], b: int, ref: Tensor) -> None:
         """One completion's (B, T) token-level fields: one shape among them, on ``ref``'s device, bool masks, finite."""
         shape: tuple[int, ...] | None = None
-        for name in group:
-            t = getattr(self, name)
-            if t is None:
-                continue
+        for name, t in present_fields(self, group):
             if t.ndim != 2 or t.shape[0] != b:
                 raise PreferenceBatchError(
                     f"PreferenceBatch.{name} must have shape (B, T) with B = {b}, got {tuple(t.shape)}"
@@ -228,6 +225,14 @@ class PreferenceBatch:
     def replace(self, **changes: Tensor | None) -> PreferenceBatch:
         """A copy with some fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def present_fields(batch: Any, names: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` of each of a batch's fields ``names`` that is set (not None), in that order."""
+    for name in names:
+        value = getattr(batch, name)
+        if value is not None:
+            yield name, value
 
 
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], ref: Tensor) -> None:
@@ -327,10 +332,7 @@ def _check_token_fields(
 ) -> None:
     """The optional token-level fields of a group or unpaired batch: shape ``lead + (T,)`` (one T for all), values."""
     shape: tuple[int, ...] | None = None
-    for name in ("policy_token_logps", "token_entropies", "token_mask"):
-        t = getattr(batch, name)
-        if t is None:
-            continue
+    for name, t in present_fields(batch, ("policy_token_logps", "token_entropies", "token_mask")):
         if not isinstance(t, Tensor) or t.ndim != len(lead) + 1 or tuple(t.shape[: len(lead)]) != lead:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise err(f"{kind}.{name} must have shape {what} with {lead_text}, got {got}")
