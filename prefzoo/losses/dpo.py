@@ -165,6 +165,12 @@ def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tenso
     return f_delta(rho_w, rho_l, p), rho_w, rho_l  # Δ = f'_w − f'_l
 
 
+def _smoothed_logit(batch: PreferenceBatch, p: CDPOParams | EXOParams) -> tuple[Tensor, float, Tensor, Tensor]:
+    """(z = βΔ, the label smoothing ε, ρ_w, ρ_l) of a loss whose preference label is smoothed by ε."""
+    d, rw, rl = _delta(batch, p)
+    return p.beta * d, p.label_smoothing, rw, rl
+
+
 def dpo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """DPO (Rafailov et al. 2023, arXiv:2305.18290, Eq. 7).  L = −log σ(β·Δ)."""
     d, rw, rl = _delta(batch, p)
@@ -199,18 +205,14 @@ def robust_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> Loss
     Evaluated as the algebraically equal −log σ(z) − ε/(1 − 2ε)·z with z = βΔ (log σ(−z) = log σ(z) − z): the
     listed form cancels in the numerator and divides the rounding error by 1 − 2ε, which is tiny as ε → 0.5.
     """
-    d, rw, rl = _delta(batch, p)
-    e = p.label_smoothing
-    z = p.beta * d
+    z, e, rw, rl = _smoothed_logit(batch, p)
     losses = -F.logsigmoid(z) - (e / (1 - 2 * e)) * z
     return _out(losses, rw, rl, p.beta)
 
 
 def exo_pair_loss(batch: PreferenceBatch, p: EXOParams, ctx: LossContext) -> LossOutput:
     """EXO-pref (Ji et al. 2024, arXiv:2402.00856, Eq. 16).  L = KL([σ(βΔ), σ(−βΔ)] ‖ [1 − ε, ε])."""
-    d, rw, rl = _delta(batch, p)
-    e = p.label_smoothing
-    z = p.beta * d
+    z, e, rw, rl = _smoothed_logit(batch, p)
     losses = torch.sigmoid(z) * (F.logsigmoid(z) - math.log1p(-e)) + torch.sigmoid(-z) * (
         F.logsigmoid(-z) - math.log(e)
     )

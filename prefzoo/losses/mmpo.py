@@ -128,14 +128,9 @@ def mmpo_entropy_loss(batch: PreferenceBatch, p: MMPOEntropyParams, ctx: LossCon
     """MMPO plus entropy maximization: L = L_MMPO − β·Ĥ, Ĥ averaged over the pair's two completions."""
     s_w, s_l, m = _scores(batch, p, ctx)
     tw, tl, hw, hl, mw, ml = require(
-        batch,
-        "policy_chosen_token_logps",
-        "policy_rejected_token_logps",
-        "chosen_token_entropies",
-        "rejected_token_entropies",
-        "chosen_mask",
-        "rejected_mask",
-    )
+        batch, "policy_chosen_token_logps", "policy_rejected_token_logps", "chosen_token_entropies",
+        "rejected_token_entropies", "chosen_mask", "rejected_mask",
+    )  # fmt: skip
     h = 0.5 * (entropy_surrogate(tw, hw, mw) + entropy_surrogate(tl, hl, ml))  # (B,)
     weight = p.beta if p.entropy_beta is None else p.entropy_beta
     m["mmpo/entropy"] = h.detach().mean()
