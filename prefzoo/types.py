@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -105,25 +105,14 @@ FLOAT_FIELDS = (
     "rejected_scores",
 )
 # Float fields that are constants of the step (no gradient flows into them): reference, data scores, WPO's alignment.
-CONSTANT_FIELDS = (
-    "ref_chosen_logps",
-    "ref_rejected_logps",
-    "ref_chosen_token_logps",
-    "ref_rejected_token_logps",
-    "chosen_token_log_sq_probs",
-    "rejected_token_log_sq_probs",
-    "chosen_scores",
-    "rejected_scores",
-)
+CONSTANT_FIELDS = tuple(f for f in FLOAT_FIELDS if f.startswith("ref_") or f.endswith(("_log_sq_probs", "_scores")))
+# The (B,) fields: the policy's summed log-probs and those of the reference, lengths and scores needs.
 _PER_EXAMPLE = (
     "policy_chosen_logps",
     "policy_rejected_logps",
-    "ref_chosen_logps",
-    "ref_rejected_logps",
-    "chosen_lengths",
-    "rejected_lengths",
-    "chosen_scores",
-    "rejected_scores",
+    *NEED_FIELDS[Need.REFERENCE],
+    *NEED_FIELDS[Need.LENGTHS],
+    *NEED_FIELDS[Need.SCORES],
 )
 _TOKEN_LEVEL_W = (
     "policy_chosen_token_logps",
@@ -213,10 +202,7 @@ class PreferenceBatch:
     def _validate_token_group(self, group: tuple[str, ...], b: int, ref: Tensor) -> None:
         """One completion's (B, T) token-level fields: one shape among them, on ``ref``'s device, bool masks, finite."""
         shape: tuple[int, ...] | None = None
-        for name in group:
-            t = getattr(self, name)
-            if t is None:
-                continue
+        for name, t in present_fields(self, group):
             if t.ndim != 2 or t.shape[0] != b:
                 raise PreferenceBatchError(
                     f"PreferenceBatch.{name} must have shape (B, T) with B = {b}, got {tuple(t.shape)}"
@@ -241,6 +227,14 @@ class PreferenceBatch:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+def present_fields(batch: Any, names: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` of each of a batch's fields ``names`` that is set (not None), in that order."""
+    for name in names:
+        value = getattr(batch, name)
+        if value is not None:
+            yield name, value
+
+
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], ref: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise PreferenceBatchError(f"PreferenceBatch.{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -255,12 +249,16 @@ def _check_tensor(name: str, t: object, shape: tuple[int, ...], ref: Tensor) -> 
         )
 
 
+def _whole_counts(t: Tensor) -> bool:
+    """``t`` holds whole numbers: an integer tensor, or a float one whose values are finite and integral."""
+    if t.is_complex() or t.dtype == torch.bool:
+        return False
+    return not t.is_floating_point() or (bool(torch.isfinite(t).all()) and bool((t == t.round()).all()))
+
+
 def _check_lengths(name: str, t: Tensor) -> None:
     """``t`` (B,) holds whole, positive token counts, or a PreferenceBatchError naming the field and the fix."""
-    integral = not t.is_complex() and t.dtype != torch.bool
-    if integral and t.is_floating_point():
-        integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-    if not integral:
+    if not _whole_counts(t):
         raise PreferenceBatchError(
             f"PreferenceBatch.{name} must hold whole token counts (an integer tensor), got {t.dtype} "
             f"values {t.flatten()[:4].tolist()}; pass completion_mask.sum(-1)"
@@ -315,10 +313,7 @@ def _check_values(
             raise err(f"{kind}.{name} must be a bool tensor ({fix}), got {t.dtype}")
         return
     if name.endswith("lengths"):
-        integral = not t.is_complex() and t.dtype != torch.bool
-        if integral and t.is_floating_point():
-            integral = bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-        if not integral:
+        if not _whole_counts(t):
             raise err(f"{kind}.{name} must hold whole token counts (an integer tensor), got {t.dtype}")
         bad = (t <= 0) if valid is None else (t <= 0) & valid
         if bool(bad.any()):
@@ -337,10 +332,7 @@ def _check_token_fields(
 ) -> None:
     """The optional token-level fields of a group or unpaired batch: shape ``lead + (T,)`` (one T for all), values."""
     shape: tuple[int, ...] | None = None
-    for name in ("policy_token_logps", "token_entropies", "token_mask"):
-        t = getattr(batch, name)
-        if t is None:
-            continue
+    for name, t in present_fields(batch, ("policy_token_logps", "token_entropies", "token_mask")):
         if not isinstance(t, Tensor) or t.ndim != len(lead) + 1 or tuple(t.shape[: len(lead)]) != lead:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise err(f"{kind}.{name} must have shape {what} with {lead_text}, got {got}")
@@ -349,8 +341,40 @@ def _check_token_fields(
 
 
 
+_Batch = TypeVar("_Batch", bound="_OneTensorBatch")
+
+
+class _OneTensorBatch:
+    """What GroupBatch and UnpairedBatch share: one ``policy_logps`` tensor and its optional companions."""
+
+    policy_logps: Tensor
+    ref_logps: Tensor | None
+
+    GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
+    # The needs both shapes answer (UnpairedBatch adds KL_REFERENCE).
+    NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
+        Need.REFERENCE: ("ref_logps",),
+        Need.LENGTHS: ("lengths",),
+        Need.TOKEN_LOGPS: ("policy_token_logps", "token_mask"),
+        Need.TOKEN_ENTROPIES: ("token_entropies", "token_mask"),
+    }
+
+    @property
+    def batch_size(self) -> int:
+        """The number of losses: G groups of a GroupBatch, N completions of an UnpairedBatch."""
+        return int(self.policy_logps.shape[0])
+
+    @property
+    def has_reference(self) -> bool:
+        return self.ref_logps is not None
+
+    def replace(self: _Batch, **changes: Any) -> _Batch:
+        """A copy with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
 @dataclass(frozen=True, kw_only=True)
-class GroupBatch:
+class GroupBatch(_OneTensorBatch):
     """G groups (prompts) of up to K completions each, ranked by a score: the batch of a ``Shape.LIST`` loss.
 
     Log-probs are sums over completion tokens, as in :class:`PreferenceBatch`.
@@ -373,13 +397,6 @@ class GroupBatch:
 
     FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "ref_logps", "scores", "policy_token_logps",
                                                "token_entropies")
-    GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
-    NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
-        Need.REFERENCE: ("ref_logps",),
-        Need.LENGTHS: ("lengths",),
-        Need.TOKEN_LOGPS: ("policy_token_logps", "token_mask"),
-        Need.TOKEN_ENTROPIES: ("token_entropies", "token_mask"),
-    }
 
     def __post_init__(self) -> None:
         kind, err, ref = "GroupBatch", GroupBatchError, self.policy_logps
@@ -407,18 +424,9 @@ class GroupBatch:
             raise err(f"GroupBatch.example_ids has {len(self.example_ids)} ids for G = {g} groups")
 
     @property
-    def batch_size(self) -> int:
-        """G, the number of groups (one loss per group)."""
-        return int(self.policy_logps.shape[0])
-
-    @property
     def group_size(self) -> int:
         """K, the number of completion slots per group (padding included)."""
         return int(self.policy_logps.shape[1])
-
-    @property
-    def has_reference(self) -> bool:
-        return self.ref_logps is not None
 
     @property
     def valid(self) -> Tensor:
@@ -436,13 +444,9 @@ class GroupBatch:
         v = self.valid.to(self.policy_logps.dtype)
         return (v.flip(1).cumsum(1).flip(1) - v).detach()
 
-    def replace(self, **changes: Any) -> GroupBatch:
-        """A copy with some fields replaced (validated again)."""
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass(frozen=True, kw_only=True)
-class UnpairedBatch:
+class UnpairedBatch(_OneTensorBatch):
     """N single completions, each labelled desirable or undesirable: the batch of a ``Shape.UNPAIRED`` loss.
 
     Log-probs are sums over completion tokens, as in :class:`PreferenceBatch`.
@@ -468,12 +472,8 @@ class UnpairedBatch:
 
     FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "ref_logps", "kl_policy_logps", "kl_ref_logps",
                                                "policy_token_logps", "token_entropies", "density_ratio_weights")
-    GRAD_FIELDS: ClassVar[tuple[str, ...]] = ("policy_logps", "policy_token_logps", "token_entropies")
     NEED_FIELDS: ClassVar[dict[Need, tuple[str, ...]]] = {
-        Need.REFERENCE: ("ref_logps",),
-        Need.LENGTHS: ("lengths",),
-        Need.TOKEN_LOGPS: ("policy_token_logps", "token_mask"),
-        Need.TOKEN_ENTROPIES: ("token_entropies", "token_mask"),
+        **_OneTensorBatch.NEED_FIELDS,
         Need.KL_REFERENCE: ("kl_policy_logps", "kl_ref_logps"),
     }
 
@@ -498,18 +498,6 @@ class UnpairedBatch:
         if self.example_ids is not None and len(self.example_ids) != n:
             raise err(f"UnpairedBatch.example_ids has {len(self.example_ids)} ids for N = {n}")
 
-    @property
-    def batch_size(self) -> int:
-        """N, the number of completions (one loss per completion)."""
-        return int(self.policy_logps.shape[0])
-
-    @property
-    def has_reference(self) -> bool:
-        return self.ref_logps is not None
-
-    def replace(self, **changes: Any) -> UnpairedBatch:
-        """A copy with some fields replaced (validated again)."""
-        return dataclasses.replace(self, **changes)
 
 
 def _pad_tokens(a: Tensor, b: Tensor) -> Tensor:

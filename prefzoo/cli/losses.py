@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from prefzoo.registry import get_registry, loss_spec
-from prefzoo.spec import LossSpec, param_infos
+from prefzoo.spec import LossSpec, ModifierSpec, param_infos
 from prefzoo.types import Shape
 
 
@@ -18,17 +19,25 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "defaults and meaning, what it needs, and its source paper.",
     )
     p.add_argument("name", nargs="?", help="a registered loss name (default: list all)")
-    p.add_argument(
-        "--markdown",
-        action="store_true",
-        help="print the loss catalogue as Markdown (this is how docs/losses.md is generated)",
-    )
+    add_markdown_flag(p, "the loss catalogue", "docs/losses.md")
     p.add_argument(
         "--features",
         action="store_true",
         help="print the feature table (prefzoo vs TRL 1.16, LLaMA-Factory, OpenRLHF) as Markdown, as in README.md",
     )
     return p
+
+
+def add_markdown_flag(p: argparse.ArgumentParser, what: str, doc: str) -> None:
+    """``--markdown``: print ``what`` as Markdown, the way ``doc`` is generated."""
+    p.add_argument("--markdown", action="store_true", help=f"print {what} as Markdown (this is how {doc} is generated)")
+
+
+def with_failures(text: str, reg: Any) -> str:
+    """``text`` followed by one warning line per plugin of the registry ``reg`` that failed to load."""
+    for f in reg.failed:
+        text += f"\nwarning: plugin {f.plugin!r} failed to load: {f.error}"
+    return text
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:
@@ -74,9 +83,7 @@ def list_table() -> str:
             ]
         )
     text = format_table(rows, ["name", "family", "reference", "needs", "batch-coupled", "source", "plugin"])
-    for f in reg.failed:
-        text += f"\nwarning: plugin {f.plugin!r} failed to load: {f.error}"
-    return text
+    return with_failures(text, reg)
 
 
 _SHAPE_TEXT = {Shape.PAIR: "pairs (PreferenceBatch)", Shape.LIST: "lists of K ≥ 2 ranked completions (GroupBatch)",
@@ -117,6 +124,20 @@ def describe_tail(description: str, notes: str, params_cls: type, usage: str) ->
     return lines
 
 
+def parameter_table(params_cls: type) -> list[str]:
+    """The Markdown table of a params class's parameters (default, valid range, meaning), or "No parameters."."""
+    infos = param_infos(params_cls)
+    if not infos:
+        return ["No parameters."]
+    return ["| parameter | default | valid | meaning |", "|---|---|---|---|",
+            *[f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]]
+
+
+def notes_and_parameters(spec: LossSpec | ModifierSpec) -> list[str]:
+    """A catalogue entry's note (when it has one) and its parameter table, in Markdown."""
+    return ([f"**Note:** {spec.notes}", ""] if spec.notes else []) + parameter_table(spec.params_cls)
+
+
 def catalogue_markdown(builtin_only: bool = True) -> str:
     """The loss catalogue, generated from the registry so that it cannot drift from the code."""
     reg = get_registry()
@@ -145,14 +166,7 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
         out += [f"**Scores** (reward accuracy): {s.scores}", ""]
         if s.shapes != {Shape.PAIR}:
             out += [f"**Takes:** {takes(s)}", ""]
-        if s.notes:
-            out += [f"**Note:** {s.notes}", ""]
-        infos = param_infos(s.params_cls)
-        if infos:
-            out += ["| parameter | default | valid | meaning |", "|---|---|---|---|"]
-            out += [f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]
-        else:
-            out.append("No parameters.")
+        out += notes_and_parameters(s)
         out += ["", f"Source: {s.paper}. Registered by `{s.plugin}`."]
     return "\n".join(out) + "\n"
 

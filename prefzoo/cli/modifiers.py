@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from prefzoo.cli.losses import describe_tail, format_table
+from prefzoo.cli.losses import add_markdown_flag, describe_tail, format_table, notes_and_parameters, with_failures
 from prefzoo.registry import MODIFIERS, get_registry, modifier_spec, registry_of
-from prefzoo.spec import ModifierSpec, param_infos
+from prefzoo.spec import ModifierSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,11 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "`prefzoo train --loss dpo --modifier ld-dpo:alpha=0.5 --modifier wpo`.",
     )
     p.add_argument("name", nargs="?", help="a registered modifier name (default: list all)")
-    p.add_argument(
-        "--markdown",
-        action="store_true",
-        help="print the modifier catalogue as Markdown (this is how docs/modifiers.md is generated)",
-    )
+    add_markdown_flag(p, "the modifier catalogue", "docs/modifiers.md")
     return p
 
 
@@ -42,9 +38,7 @@ def list_table() -> str:
     rows = [[n, reg.specs[n].applies.text.split(" (")[0], _needs(reg.specs[n]), reg.specs[n].trl or "-",
              "built-in" if reg.specs[n].builtin else reg.specs[n].plugin] for n in reg.names()]  # fmt: skip
     text = format_table(rows, ["name", "applies to", "needs", "TRL 1.16", "source"])
-    for f in reg.failed:
-        text += f"\nwarning: plugin {f.plugin!r} failed to load: {f.error}"
-    return text
+    return with_failures(text, reg)
 
 
 def describe(s: ModifierSpec) -> str:
@@ -97,14 +91,7 @@ def catalogue_markdown() -> str:
                 + ", ".join(f"`{n}`" for n in compatible_losses(s)), ""]  # fmt: skip
         if s.callback:
             out += [f"**Installs** the trainer callback `{s.callback}`.", ""]
-        if s.notes:
-            out += [f"**Note:** {s.notes}", ""]
-        infos = param_infos(s.params_cls)
-        if infos:
-            out += ["| parameter | default | valid | meaning |", "|---|---|---|---|"]
-            out += [f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]
-        else:
-            out.append("No parameters.")
+        out += notes_and_parameters(s)
         out += ["", f"Source: {s.paper}." + (f" TRL 1.16: `{s.trl}`." if s.trl else "")]
     return "\n".join(out) + "\n"
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,17 +48,13 @@ def build_assets(out: Path, *, progress: bool = True) -> dict[str, Any]:
         "torch": torch.__version__,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
+    with default.staging_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / STATS_FILE).write_text(json.dumps(shipped, indent=2, sort_keys=True) + "\n")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**shipped, "warmup_seconds": stats["warmup_seconds"]}
 
 

@@ -30,9 +30,7 @@ class PreferenceCollator:
 
     def _shared(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [(list(ex["prompt_ids"]), list(ex["chosen_ids"]), list(ex["rejected_ids"])) for ex in examples]
-        t = max(len(p) + len(w) + len(l_) for p, w, l_ in rows)
-        if self.pad_to_multiple_of:
-            t = -(-t // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        t = round_up(max(len(p) + len(w) + len(l_) for p, w, l_ in rows), self.pad_to_multiple_of)
         b = len(rows)
         input_ids = torch.full((b, t), self.pad_token_id, dtype=torch.long)  # (B, T)
         segments = torch.zeros((b, t), dtype=torch.long)  # (B, T) segment ids
@@ -56,29 +54,38 @@ class PreferenceCollator:
             return self._shared(examples)
         rows = [(ex["prompt_ids"], ex["chosen_ids"]) for ex in examples]
         rows += [(ex["prompt_ids"], ex["rejected_ids"]) for ex in examples]
-        t = max(len(p) + len(c) for p, c in rows)
-        if self.pad_to_multiple_of:
-            t = -(-t // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        n = len(rows)
-        input_ids = torch.full((n, t), self.pad_token_id, dtype=torch.long)  # (2B, T)
-        attention_mask = torch.zeros((n, t), dtype=torch.long)  # (2B, T)
-        completion_mask = torch.zeros((n, t), dtype=torch.bool)  # (2B, T)
-        for i, (p, c) in enumerate(rows):
-            seq = list(p) + list(c)
-            input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[i, : len(seq)] = 1
-            completion_mask[i, len(p) : len(seq)] = True
-        lengths = completion_mask.sum(dim=1)  # (2B,)
+        padded = pad_rows(rows, self.pad_token_id, self.pad_to_multiple_of)  # (2B, T) each: chosen rows, then rejected
+        lengths = padded["completion_mask"].sum(dim=1)  # (2B,)
         b = len(examples)
         return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "completion_mask": completion_mask,
+            **padded,
             "chosen_lengths": lengths[:b],
             "rejected_lengths": lengths[b:],
             "ids": [str(ex["id"]) for ex in examples],
             **pair_scores(examples),
         }
+
+
+def pad_rows(
+    rows: list[tuple[list[int], list[int]]], pad_token_id: int, multiple: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Right-padded rows ``[x, y]``: input_ids (N, T), attention_mask (N, T), completion_mask (N, T) bool."""
+    t = round_up(max(len(p) + len(c) for p, c in rows), multiple)
+    n = len(rows)
+    input_ids = torch.full((n, t), pad_token_id, dtype=torch.long)  # (N, T)
+    attention_mask = torch.zeros((n, t), dtype=torch.long)  # (N, T)
+    completion_mask = torch.zeros((n, t), dtype=torch.bool)  # (N, T)
+    for i, (p, c) in enumerate(rows):
+        seq = list(p) + list(c)
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[i, : len(seq)] = 1
+        completion_mask[i, len(p) : len(seq)] = True
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+
+
+def round_up(t: int, multiple: int | None) -> int:
+    """``t`` rounded up to a multiple of ``multiple`` (unchanged when it is None or 0)."""
+    return -(-t // multiple) * multiple if multiple else t
 
 
 def pair_scores(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

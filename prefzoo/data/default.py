@@ -264,13 +264,20 @@ def _build_model_dir(final: Path, splits: synthetic.Splits, cfg: WarmupConfig, s
     tokenizer = build_tokenizer()
     model = build_model(cfg, tokenizer, seed)
     stats = warm_up(model, tokenizer, splits, cfg, seed, progress=progress)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-    try:
+    with staging_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         stats.update({"seed": seed, "version": DEFAULT_TASK_VERSION, "config": asdict(cfg)})
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
         os.replace(tmp, final)  # atomic: a half-written folder is never the cache
+
+
+@contextlib.contextmanager
+def staging_dir(final: Path) -> Iterator[Path]:
+    """A fresh folder beside ``final`` for the block to fill and move into place; removed if the block fails."""
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from prefzoo.data.chat import render_completion, render_prompt
-from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset, text_chars
+from prefzoo.data.collate import pad_rows
+from prefzoo.data.tokenize import FLAGS, TokenizeStats, encode_dataset, encoded_flags, text_chars
 from prefzoo.data.validate import MAX_TEXT_CHARS, DataFormatError
 
 if TYPE_CHECKING:
@@ -56,17 +57,12 @@ def completion_encoder(
         longest = max(len(c) for c in comps)
         cut_c = [c[:max_c] for c in comps]  # completions keep their START
         identical = many and all(c == cut_c[0] for c in cut_c) and len(cut_c[0]) > 0
-        cut = len(prompt) > max_p or longest > max_c
+        keep = len(prompt) > 0 and all(len(c) > 0 for c in comps) and not identical
         return {
             **base,
             "prompt_ids": prompt[-max_p:],  # the prompt keeps its END (the question nearest the answer)
             "completion_ids": cut_c if many else cut_c[0],
-            "prompt_truncated": len(prompt) > max_p,
-            "completion_truncated": longest > max_c,
-            "context_truncated": cut and len(prompt) <= req_p and longest <= req_c,
-            "keep": len(prompt) > 0 and all(len(c) > 0 for c in comps) and not identical,
-            "identical": identical,
-            "oversized": False,
+            **encoded_flags(len(prompt), longest, limits, (req_p, req_c), keep, identical),
         }
 
     return encode
@@ -115,25 +111,6 @@ def tokenize_unpaired(
     """Columns id, prompt_ids, completion_ids, label; examples with no completion token left are dropped, counted."""
     return _tokenize(ds, tokenizer, (max_prompt_length, max_completion_length), requested, num_proc,
                      "completion", "examples")  # fmt: skip
-
-
-def pad_rows(
-    rows: list[tuple[list[int], list[int]]], pad_token_id: int, multiple: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Right-padded rows ``[x, y]``: input_ids (N, T), attention_mask (N, T), completion_mask (N, T) bool."""
-    t = max(len(p) + len(c) for p, c in rows)
-    if multiple:
-        t = -(-t // multiple) * multiple
-    n = len(rows)
-    input_ids = torch.full((n, t), pad_token_id, dtype=torch.long)  # (N, T)
-    attention_mask = torch.zeros((n, t), dtype=torch.long)  # (N, T)
-    completion_mask = torch.zeros((n, t), dtype=torch.bool)  # (N, T)
-    for i, (p, c) in enumerate(rows):
-        seq = list(p) + list(c)
-        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[i, : len(seq)] = 1
-        completion_mask[i, len(p) : len(seq)] = True
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
 
 
 class GroupCollator:

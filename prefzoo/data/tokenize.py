@@ -23,6 +23,7 @@ __all__ = [
     "TokenizeStats",
     "encode_dataset",
     "encode_rows",
+    "encoded_flags",
     "ensure_pad_token",
     "flag_stats",
     "pair_encoder",
@@ -137,6 +138,23 @@ def encode_rows(rows: Sequence[dict[str, Any]], encode: Callable[[dict[str, Any]
     return [{k: v for k, v in row.items() if k not in FLAGS} for row in enc if row["keep"]], stats
 
 
+def encoded_flags(
+    prompt_len: int, longest: int, limits: tuple[int, int], requested: tuple[int, int], keep: bool, identical: bool
+) -> dict[str, bool]:
+    """The :data:`FLAGS` of one encoded (not oversized) row: what the (prompt, completion) ``limits`` cut, and
+    whether only they cut it, not the ``requested`` limits before they were lowered to the model's context."""
+    (max_p, max_c), (req_p, req_c) = limits, requested
+    cut = prompt_len > max_p or longest > max_c
+    return {
+        "prompt_truncated": prompt_len > max_p,
+        "completion_truncated": longest > max_c,
+        "context_truncated": cut and prompt_len <= req_p and longest <= req_c,
+        "keep": keep,
+        "identical": identical,
+        "oversized": False,
+    }
+
+
 def pair_encoder(
     tokenizer: Any,
     max_prompt_length: int,
@@ -175,19 +193,14 @@ def pair_encoder(
         chosen = render_completion(tokenizer, row["prompt"], row["chosen"])
         rejected = render_completion(tokenizer, row["prompt"], row["rejected"])
         identical = len(chosen) > 0 and chosen[:max_completion_length] == rejected[:max_completion_length]
-        longest = max(len(chosen), len(rejected))
-        cut = len(prompt) > max_prompt_length or longest > max_completion_length
+        keep = len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0 and not identical
         return {
             "id": row["id"],
             "prompt_ids": prompt[-max_prompt_length:],  # the prompt keeps its END (the question nearest the answer)
             "chosen_ids": chosen[:max_completion_length],  # completions keep their START
             "rejected_ids": rejected[:max_completion_length],
-            "prompt_truncated": len(prompt) > max_prompt_length,
-            "completion_truncated": longest > max_completion_length,
-            "context_truncated": cut and len(prompt) <= req_prompt and longest <= req_completion,
-            "keep": len(chosen) > 0 and len(rejected) > 0 and len(prompt) > 0 and not identical,
-            "identical": identical,
-            "oversized": False,
+            **encoded_flags(len(prompt), max(len(chosen), len(rejected)), (max_prompt_length, max_completion_length),
+                            (req_prompt, req_completion), keep, identical),
         }
 
     return encode

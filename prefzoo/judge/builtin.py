@@ -11,23 +11,36 @@ from prefzoo.judge.generation import padding_side
 
 __all__ = ["DEFAULT_LLM_TEMPLATE", "LLMJudge", "OracleJudge", "RewardModelJudge", "prefzoo_register_judges"]
 
+Texts = Sequence[str]
+
 DEFAULT_LLM_TEMPLATE = (
     "Which answer to the question is better?\n\nQuestion: {prompt}\n\nAnswer A: {answer_a}\n\n"
     "Answer B: {answer_b}\n\nThe better answer is"
 )
 
 
-class OracleJudge:
+class _PairJudge:
+    """``judge(prompts, completions_1, completions_2)``: one verdict per prompt, P(completion 1 is better) in [0, 1]
+    (0.5 a tie), after checking the three lists are as long; a subclass gives the verdicts (``_verdicts``)."""
+
+    def __call__(self, prompts: Texts, completions_1: Texts, completions_2: Texts) -> list[float]:
+        if not len(prompts) == len(completions_1) == len(completions_2):
+            raise ValueError(f"judge: {len(prompts)} prompts but {len(completions_1)} and {len(completions_2)} "
+                             "completions; they must match")
+        return self._verdicts(prompts, completions_1, completions_2)
+
+    def _verdicts(self, prompts: Texts, completions_1: Texts, completions_2: Texts) -> list[float]:
+        raise NotImplementedError
+
+
+class OracleJudge(_PairJudge):
     """Exact oracle of :mod:`prefzoo.data.synthetic`: the answer closer to a + b wins; malformed answers lose."""
 
     name = "oracle"
 
-    def __call__(
-        self, prompts: Sequence[str], completions_1: Sequence[str], completions_2: Sequence[str]
-    ) -> list[float]:
+    def _verdicts(self, prompts: Texts, completions_1: Texts, completions_2: Texts) -> list[float]:
         from prefzoo.data.synthetic import judge
 
-        _check_lengths(prompts, completions_1, completions_2)
         try:
             return [judge(p, a, b) for p, a, b in zip(prompts, completions_1, completions_2, strict=True)]
         except ValueError as e:
@@ -37,7 +50,7 @@ class OracleJudge:
             ) from None
 
 
-class RewardModelJudge:
+class RewardModelJudge(_PairJudge):
     """Scores ``prompt + completion`` with a local sequence-classification model; the higher score wins.
 
     ``model_path``: a ``save_pretrained`` folder of an ``AutoModelForSequenceClassification``
@@ -89,15 +102,12 @@ class RewardModelJudge:
                 out.extend(logits[:, -1].float().tolist())
         return out
 
-    def __call__(
-        self, prompts: Sequence[str], completions_1: Sequence[str], completions_2: Sequence[str]
-    ) -> list[float]:
-        _check_lengths(prompts, completions_1, completions_2)
+    def _verdicts(self, prompts: Texts, completions_1: Texts, completions_2: Texts) -> list[float]:
         s1, s2 = self.scores(prompts, completions_1), self.scores(prompts, completions_2)
         return [0.5 if abs(a - b) <= self.tie_tolerance else float(a > b) for a, b in zip(s1, s2, strict=True)]
 
 
-class LLMJudge:
+class LLMJudge(_PairJudge):
     """LLM-as-judge with a local causal LM: compares the next-token log-probs of " A" and " B" after a template.
 
     Each pair is asked in both orders and the two verdicts averaged, which cancels the judge's position bias:
@@ -163,19 +173,11 @@ class LLMJudge:
                 out.extend(pair.softmax(-1)[:, 0].tolist())
         return out
 
-    def __call__(
-        self, prompts: Sequence[str], completions_1: Sequence[str], completions_2: Sequence[str]
-    ) -> list[float]:
-        _check_lengths(prompts, completions_1, completions_2)
+    def _verdicts(self, prompts: Texts, completions_1: Texts, completions_2: Texts) -> list[float]:
         first = self.prob_first(prompts, completions_1, completions_2)  # completion 1 shown as A
         second = self.prob_first(prompts, completions_2, completions_1)  # completion 1 shown as B
         verdicts = [(f + (1.0 - s)) / 2 for f, s in zip(first, second, strict=True)]
         return [0.5 if abs(v - 0.5) <= self.tie_tolerance else v for v in verdicts]
-
-
-def _check_lengths(prompts: Sequence[str], c1: Sequence[str], c2: Sequence[str]) -> None:
-    if not len(prompts) == len(c1) == len(c2):
-        raise ValueError(f"judge: {len(prompts)} prompts but {len(c1)} and {len(c2)} completions; they must match")
 
 
 @hookimpl

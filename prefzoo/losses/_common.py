@@ -4,12 +4,14 @@ term of the chosen response, and exponentials and squares that stay finite witho
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from prefzoo.hookspecs import hookimpl
+from prefzoo.spec import LossSpec, param
 from prefzoo.types import LossContext, PreferenceBatch, PreferenceBatchError
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "NLL_NOTE",
     "NLL_REDUCTIONS",
     "average_logps",
+    "average_pair",
+    "average_policy_logps",
     "chosen_nll",
     "exp_capped",
     "exp_capped_diff",
@@ -27,6 +31,8 @@ __all__ = [
     "minmax_normalize",
     "minmax_scale",
     "nll_coupled",
+    "nll_reduction_param",
+    "registers",
     "require",
     "sorted_pair_loss",
     "square_capped",
@@ -59,6 +65,37 @@ def average_logps(logps: Tensor, lengths: Tensor) -> Tensor:
     return logps / lengths.to(logps.dtype)  # (B,)
 
 
+def average_pair(batch: PreferenceBatch, chosen: Tensor, rejected: Tensor) -> tuple[Tensor, Tensor]:
+    """``chosen`` / |y_w| and ``rejected`` / |y_l|: per-example sums over the completions averaged per token."""
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
+    return average_logps(chosen, lw), average_logps(rejected, ll)
+
+
+def average_policy_logps(batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
+    """(log π(y_w|x)/|y_w|, log π(y_l|x)/|y_l|): the policy's per-token average log-probs, (B,) each."""
+    return average_pair(batch, batch.policy_chosen_logps, batch.policy_rejected_logps)
+
+
+def nll_reduction_param() -> Any:
+    """The ``nll_reduction`` hyperparameter of a loss with an NLL term on the chosen response."""
+    return param(
+        "example",
+        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
+        choices=NLL_REDUCTIONS,
+    )
+
+
+def registers(specs: Sequence[LossSpec]) -> Callable[[], list[LossSpec]]:
+    """A family module's ``prefzoo_register_losses`` hook implementation: it returns ``specs`` (declarations are
+    data), through the same hook as a third-party plugin's."""
+
+    @hookimpl
+    def prefzoo_register_losses() -> list[LossSpec]:
+        return list(specs)
+
+    return prefzoo_register_losses
+
+
 def logratios(batch: PreferenceBatch, average: bool = False) -> tuple[Tensor, Tensor]:
     """log π(y|x) − log π_ref(y|x) for chosen and rejected; per-token averages when ``average``."""
     pw, pl, rw, rl = require(
@@ -66,8 +103,7 @@ def logratios(batch: PreferenceBatch, average: bool = False) -> tuple[Tensor, Te
     )
     rw, rl = rw.detach(), rl.detach()
     if average:
-        lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-        return average_logps(pw - rw, lw), average_logps(pl - rl, ll)
+        return average_pair(batch, pw - rw, pl - rl)
     return pw - rw, pl - rl
 
 

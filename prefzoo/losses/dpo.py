@@ -23,17 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
 from prefzoo.losses._common import (
     EXP_CAP,
     NLL_NOTE,
-    NLL_REDUCTIONS,
-    average_logps,
+    average_policy_logps,
     chosen_nll,
     exp_capped,
     exp_capped_diff,
     logratios,
     nll_coupled,
+    nll_reduction_param,
+    registers,
     require,
     sorted_pair_loss,
     square_capped,
@@ -95,11 +95,7 @@ class DPOPParams(DPOParams):
 
 @dataclass(frozen=True, kw_only=True)
 class SFTParams(LossParams):
-    nll_reduction: str = param(
-        "example",
-        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
-        choices=NLL_REDUCTIONS,
-    )
+    nll_reduction: str = nll_reduction_param()
 
 
 def f_scores(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> tuple[Tensor, Tensor]:
@@ -149,12 +145,13 @@ def _both_capped(rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
     return torch.zeros_like(rho_w, dtype=torch.bool)
 
 
-def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDPOParams) -> Tensor:
+def _averaged_delta(batch: PreferenceBatch, rho_w: Tensor, rho_l: Tensor, p: FDPOParams) -> Tensor:
     """f'_w/|y_w| − f'_l/|y_l|; with equal lengths Δ/|y_w| (Δ without the cancellation of two capped exponentials).
     With different lengths, the two terms as they are (rewriting them around Δ would cancel in bfloat16), except where
     both scores are past the cap: there the two terms, each about 1.1·e^80/|y|, cancel to their length difference's
     share, and their float32 rounding (relative 2⁻²⁴ of each) would be |y| times the result's; the rewrite
     Δ/|y_w| + f'_l·(|y_l| − |y_w|)/(|y_w|·|y_l|) has no such cancellation."""
+    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
     f_w, f_l = f_scores(rho_w, rho_l, p)
     lw, ll = lw.to(f_l.dtype), ll.to(f_l.dtype)
     delta = f_delta(rho_w, rho_l, p)
@@ -166,6 +163,12 @@ def _averaged_delta(rho_w: Tensor, rho_l: Tensor, lw: Tensor, ll: Tensor, p: FDP
 def _delta(batch: PreferenceBatch, p: FDPOParams) -> tuple[Tensor, Tensor, Tensor]:
     rho_w, rho_l = logratios(batch)  # (B,)
     return f_delta(rho_w, rho_l, p), rho_w, rho_l  # Δ = f'_w − f'_l
+
+
+def _smoothed_logit(batch: PreferenceBatch, p: CDPOParams | EXOParams) -> tuple[Tensor, float, Tensor, Tensor]:
+    """(z = βΔ, the label smoothing ε, ρ_w, ρ_l) of a loss whose preference label is smoothed by ε."""
+    d, rw, rl = _delta(batch, p)
+    return p.beta * d, p.label_smoothing, rw, rl
 
 
 def dpo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
@@ -190,8 +193,7 @@ def hinge_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossO
 def ipo_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """IPO (Azar et al. 2023, arXiv:2310.12036, Eq. 17) on per-token averages.  L = (Δ̄ − 1/(2β))²."""
     rho_w, rho_l = logratios(batch)
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = _averaged_delta(rho_w, rho_l, lw, ll, p)  # Δ̄: per-token averaged scores, as TRL
+    d = _averaged_delta(batch, rho_w, rho_l, p)  # Δ̄: per-token averaged scores, as TRL
     # exponential f' (forward KL, α) grow past e^80: beyond |u| = 1e18 the square grows like log|u| (finite, with a
     # gradient) instead of overflowing float32; TRL's (u)² is finite only up to |u| ≈ 1.8e19
     return _out(square_capped(d - 1 / (2 * p.beta), _IPO_MAX_DELTA), rho_w, rho_l, p.beta)
@@ -203,18 +205,14 @@ def robust_loss(batch: PreferenceBatch, p: CDPOParams, ctx: LossContext) -> Loss
     Evaluated as the algebraically equal −log σ(z) − ε/(1 − 2ε)·z with z = βΔ (log σ(−z) = log σ(z) − z): the
     listed form cancels in the numerator and divides the rounding error by 1 − 2ε, which is tiny as ε → 0.5.
     """
-    d, rw, rl = _delta(batch, p)
-    e = p.label_smoothing
-    z = p.beta * d
+    z, e, rw, rl = _smoothed_logit(batch, p)
     losses = -F.logsigmoid(z) - (e / (1 - 2 * e)) * z
     return _out(losses, rw, rl, p.beta)
 
 
 def exo_pair_loss(batch: PreferenceBatch, p: EXOParams, ctx: LossContext) -> LossOutput:
     """EXO-pref (Ji et al. 2024, arXiv:2402.00856, Eq. 16).  L = KL([σ(βΔ), σ(−βΔ)] ‖ [1 − ε, ε])."""
-    d, rw, rl = _delta(batch, p)
-    e = p.label_smoothing
-    z = p.beta * d
+    z, e, rw, rl = _smoothed_logit(batch, p)
     losses = torch.sigmoid(z) * (F.logsigmoid(z) - math.log1p(-e)) + torch.sigmoid(-z) * (
         F.logsigmoid(-z) - math.log(e)
     )
@@ -294,8 +292,7 @@ def discopop_loss(batch: PreferenceBatch, p: DiscoPOPParams, ctx: LossContext) -
 def sigmoid_norm_loss(batch: PreferenceBatch, p: FDPOParams, ctx: LossContext) -> LossOutput:
     """DPO on per-token averaged scores (TRL 'sigmoid_norm').  L = −log σ(β(f'_w/|y_w| − f'_l/|y_l|))."""
     rho_w, rho_l = logratios(batch)
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    d = _averaged_delta(rho_w, rho_l, lw, ll, p)
+    d = _averaged_delta(batch, rho_w, rho_l, p)
     return _out(-F.logsigmoid(p.beta * d), rho_w, rho_l, p.beta)
 
 
@@ -319,9 +316,7 @@ def dpop_loss(batch: PreferenceBatch, p: DPOPParams, ctx: LossContext) -> LossOu
 
 def sft_loss(batch: PreferenceBatch, p: SFTParams, ctx: LossContext) -> LossOutput:
     """Supervised NLL of the chosen response, per token.  L = −log π_θ(y_w|x) / |y_w| (or TRL's batch token mean)."""
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    avg_w = average_logps(batch.policy_chosen_logps, lw)
-    avg_l = average_logps(batch.policy_rejected_logps, ll)
+    avg_w, avg_l = average_policy_logps(batch)
     return LossOutput(chosen_nll(batch, p.nll_reduction, ctx), avg_w.detach(), avg_l.detach(), {})
 
 
@@ -532,6 +527,4 @@ _SPECS: tuple[LossSpec, ...] = (
     )
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return list(_SPECS)
+prefzoo_register_losses = registers(_SPECS)

@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import gathered_bounds, minmax_scale
+from prefzoo.losses._common import gathered_bounds, minmax_scale, registers
 from prefzoo.losses.mmpo import PAPER as MMPO_PAPER
 from prefzoo.losses.mmpo import MMPOParams
 from prefzoo.losses.shapes import best_worst_columns
@@ -228,6 +227,8 @@ _REF = frozenset({Need.REFERENCE})
 
 _MML_COMMON: dict[str, Any] = dict(family="mmpo", params_cls=MMLParams, scores=_MML_SCORES, needs=_REF,
                                    batch_coupled=True, shapes=LISTS)
+_DPO_LIST: dict[str, Any] = dict(family="dpo", params_cls=PLDPOParams, scores=_DPO_SCORES, needs=_REF,
+                                 shift_invariant=True, shapes=LISTS)
 
 
 # every spec this module registers, in catalogue order: declarations are data
@@ -261,28 +262,18 @@ _SPECS: tuple[LossSpec, ...] = (
     LossSpec(
         name="dpo-pl",
         fn=dpo_pl_loss,
-        params_cls=PLDPOParams,
-        family="dpo",
+        **_DPO_LIST,
         formula="−Σ_k log( e^{u_τ(k)} / Σ_{j≥k} e^{u_τ(j)} ),  u = β·(log π_θ − log π_ref)",
         paper="Rafailov et al. 2023, arXiv:2305.18290 (DPO), appendix A.3 (Plackett–Luce)",
-        scores=_DPO_SCORES,
-        needs=_REF,
-        shift_invariant=True,
-        shapes=LISTS,
         description="Plackett–Luce DPO: the negative log-likelihood of the whole ranking under the implicit "
         "reward. K = 2 is dpo.",
     ),
     LossSpec(
         name="lipo",
         fn=lipo_loss,
-        params_cls=PLDPOParams,
-        family="dpo",
+        **_DPO_LIST,
         formula="Σ_{ψ_i > ψ_j} Δ_ij·(−log σ(u_i − u_j)),  Δ_ij = |2^ψ_i − 2^ψ_j|·|1/log₂(1+τ_i) − 1/log₂(1+τ_j)|",
         paper="Liu et al. 2024, arXiv:2402.01878 (LiPO-λ), Eq. 5",
-        scores=_DPO_SCORES,
-        needs=_REF,
-        shift_invariant=True,
-        shapes=LISTS,
         description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
         "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
         "rank grade: how many completions are ranked below).",
@@ -306,6 +297,4 @@ _SPECS: tuple[LossSpec, ...] = (
     )
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return list(_SPECS)
+prefzoo_register_losses = registers(_SPECS)

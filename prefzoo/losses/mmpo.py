@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import average_logps, minmax_normalize, require
+from prefzoo.losses._common import average_pair, minmax_normalize, registers, require
 from prefzoo.spec import LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
@@ -51,8 +50,7 @@ def _rewards(batch: PreferenceBatch, p: MMPOParams, average: bool) -> tuple[Tens
     rw, rl = require(batch, "ref_chosen_logps", "ref_rejected_logps")
     rw, rl = rw.detach(), rl.detach()
     if average:
-        lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-        rw, rl = average_logps(rw, lw), average_logps(rl, ll)
+        rw, rl = average_pair(batch, rw, rl)
     return p.reward_epsilon + p.beta * rw, p.rejected_reward + p.beta * rl  # (B,), (B,)
 
 
@@ -62,8 +60,7 @@ def _scores(
     """s_w, s_l of Eq. (7) with the listing's rewards, normalized over the gathered batch."""
     pw, pl = batch.policy_chosen_logps, batch.policy_rejected_logps  # (B,) log π_θ(y|x)
     if average:
-        lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-        pw, pl = average_logps(pw, lw), average_logps(pl, ll)
+        pw, pl = average_pair(batch, pw, pl)
     R_w, R_l = _rewards(batch, p, average)  # (B,)
     metrics: dict[str, Tensor] = {}
     if normalize:
@@ -131,14 +128,9 @@ def mmpo_entropy_loss(batch: PreferenceBatch, p: MMPOEntropyParams, ctx: LossCon
     """MMPO plus entropy maximization: L = L_MMPO − β·Ĥ, Ĥ averaged over the pair's two completions."""
     s_w, s_l, m = _scores(batch, p, ctx)
     tw, tl, hw, hl, mw, ml = require(
-        batch,
-        "policy_chosen_token_logps",
-        "policy_rejected_token_logps",
-        "chosen_token_entropies",
-        "rejected_token_entropies",
-        "chosen_mask",
-        "rejected_mask",
-    )
+        batch, "policy_chosen_token_logps", "policy_rejected_token_logps", "chosen_token_entropies",
+        "rejected_token_entropies", "chosen_mask", "rejected_mask",
+    )  # fmt: skip
     h = 0.5 * (entropy_surrogate(tw, hw, mw) + entropy_surrogate(tl, hl, ml))  # (B,)
     weight = p.beta if p.entropy_beta is None else p.entropy_beta
     m["mmpo/entropy"] = h.detach().mean()
@@ -213,6 +205,4 @@ _SPECS: tuple[LossSpec, ...] = (
     )
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return list(_SPECS)
+prefzoo_register_losses = registers(_SPECS)

@@ -6,8 +6,15 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import NLL_NOTE, NLL_REDUCTIONS, average_logps, chosen_nll, log1mexp, nll_coupled, require
+from prefzoo.losses._common import (
+    NLL_NOTE,
+    average_policy_logps,
+    chosen_nll,
+    log1mexp,
+    nll_coupled,
+    nll_reduction_param,
+    registers,
+)
 from prefzoo.spec import LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
@@ -18,11 +25,7 @@ _MAX_AVG_LOGP = -1e-6
 @dataclass(frozen=True, kw_only=True)
 class ORPOParams(LossParams):
     beta: float = param(0.1, "λ (TRL beta): weight of the odds-ratio term", gt=0.0)
-    nll_reduction: str = param(
-        "example",
-        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
-        choices=NLL_REDUCTIONS,
-    )
+    nll_reduction: str = nll_reduction_param()
 
 
 def orpo_loss(batch: PreferenceBatch, p: ORPOParams, ctx: LossContext) -> LossOutput:
@@ -31,9 +34,8 @@ def orpo_loss(batch: PreferenceBatch, p: ORPOParams, ctx: LossContext) -> LossOu
     With a = log π(y|x)/|y| (average log-prob) and log odds(y) = a − log(1 − e^a):
     L = −a_w − β · log σ(log odds(y_w) − log odds(y_l))   (−a_w is TRL's batch token mean with "batch-tokens")
     """
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    a_w = average_logps(batch.policy_chosen_logps, lw).clamp(max=_MAX_AVG_LOGP)  # (B,)
-    a_l = average_logps(batch.policy_rejected_logps, ll).clamp(max=_MAX_AVG_LOGP)  # (B,)
+    a_w, a_l = average_policy_logps(batch)
+    a_w, a_l = a_w.clamp(max=_MAX_AVG_LOGP), a_l.clamp(max=_MAX_AVG_LOGP)  # (B,)
     log_odds = (a_w - a_l) - (log1mexp(a_w) - log1mexp(a_l))  # (B,)
     ratio = F.logsigmoid(log_odds)
     nll = chosen_nll(batch, p.nll_reduction, ctx)  # (B,) −a_w for "example" (unclamped)
@@ -42,22 +44,22 @@ def orpo_loss(batch: PreferenceBatch, p: ORPOParams, ctx: LossContext) -> LossOu
     return LossOutput(losses, (p.beta * a_w).detach(), (p.beta * a_l).detach(), metrics)
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return [
-        LossSpec(
-            name="orpo",
-            fn=orpo_loss,
-            params_cls=ORPOParams,
-            family="orpo",
-            formula="−log π(y_w|x)/|y_w| − β·log σ(log odds(y_w) − log odds(y_l))",
-            paper="Hong et al. 2024, arXiv:2403.07691 (ORPO)",
-            scores="β·log π_θ(y|x)/|y| (average log-prob)",
-            needs=frozenset({Need.LENGTHS}),
-            batch_coupled=nll_coupled,
-            description="Monolithic preference optimization: NLL plus a log odds-ratio penalty, reference-free.",
-            notes="Average log-probs are capped at −1e-6 inside the odds so that they stay finite when every token "
-            "is certain. TRL's NLL also covers the prompt tokens; prefzoo's covers the response, like its other "
-            f"losses. {NLL_NOTE}",
-        ),
-    ]
+_SPECS: tuple[LossSpec, ...] = (
+    LossSpec(
+        name="orpo",
+        fn=orpo_loss,
+        params_cls=ORPOParams,
+        family="orpo",
+        formula="−log π(y_w|x)/|y_w| − β·log σ(log odds(y_w) − log odds(y_l))",
+        paper="Hong et al. 2024, arXiv:2403.07691 (ORPO)",
+        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        needs=frozenset({Need.LENGTHS}),
+        batch_coupled=nll_coupled,
+        description="Monolithic preference optimization: NLL plus a log odds-ratio penalty, reference-free.",
+        notes="Average log-probs are capped at −1e-6 inside the odds so that they stay finite when every token "
+        "is certain. TRL's NLL also covers the prompt tokens; prefzoo's covers the response, like its other "
+        f"losses. {NLL_NOTE}",
+    ),
+)
+
+prefzoo_register_losses = registers(_SPECS)

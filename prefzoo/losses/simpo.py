@@ -8,8 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.losses._common import NLL_NOTE, NLL_REDUCTIONS, average_logps, chosen_nll, nll_coupled, require
+from prefzoo.losses._common import (
+    NLL_NOTE,
+    average_policy_logps,
+    chosen_nll,
+    nll_coupled,
+    nll_reduction_param,
+    registers,
+    require,
+)
 from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
@@ -24,11 +31,7 @@ class SimPOParams(LossParams):
 class CPOParams(LossParams):
     beta: float = param(0.1, "β: temperature of the preference term", gt=0.0)
     alpha: float = param(1.0, "α: weight of the NLL term on the chosen response (TRL cpo_alpha)", ge=0.0)
-    nll_reduction: str = param(
-        "example",
-        "NLL averaged per example ('example') or over all chosen tokens of the batch ('batch-tokens', TRL's)",
-        choices=NLL_REDUCTIONS,
-    )
+    nll_reduction: str = nll_reduction_param()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,9 +56,7 @@ def simpo_loss(batch: PreferenceBatch, p: SimPOParams, ctx: LossContext) -> Loss
 
     L = −log σ(β/|y_w| · log π(y_w|x) − β/|y_l| · log π(y_l|x) − γ),  γ = β · gamma_beta_ratio
     """
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    chosen = average_logps(batch.policy_chosen_logps, lw)  # (B,) log π(y_w|x)/|y_w|
-    rejected = average_logps(batch.policy_rejected_logps, ll)  # (B,)
+    chosen, rejected = average_policy_logps(batch)  # (B,) log π(y|x)/|y|
     logits = chosen - rejected - p.gamma_beta_ratio  # (B,)
     return LossOutput(-F.logsigmoid(p.beta * logits), (p.beta * chosen).detach(), (p.beta * rejected).detach())
 
@@ -94,9 +95,7 @@ def cpo_ipo_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> Loss
 
     L = (log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α · log π(y_w|x)/|y_w|
     """
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    chosen = average_logps(batch.policy_chosen_logps, lw)  # (B,)
-    rejected = average_logps(batch.policy_rejected_logps, ll)  # (B,)
+    chosen, rejected = average_policy_logps(batch)  # (B,)
     return _with_nll((chosen - rejected - 1 / (2 * p.beta)) ** 2, chosen, rejected, p, batch, ctx)
 
 
@@ -105,9 +104,7 @@ def cpo_simpo_loss(batch: PreferenceBatch, p: CPOSimPOParams, ctx: LossContext) 
 
     L = −log σ(β·(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l|) − γ) − α · log π(y_w|x)/|y_w|,  γ = β · gamma_beta_ratio
     """
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    chosen = average_logps(batch.policy_chosen_logps, lw)  # (B,)
-    rejected = average_logps(batch.policy_rejected_logps, ll)  # (B,)
+    chosen, rejected = average_policy_logps(batch)  # (B,)
     pref = -F.logsigmoid(p.beta * (chosen - rejected - p.gamma_beta_ratio))
     return _with_nll(pref, chosen, rejected, p, batch, ctx)
 
@@ -117,9 +114,8 @@ def simper_loss(batch: PreferenceBatch, p: SimPERParams, ctx: LossContext) -> Lo
 
     L = −exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)
     """
-    lw, ll = require(batch, "chosen_lengths", "rejected_lengths")
-    p_w = torch.exp(average_logps(batch.policy_chosen_logps, lw))  # (B,) 1/PPL(y_w) ∈ (0, 1]
-    p_l = torch.exp(average_logps(batch.policy_rejected_logps, ll))  # (B,)
+    a_w, a_l = average_policy_logps(batch)  # (B,)
+    p_w, p_l = torch.exp(a_w), torch.exp(a_l)  # (B,) 1/PPL(y) ∈ (0, 1]
     return LossOutput(p_l - p_w, p_w.detach(), p_l.detach())
 
 
@@ -242,6 +238,4 @@ _SPECS: tuple[LossSpec, ...] = (
     )
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return list(_SPECS)
+prefzoo_register_losses = registers(_SPECS)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
+from prefzoo.losses._common import registers
 from prefzoo.spec import LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, LossState, Need, Shape, UnpairedBatch, UnpairedBatchError
 
@@ -200,6 +200,4 @@ _SPECS: tuple[LossSpec, ...] = (
     )
 
 
-@hookimpl
-def prefzoo_register_losses() -> list[LossSpec]:
-    return list(_SPECS)
+prefzoo_register_losses = registers(_SPECS)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from prefzoo.spec import Applicability, LossSpec
+from prefzoo.hookspecs import hookimpl
+from prefzoo.spec import Applicability, LossSpec, ModifierSpec
 from prefzoo.types import Need, PreferenceBatch
 
-__all__ = ["ANY_PER_PAIR", "LOGP_REWARD", "REWARD_DIFFERENCE", "WITH_REFERENCE", "pair_margin_inputs", "soft_exp"]
+__all__ = ["ANY_PER_PAIR", "LOGP_REWARD", "REWARD_DIFFERENCE", "WITH_REFERENCE", "pair_margin_inputs", "registers",
+           "soft_exp"]
 
 REWARD_DIFFERENCE = Applicability(
     "reward-difference losses with β (LossSpec.reward_difference: L depends on a pair only through β·Δ)",
@@ -34,6 +37,17 @@ def pair_margin_inputs(batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         return (batch.policy_chosen_logps - batch.ref_chosen_logps.detach(),
                 batch.policy_rejected_logps - batch.ref_rejected_logps.detach())  # fmt: skip
     return batch.policy_chosen_logps, batch.policy_rejected_logps
+
+
+def registers(specs: Sequence[ModifierSpec]) -> Callable[[], list[ModifierSpec]]:
+    """A modifier module's ``prefzoo_register_modifiers`` hook implementation: it returns ``specs`` (declarations
+    are data), through the same hook as a third-party plugin's."""
+
+    @hookimpl
+    def prefzoo_register_modifiers() -> list[ModifierSpec]:
+        return list(specs)
+
+    return prefzoo_register_modifiers
 
 
 def soft_exp(x: Tensor, cap: float) -> Tensor:

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.modifiers._common import LOGP_REWARD, soft_exp
+from prefzoo.modifiers._common import LOGP_REWARD, registers, soft_exp
 from prefzoo.spec import Applicability, InnerLoss, LossParams, LossSpec, ModifierSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
@@ -89,35 +88,35 @@ def alphapo(
     return inner(batch.replace(policy_chosen_logps=new_w, policy_rejected_logps=new_l), lp)
 
 
-@hookimpl
-def prefzoo_register_modifiers() -> list[ModifierSpec]:
-    return [
-        ModifierSpec(
-            name="ld-dpo",
-            fn=ld_dpo,
-            params_cls=LDDPOParams,
-            paper="Liu et al. 2024, arXiv:2409.06411 (LD-DPO)",
-            transforms="log π(y) ← Σ_{t≤ℓ} log π(y_t) + α·Σ_{t>ℓ} log π(y_t), ℓ = min(|y_w|, |y_l|) "
-            "(policy and reference)",
-            applies=Applicability("every loss (it rewrites the sequence log-probs any loss reads)", lambda s, p: True),
-            needs=frozenset({Need.TOKEN_LOGPS}),
-            reference_needs=frozenset({Need.REF_TOKEN_LOGPS}),
-            trl="DPOConfig.ld_alpha",
-            description="Length-desensitized DPO: tokens past the shorter response's length count with weight α, "
-            "so the longer response's extra tokens no longer dominate the log-ratio.",
-            notes="The reference's per-token log-probs are needed too, so it cannot be precomputed (--precompute-ref).",
-        ),
-        ModifierSpec(
-            name="alphapo",
-            fn=alphapo,
-            params_cls=AlphaPOParams,
-            paper="Gupta et al. 2025, arXiv:2501.03884 (AlphaPO)",
-            transforms="u ← (1 − e^(−α·u))/α for the loss's reward u = log π(y|x) or log π(y|x)/|y|",
-            applies=LOGP_REWARD,
-            trl="CPOConfig.alpha (trl.experimental.cpo)",
-            description="AlphaPO reward shaping: the reference-free reward log π is replaced by (1 − π^(−α))/α, "
-            "which changes how fast the likelihood of the preferred response may fall.",
-            notes=f"Beyond −α·u = {_ALPHAPO_EXP_CAP:g} the exponential continues along its tangent (finite, with a "
-            "gradient), where TRL overflows.",
-        ),
-    ]
+_SPECS: tuple[ModifierSpec, ...] = (
+    ModifierSpec(
+        name="ld-dpo",
+        fn=ld_dpo,
+        params_cls=LDDPOParams,
+        paper="Liu et al. 2024, arXiv:2409.06411 (LD-DPO)",
+        transforms="log π(y) ← Σ_{t≤ℓ} log π(y_t) + α·Σ_{t>ℓ} log π(y_t), ℓ = min(|y_w|, |y_l|) "
+        "(policy and reference)",
+        applies=Applicability("every loss (it rewrites the sequence log-probs any loss reads)", lambda s, p: True),
+        needs=frozenset({Need.TOKEN_LOGPS}),
+        reference_needs=frozenset({Need.REF_TOKEN_LOGPS}),
+        trl="DPOConfig.ld_alpha",
+        description="Length-desensitized DPO: tokens past the shorter response's length count with weight α, "
+        "so the longer response's extra tokens no longer dominate the log-ratio.",
+        notes="The reference's per-token log-probs are needed too, so it cannot be precomputed (--precompute-ref).",
+    ),
+    ModifierSpec(
+        name="alphapo",
+        fn=alphapo,
+        params_cls=AlphaPOParams,
+        paper="Gupta et al. 2025, arXiv:2501.03884 (AlphaPO)",
+        transforms="u ← (1 − e^(−α·u))/α for the loss's reward u = log π(y|x) or log π(y|x)/|y|",
+        applies=LOGP_REWARD,
+        trl="CPOConfig.alpha (trl.experimental.cpo)",
+        description="AlphaPO reward shaping: the reference-free reward log π is replaced by (1 − π^(−α))/α, "
+        "which changes how fast the likelihood of the preferred response may fall.",
+        notes=f"Beyond −α·u = {_ALPHAPO_EXP_CAP:g} the exponential continues along its tangent (finite, with a "
+        "gradient), where TRL overflows.",
+    ),
+)
+
+prefzoo_register_modifiers = registers(_SPECS)

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.modifiers._common import REWARD_DIFFERENCE, pair_margin_inputs
+from prefzoo.modifiers._common import REWARD_DIFFERENCE, pair_margin_inputs, registers
 from prefzoo.spec import InnerLoss, LossParams, LossSpec, ModifierSpec, param
 from prefzoo.types import LossContext, LossOutput, LossState, Need, PreferenceBatch, PreferenceBatchError
 
@@ -132,41 +131,41 @@ def beta_dpo(inner: InnerLoss, batch: PreferenceBatch, p: BetaDPOParams, spec: L
     return dataclasses.replace(out, losses=out.losses * keep * (n / k), metrics=metrics, state=state)
 
 
-@hookimpl
-def prefzoo_register_modifiers() -> list[ModifierSpec]:
-    return [
-        ModifierSpec(
-            name="odpo",
-            fn=odpo,
-            params_cls=ODPOParams,
-            paper="Amini et al. 2024, arXiv:2402.10571 (ODPO)",
-            transforms="β·Δ ← β·Δ − α·log(score(y_w) − score(y_l))",
-            applies=REWARD_DIFFERENCE,
-            needs=frozenset({Need.SCORES}),
-            description="DPO with an offset: the larger the data's score gap between the responses, the larger "
-            "the margin the policy must reach. Needs score_chosen/score_rejected columns in the data.",
-            notes="Rewards (and reward accuracy) are those of the offset margin β·Δ − Δ_r.",
-        ),
-        ModifierSpec(
-            name="beta-dpo",
-            fn=beta_dpo,
-            params_cls=BetaDPOParams,
-            paper="Wu et al. 2024, arXiv:2407.08639 (β-DPO)",
-            transforms="β ← β₀·(1 + α·(mean_kept M_i − M₀)) per batch, M_i = Δ_i, M₀ its running mean; "
-            "⌊ρN⌋ pairs sampled by exp(−(M_i − M₀)²/2σ²)",
-            applies=REWARD_DIFFERENCE,
-            batch_coupled=True,
-            initial_state=beta_dpo_initial_state,
-            permutation_equivariant=lambda p: p.filter_fraction == 1.0,  # the draw is over batch positions
-            description="Dynamic β: each batch's β grows with its mean margin above M₀, the running mean (momentum "
-            "m) of the margins of every training batch, gathered over all processes; β-guided filtering trains on "
-            "⌊ρN⌋ pairs of the gathered batch drawn with Gaussian weights around M₀ (width σ, the running std).",
-            notes="As the authors' code: the margin M_i is the log-ratio margin Δ_i (no β₀), M₀ and σ start at 0 "
-            "and include the current batch, the loss is the mean over the kept pairs. M₀, σ and the step count are "
-            "loss state (state_dict, checkpoints); they move on training calls only, and evaluation keeps every "
-            "pair. The draws are seeded by (seed, step), so every process draws the same pairs and a resumed run "
-            "draws what the uninterrupted one would. Differences: the unbiased std of a one-pair batch is taken as "
-            f"0, σ = 0 draws uniformly (the code divides by zero), and β_batch is at least {_MIN_BETA_SCALE:g}·β₀ "
-            "(the code: at least 1e-3).",
-        ),
-    ]
+_SPECS: tuple[ModifierSpec, ...] = (
+    ModifierSpec(
+        name="odpo",
+        fn=odpo,
+        params_cls=ODPOParams,
+        paper="Amini et al. 2024, arXiv:2402.10571 (ODPO)",
+        transforms="β·Δ ← β·Δ − α·log(score(y_w) − score(y_l))",
+        applies=REWARD_DIFFERENCE,
+        needs=frozenset({Need.SCORES}),
+        description="DPO with an offset: the larger the data's score gap between the responses, the larger "
+        "the margin the policy must reach. Needs score_chosen/score_rejected columns in the data.",
+        notes="Rewards (and reward accuracy) are those of the offset margin β·Δ − Δ_r.",
+    ),
+    ModifierSpec(
+        name="beta-dpo",
+        fn=beta_dpo,
+        params_cls=BetaDPOParams,
+        paper="Wu et al. 2024, arXiv:2407.08639 (β-DPO)",
+        transforms="β ← β₀·(1 + α·(mean_kept M_i − M₀)) per batch, M_i = Δ_i, M₀ its running mean; "
+        "⌊ρN⌋ pairs sampled by exp(−(M_i − M₀)²/2σ²)",
+        applies=REWARD_DIFFERENCE,
+        batch_coupled=True,
+        initial_state=beta_dpo_initial_state,
+        permutation_equivariant=lambda p: p.filter_fraction == 1.0,  # the draw is over batch positions
+        description="Dynamic β: each batch's β grows with its mean margin above M₀, the running mean (momentum "
+        "m) of the margins of every training batch, gathered over all processes; β-guided filtering trains on "
+        "⌊ρN⌋ pairs of the gathered batch drawn with Gaussian weights around M₀ (width σ, the running std).",
+        notes="As the authors' code: the margin M_i is the log-ratio margin Δ_i (no β₀), M₀ and σ start at 0 "
+        "and include the current batch, the loss is the mean over the kept pairs. M₀, σ and the step count are "
+        "loss state (state_dict, checkpoints); they move on training calls only, and evaluation keeps every "
+        "pair. The draws are seeded by (seed, step), so every process draws the same pairs and a resumed run "
+        "draws what the uninterrupted one would. Differences: the unbiased std of a one-pair batch is taken as "
+        f"0, σ = 0 draws uniformly (the code divides by zero), and β_batch is at least {_MIN_BETA_SCALE:g}·β₀ "
+        "(the code: at least 1e-3).",
+    ),
+)
+
+prefzoo_register_modifiers = registers(_SPECS)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.modifiers._common import WITH_REFERENCE
+from prefzoo.modifiers._common import WITH_REFERENCE, registers
 from prefzoo.spec import InnerLoss, LossParams, LossSpec, ModifierSpec, param
 from prefzoo.types import LossContext, LossOutput, PreferenceBatch
 
@@ -24,22 +23,22 @@ def tr_dpo(inner: InnerLoss, batch: PreferenceBatch, p: TRDPOParams, spec: LossS
     return inner(batch, lp)
 
 
-@hookimpl
-def prefzoo_register_modifiers() -> list[ModifierSpec]:
-    return [
-        ModifierSpec(
-            name="tr-dpo",
-            fn=tr_dpo,
-            params_cls=TRDPOParams,
-            paper="Gorbatovski et al. 2024, arXiv:2404.09656 (TR-DPO)",
-            transforms="every τ steps θ_ref ← α·θ + (1 − α)·θ_ref (soft; α = 1: hard)",
-            applies=WITH_REFERENCE,
-            updates_reference=True,
-            callback="prefzoo.train.ref_sync:ReferenceSync",
-            trl="DPOConfig.sync_ref_model, ref_model_mixup_alpha, ref_model_sync_steps",
-            description="Trust-region DPO: the reference follows the policy during training, installed as the "
-            "trainer callback prefzoo.train.ref_sync.ReferenceSync.",
-            notes="Needs a separate reference copy: not with --precompute-ref nor with a LoRA adapter-disabled "
-            "reference (both keep the reference fixed).",
-        )
-    ]
+_SPECS: tuple[ModifierSpec, ...] = (
+    ModifierSpec(
+        name="tr-dpo",
+        fn=tr_dpo,
+        params_cls=TRDPOParams,
+        paper="Gorbatovski et al. 2024, arXiv:2404.09656 (TR-DPO)",
+        transforms="every τ steps θ_ref ← α·θ + (1 − α)·θ_ref (soft; α = 1: hard)",
+        applies=WITH_REFERENCE,
+        updates_reference=True,
+        callback="prefzoo.train.ref_sync:ReferenceSync",
+        trl="DPOConfig.sync_ref_model, ref_model_mixup_alpha, ref_model_sync_steps",
+        description="Trust-region DPO: the reference follows the policy during training, installed as the "
+        "trainer callback prefzoo.train.ref_sync.ReferenceSync.",
+        notes="Needs a separate reference copy: not with --precompute-ref nor with a LoRA adapter-disabled "
+        "reference (both keep the reference fixed).",
+    ),
+)
+
+prefzoo_register_modifiers = registers(_SPECS)

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from prefzoo.hookspecs import hookimpl
-from prefzoo.modifiers._common import ANY_PER_PAIR
+from prefzoo.modifiers._common import ANY_PER_PAIR, registers
 from prefzoo.spec import InnerLoss, LossParams, LossSpec, ModifierSpec
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
@@ -44,23 +43,23 @@ def wpo(
     return dataclasses.replace(out, losses=out.losses * w, metrics=metrics)
 
 
-@hookimpl
-def prefzoo_register_modifiers() -> list[ModifierSpec]:
-    return [
-        ModifierSpec(
-            name="wpo",
-            fn=wpo,
-            params_cls=WPOParams,
-            paper="Zhou et al. 2024, arXiv:2406.11827 (WPO)",
-            transforms="L_i ← w(y_w)·w(y_l)·L_i, w(y) = exp(mean_t[log π(y_t) − log Σ_v π(v)²]) (detached)",
-            applies=ANY_PER_PAIR,
-            needs=frozenset({Need.TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}),
-            trl="DPOConfig.use_weighting=True",
-            description="Weighted preference optimization: each pair weighted by how likely the current policy is "
-            "to generate both responses (length-normalized, aligned by the policy's own Σ_v π(v)²), simulating "
-            "on-policy data with off-policy pairs.",
-            notes="As TRL, the weights are constants (no gradient flows through them). A weight is at most about "
-            "√V/2 per response (V the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
-            "alpha_divergence), whose loss already reaches e^80 ≈ 5.5e34, the weighted loss can overflow float32.",
-        )
-    ]
+_SPECS: tuple[ModifierSpec, ...] = (
+    ModifierSpec(
+        name="wpo",
+        fn=wpo,
+        params_cls=WPOParams,
+        paper="Zhou et al. 2024, arXiv:2406.11827 (WPO)",
+        transforms="L_i ← w(y_w)·w(y_l)·L_i, w(y) = exp(mean_t[log π(y_t) − log Σ_v π(v)²]) (detached)",
+        applies=ANY_PER_PAIR,
+        needs=frozenset({Need.TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}),
+        trl="DPOConfig.use_weighting=True",
+        description="Weighted preference optimization: each pair weighted by how likely the current policy is "
+        "to generate both responses (length-normalized, aligned by the policy's own Σ_v π(v)²), simulating "
+        "on-policy data with off-policy pairs.",
+        notes="As TRL, the weights are constants (no gradient flows through them). A weight is at most about "
+        "√V/2 per response (V the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
+        "alpha_divergence), whose loss already reaches e^80 ≈ 5.5e34, the weighted loss can overflow float32.",
+    ),
+)
+
+prefzoo_register_modifiers = registers(_SPECS)

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.spec import Loss, LossOutputError, LossParamError, LossSpec, param_infos
-from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
-from prefzoo.types import CONSTANT_FIELDS, FLOAT_FIELDS, LossOutput, Need, PreferenceBatch, Shape
+from prefzoo.testing.sharding import map_fields, run_sharded, shard_batch, split_sizes
+from prefzoo.types import CONSTANT_FIELDS, FLOAT_FIELDS, LossOutput, Need, PreferenceBatch, Shape, present_fields
 
 __all__ = [
     "GENERIC_PROPERTIES",
@@ -57,39 +57,49 @@ def _fail(msg: str) -> None:
     raise PropertyFailure(msg)
 
 
-def cast_batch(batch: PreferenceBatch, dtype: torch.dtype | None = None, requires_grad: bool = True) -> PreferenceBatch:
-    """A copy whose float fields are fresh leaves (of ``dtype`` if given); differentiable fields require grad."""
+def _float_and_grad_fields(batch: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the float fields, the differentiable ones among them) of a batch of any shape."""
+    if isinstance(batch, PreferenceBatch):
+        return FLOAT_FIELDS, _GRAD_FIELDS
+    return type(batch).FLOAT_FIELDS, type(batch).GRAD_FIELDS
+
+
+def _fresh_leaves(batch: Any, dtype: torch.dtype | None, requires_grad: bool) -> Any:
+    """A copy of a batch of any shape whose float fields are fresh leaves (of ``dtype`` if given)."""
+    float_fields, grad_fields = _float_and_grad_fields(batch)
     ch: dict[str, Any] = {}
-    for name in FLOAT_FIELDS:
-        t = getattr(batch, name)
-        if t is None:
-            continue
+    for name, t in present_fields(batch, float_fields):
         t = t.detach().to(dtype) if dtype is not None else t.detach().clone()
-        ch[name] = t.requires_grad_(requires_grad and name in _GRAD_FIELDS)
+        ch[name] = t.requires_grad_(requires_grad and name in grad_fields)
     return batch.replace(**ch)
 
 
-def _perm_batch(batch: PreferenceBatch, perm: Tensor) -> PreferenceBatch:
-    ch: dict[str, Any] = {}
-    for name in PreferenceBatch.__dataclass_fields__:
-        t = getattr(batch, name)
-        if isinstance(t, Tensor):
-            ch[name] = t.detach()[perm].clone().requires_grad_(t.requires_grad)
-        elif name == "example_ids" and t is not None:
-            ch[name] = tuple(t[i] for i in perm.tolist())
-    return batch.replace(**ch)
-
-
-def grads(loss: Callable[..., LossOutput], batch: PreferenceBatch, **kw: Any) -> tuple[LossOutput, dict[str, Tensor]]:
-    """Evaluate the loss and the gradients of Σ_i L_i with respect to every differentiable batch field."""
+def _grads_of(loss: Callable[..., LossOutput], batch: Any, **kw: Any) -> tuple[LossOutput, dict[str, Tensor]]:
+    """The loss and the gradients of Σ L with respect to every differentiable field of a batch of any shape."""
     out = loss(batch, **kw)
-    leaves = {n: getattr(batch, n) for n in _GRAD_FIELDS if getattr(batch, n) is not None}
-    leaves = {n: t for n, t in leaves.items() if t.requires_grad}
+    leaves = {n: t for n, t in present_fields(batch, _float_and_grad_fields(batch)[1]) if t.requires_grad}
     if not leaves or not out.losses.requires_grad:
         return out, {}
     g = torch.autograd.grad(out.losses.sum(), list(leaves.values()), allow_unused=True)
     pairs = zip(leaves.items(), g, strict=True)
     return out, {n: (gi if gi is not None else torch.zeros_like(t)) for (n, t), gi in pairs}
+
+
+def cast_batch(batch: PreferenceBatch, dtype: torch.dtype | None = None, requires_grad: bool = True) -> PreferenceBatch:
+    """A copy whose float fields are fresh leaves (of ``dtype`` if given); differentiable fields require grad."""
+    return _fresh_leaves(batch, dtype, requires_grad)  # type: ignore[no-any-return]
+
+
+def _take(batch: Any, idx: Tensor, dim: int = 0) -> Any:
+    """A copy of a batch of any shape holding the entries ``idx`` along ``dim`` (example ids follow along dim 0)."""
+    return batch.replace(**map_fields(
+        batch, lambda t: t.detach().index_select(dim, idx).clone().requires_grad_(t.requires_grad),
+        lambda ids: tuple(ids[i] for i in idx.tolist()) if dim == 0 else ids))
+
+
+def grads(loss: Callable[..., LossOutput], batch: PreferenceBatch, **kw: Any) -> tuple[LossOutput, dict[str, Tensor]]:
+    """Evaluate the loss and the gradients of Σ_i L_i with respect to every differentiable batch field."""
+    return _grads_of(loss, batch, **kw)
 
 
 def _where(t: Tensor, bad: Tensor) -> str:
@@ -177,12 +187,16 @@ def seeded_permutation(n: int) -> Tensor:
 def check_permutation(loss: Loss, batch: PreferenceBatch) -> None:
     """Permuting the pairs permutes the per-example losses (batch-coupled too: min, max and sort are symmetric)."""
     b = cast_batch(batch, torch.float64)
-    n = b.batch_size
-    perm = seeded_permutation(n)
-    base = loss(b).losses.detach()
-    permuted = loss(_perm_batch(b, perm)).losses.detach()
+    perm, base, permuted = _permuted_losses(loss, b)
     tol = 1e-9 * (1 + base.abs().max())
-    _close(loss.name, permuted, base[perm], tol, _perm_batch(b, perm), f"losses after permutation {perm.tolist()}")
+    _close(loss.name, permuted, base[perm], tol, _take(b, perm), f"losses after permutation {perm.tolist()}")
+
+
+def _permuted_losses(loss: Loss, b: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """(the seeded permutation of the examples, the losses, the losses of the permuted batch), detached."""
+    perm = seeded_permutation(b.batch_size)
+    base = loss(b).losses.detach()
+    return perm, base, loss(_take(b, perm)).losses.detach()
 
 
 def _perturbed_params(loss: Loss, s: float) -> Any:
@@ -200,25 +214,25 @@ def _perturbed_params(loss: Loss, s: float) -> Any:
         return p
 
 
-def _sensitivity(loss: Loss, b64: PreferenceBatch, u: float, draws: int = 8) -> tuple[Tensor, Tensor]:
+def _sensitivity(loss: Loss, b64: Any, u: float, draws: int = 8, directional: bool = True) -> tuple[Tensor, Tensor]:
     """(float64 losses, max change under relative ±u perturbations of every float input and parameter).
 
-    The first two patterns move the chosen and the rejected inputs in opposite directions (+/− then −/+), so the
-    margin's sensitivity is always measured (random signs alone leave it unmeasured whenever they happen to agree);
-    the rest are random sign patterns."""
+    With ``directional`` (pairs), the first two patterns move the chosen and the rejected inputs in opposite
+    directions (+/− then −/+), so the margin's sensitivity is always measured (random signs alone leave it
+    unmeasured whenever they happen to agree); the rest are random sign patterns.  A batch of any shape."""
     base = loss(b64).losses.detach()
     gen = torch.Generator().manual_seed(b64.batch_size)
     worst = torch.zeros_like(base)
     for k in range(draws):
         ch = {}
-        for name in FLOAT_FIELDS:
-            t = getattr(b64, name)
-            if t is not None:
-                if k < 2:
-                    sign = torch.full_like(t, 1.0 if ("chosen" in name) != (k == 1) else -1.0)
-                else:
-                    sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1
-                ch[name] = t.detach() * (1 + u * sign)
+        for name, t in present_fields(b64, _float_and_grad_fields(b64)[0]):
+            if name == "scores":  # a list's scores only rank: perturbing them would reorder ties
+                continue
+            if directional and k < 2:
+                sign = torch.full_like(t, 1.0 if ("chosen" in name) != (k == 1) else -1.0)
+            else:
+                sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1
+            ch[name] = t.detach() * (1 + u * sign)
         pert = Loss(loss.spec, _perturbed_params(loss, u if k % 2 else -u))
         worst = torch.maximum(worst, (pert(b64.replace(**ch)).losses.detach() - base).abs())
     return base, worst
@@ -343,14 +357,19 @@ def check_batch_decoupled(loss: Loss, batch: PreferenceBatch) -> None:
     if loss.batch_coupled:
         return
     b = cast_batch(batch, torch.float64, requires_grad=False)
+    sizes, full, got = _micro_batch_losses(loss, b)
+    _close(loss.name, got, full, 1e-12 * (1 + full.abs()), b,
+           f"per-example loss in micro-batches {sizes} differs from the full batch, but the spec says "
+           "batch_coupled=False")
+
+
+def _micro_batch_losses(loss: Loss, b: Any) -> tuple[list[int], Tensor, Tensor]:
+    """(two micro-batch sizes, the full batch's losses, the losses of the micro-batches concatenated), detached."""
     n = b.batch_size
     half = (n + 1) // 2
     sizes = [half, n - half] if n > 1 else [1]
     full = loss(b).losses.detach()
-    got = torch.cat([loss(p).losses.detach() for p in shard_batch(b, sizes)])
-    _close(loss.name, got, full, 1e-12 * (1 + full.abs()), b,
-           f"per-example loss in micro-batches {sizes} differs from the full batch, but the spec says "
-           "batch_coupled=False")
+    return sizes, full, torch.cat([loss(p).losses.detach() for p in shard_batch(b, sizes)])
 
 
 def check_matches_reference(loss: Loss, batch: PreferenceBatch, reference: Callable[[PreferenceBatch, Any], Any],

@@ -9,14 +9,25 @@ losses declared monotone never push a desirable completion down or an undesirabl
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from prefzoo.spec import Loss, LossOutputError
-from prefzoo.testing.properties import U32, U64, Property, PropertyFailure, _perturbed_params, seeded_permutation
+from prefzoo.testing.properties import (
+    U32,
+    U64,
+    Property,
+    _fail,
+    _fresh_leaves,
+    _grads_of,
+    _micro_batch_losses,
+    _permuted_losses,
+    _sensitivity,
+    _take,
+    seeded_permutation,
+)
 from prefzoo.testing.sharding import run_sharded, shard_batch, split_sizes
 from prefzoo.types import GroupBatch, LossOutput, Need, Shape, UnpairedBatch
 
@@ -25,31 +36,14 @@ __all__ = ["LIST_PROPERTIES", "UNPAIRED_PROPERTIES", "fresh", "shape_grads"]
 Batch = GroupBatch | UnpairedBatch
 
 
-def _fail(msg: str) -> None:
-    raise PropertyFailure(msg)
-
-
 def fresh(batch: Batch, dtype: torch.dtype | None = None, requires_grad: bool = True) -> Any:
     """A copy whose float fields are fresh leaves (of ``dtype`` if given); differentiable fields require grad."""
-    ch: dict[str, Any] = {}
-    for name in type(batch).FLOAT_FIELDS:
-        t = getattr(batch, name)
-        if t is None:
-            continue
-        t = t.detach().to(dtype) if dtype is not None else t.detach().clone()
-        ch[name] = t.requires_grad_(requires_grad and name in type(batch).GRAD_FIELDS)
-    return batch.replace(**ch)
+    return _fresh_leaves(batch, dtype, requires_grad)
 
 
 def shape_grads(loss: Loss, batch: Batch, **kw: Any) -> tuple[LossOutput, dict[str, Tensor]]:
     """The loss and the gradients of Σ L with respect to every differentiable field of the batch."""
-    out = loss(batch, **kw)
-    leaves = {n: getattr(batch, n) for n in type(batch).GRAD_FIELDS if getattr(batch, n) is not None}
-    leaves = {n: t for n, t in leaves.items() if t.requires_grad}
-    if not leaves or not out.losses.requires_grad:
-        return out, {}
-    g = torch.autograd.grad(out.losses.sum(), list(leaves.values()), allow_unused=True)
-    return out, {n: gi if gi is not None else torch.zeros_like(t) for (n, t), gi in zip(leaves.items(), g, strict=True)}
+    return _grads_of(loss, batch, **kw)
 
 
 def _close(loss: Loss, what: str, got: Tensor, want: Tensor, tol: Tensor | float) -> None:
@@ -103,24 +97,10 @@ def check_shape_detached(loss: Loss, batch: Batch) -> None:
             _fail(f"{loss.name}: {what} requires grad; return it .detach()ed")
 
 
-def _take(batch: Batch, idx: Tensor, dim: int = 0) -> Any:
-    ch: dict[str, Any] = {}
-    for f in dataclasses.fields(batch):
-        t = getattr(batch, f.name)
-        if isinstance(t, Tensor):
-            ch[f.name] = t.detach().index_select(dim, idx).clone().requires_grad_(t.requires_grad)
-        elif f.name == "example_ids" and t is not None and dim == 0:
-            ch[f.name] = tuple(t[i] for i in idx.tolist())
-    return batch.replace(**ch)
-
-
 def check_shape_permutation(loss: Loss, batch: Batch) -> None:
     """Permuting the groups (completions) permutes the per-example losses."""
     b = fresh(batch, torch.float64)
-    n = b.batch_size
-    perm = seeded_permutation(n)
-    base = loss(b).losses.detach()
-    got = loss(_take(b, perm)).losses.detach()
+    perm, base, got = _permuted_losses(loss, b)
     _close(loss, f"losses after permuting the {_kind(b)}s by {perm.tolist()}", got, base[perm],
            1e-9 * (1 + base.abs().max()))
 
@@ -132,18 +112,7 @@ def check_shape_low_precision(loss: Loss, batch: Batch,
     for dt in dtypes:
         low = fresh(batch, dt, requires_grad=False)
         b64 = fresh(low, torch.float64, requires_grad=False)
-        base = loss(b64).losses.detach()
-        gen = torch.Generator().manual_seed(b64.batch_size)
-        worst = torch.zeros_like(base)
-        for k in range(8):
-            ch = {}
-            for name in type(b64).FLOAT_FIELDS:
-                t = getattr(b64, name)
-                if t is not None and name != "scores":  # scores only rank: perturbing them would reorder ties
-                    sign = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.int64).to(t.dtype) * 2 - 1
-                    ch[name] = t * (1 + U32 * sign)
-            pert = Loss(loss.spec, _perturbed_params(loss, U32 if k % 2 else -U32))
-            worst = torch.maximum(worst, (pert(b64.replace(**ch)).losses.detach() - base).abs())
+        base, worst = _sensitivity(loss, b64, U32, directional=False)
         got = loss(low).losses.detach()
         tol = 16 * worst + 16 * U32 * (1 + base.abs())
         if loss.spec.batch_coupled:
@@ -182,11 +151,7 @@ def check_shape_decoupled(loss: Loss, batch: Batch) -> None:
     if loss.spec.batch_coupled:
         return
     b = fresh(batch, torch.float64, requires_grad=False)
-    n = b.batch_size
-    half = (n + 1) // 2
-    sizes = [half, n - half] if n > 1 else [1]
-    full = loss(b).losses.detach()
-    got = torch.cat([loss(p).losses.detach() for p in shard_batch(b, sizes)])
+    sizes, full, got = _micro_batch_losses(loss, b)
     _close(loss, f"per-example loss in micro-batches {sizes} differs from the full batch (batch_coupled=False)",
            got, full, 1e-12 * (1 + full.abs()))
 

@@ -40,18 +40,29 @@ def shard_batch(batch: B, sizes: Sequence[int]) -> list[B]:
     out = []
     start = 0
     for n in sizes:
-        ch: dict[str, Any] = {}
-        for f in dataclasses.fields(batch):
-            t = getattr(batch, f.name)
-            if isinstance(t, Tensor):
-                ch[f.name] = t[start : start + n]
-            elif f.name == "example_ids" and t is not None:
-                ch[f.name] = tuple(t[start : start + n])
-            else:
-                ch[f.name] = t
-        out.append(type(batch)(**ch))
+        out.append(_rows(batch, slice(start, start + n)))
         start += n
     return out
+
+
+def _rows(batch: B, rows: slice) -> B:
+    """The examples ``rows`` of a batch: every tensor and the example ids sliced along dim 0."""
+    return type(batch)(**map_fields(batch, lambda t: t[rows], lambda ids: tuple(ids[rows])))
+
+
+def map_fields(batch: Any, tensors: Callable[[Tensor], Tensor],
+               ids: Callable[[tuple[str, ...]], tuple[str, ...]]) -> dict[str, Any]:
+    """Every field of a batch of any shape: tensors through ``tensors``, example ids through ``ids``, the rest as is."""
+    ch: dict[str, Any] = {}
+    for f in dataclasses.fields(batch):
+        t = getattr(batch, f.name)
+        if isinstance(t, Tensor):
+            ch[f.name] = tensors(t)
+        elif f.name == "example_ids" and t is not None:
+            ch[f.name] = ids(t)
+        else:
+            ch[f.name] = t
+    return ch
 
 
 class _Exchange:

@@ -43,6 +43,11 @@ def _as_dtype(d: str | torch.dtype) -> torch.dtype:
     return DTYPES[d] if isinstance(d, str) else d
 
 
+def _flag(draw: st.DrawFn, flag: bool | None, label: str) -> bool:
+    """A field group's switch: ``flag`` as given, or drawn (as ``label``) when it is None."""
+    return draw(st.booleans(), label=label) if flag is None else flag
+
+
 def _token_logp_lists(size: int) -> st.SearchStrategy[list[float]]:
     """``size`` per-token log-probs in [−30, 0]."""
     return st.lists(st.floats(-30.0, 0.0, allow_nan=False, width=64), min_size=size, max_size=size)
@@ -148,19 +153,13 @@ def preference_batches(
     ties = draw(st.lists(st.booleans(), min_size=b, max_size=b), label="policy_ties")
     pl = torch.where(torch.tensor(ties), pw, pl)  # log π(y_l) == log π(y_w) where tied
     fields: dict[str, Any] = {}
-    if reference is None:
-        reference = draw(st.booleans(), label="with_reference")
-    if reference:
+    if _flag(draw, reference, "with_reference"):
         fields.update(_draw_pair_reference(draw, vec, pw, pl, dtype))
-    if lengths is None:
-        lengths = draw(st.booleans(), label="with_lengths")
-    if lengths:
+    if _flag(draw, lengths, "with_lengths"):
         lens = st.lists(st.integers(1, MAX_LENGTH), min_size=b, max_size=b)
         fields["chosen_lengths"] = torch.tensor(draw(lens, label="chosen_lengths"), dtype=torch.long)
         fields["rejected_lengths"] = torch.tensor(draw(lens, label="rejected_lengths"), dtype=torch.long)
-    if token_level is None:
-        token_level = draw(st.booleans(), label="with_token_fields")
-    if token_level:
+    if _flag(draw, token_level, "with_token_fields"):
         for side in ("chosen", "rejected"):
             fields.update(_draw_pair_token_side(draw, side, b, dtype, requires_grad, ref_token_level, token_sq_probs))
     if scores:
@@ -295,28 +294,19 @@ def group_batches(
     ties = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="policy_ties")).view(g, k)
     ties[:, 0] = False
     pol = torch.where(ties, pol[:, :1].expand(g, k), pol)  # a tied slot copies the group's first completion
-    if padding is None:
-        padding = draw(st.booleans(), label="with_padding")
+    padding = _flag(draw, padding, "with_padding")
     mask = _draw_group_mask(draw, g, k) if padding and k > 2 else torch.ones(g, k, dtype=torch.bool)
     fields: dict[str, Any] = {"mask": mask if padding else None}
-    if reference is None:
-        reference = draw(st.booleans(), label="with_reference")
-    if reference:
+    if _flag(draw, reference, "with_reference"):
         ref = torch.tensor(draw(mat, label="ref_logps"), dtype=torch.float64).view(g, k)
         same = torch.tensor(draw(st.lists(st.booleans(), min_size=g * k, max_size=g * k), label="ref_is_policy"))
         fields["ref_logps"] = torch.where(same.view(g, k), pol, ref).masked_fill(~mask, 0.0).to(dtype)
-    if lengths is None:
-        lengths = draw(st.booleans(), label="with_lengths")
-    if lengths:
+    if _flag(draw, lengths, "with_lengths"):
         lens = st.lists(st.integers(1, MAX_LENGTH), min_size=g * k, max_size=g * k)
         fields["lengths"] = torch.tensor(draw(lens, label="lengths")).view(g, k).masked_fill(~mask, 0)
-    if scores is None:
-        scores = draw(st.booleans(), label="with_scores")
-    if scores:
+    if _flag(draw, scores, "with_scores"):
         fields["scores"] = _draw_group_scores(draw, mask).to(dtype)
-    if token_level is None:
-        token_level = draw(st.booleans(), label="with_token_fields")
-    if token_level:
+    if _flag(draw, token_level, "with_token_fields"):
         t, tmask, lp, h = _draw_token_rows(draw, g * k, "")  # (G·K, T)
         fields["policy_token_logps"] = lp.view(g, k, t).to(dtype).requires_grad_(requires_grad)
         fields["token_entropies"] = h.view(g, k, t).to(dtype).requires_grad_(requires_grad)
@@ -353,19 +343,13 @@ def unpaired_batches(
     pol = torch.tensor(draw(vec, label="policy_logps"), dtype=torch.float64)
     labels = torch.tensor(draw(flags, label="labels"), dtype=torch.bool)
     fields: dict[str, Any] = {}
-    if reference is None:
-        reference = draw(st.booleans(), label="with_reference")
-    if reference:
+    if _flag(draw, reference, "with_reference"):
         ref = torch.tensor(draw(vec, label="ref_logps"), dtype=torch.float64)
         fields["ref_logps"] = torch.where(torch.tensor(draw(flags, label="ref_is_policy")), pol, ref).to(dtype)
-    if lengths is None:
-        lengths = draw(st.booleans(), label="with_lengths")
-    if lengths:
+    if _flag(draw, lengths, "with_lengths"):
         lens = st.lists(st.integers(1, MAX_LENGTH), min_size=n, max_size=n)
         fields["lengths"] = torch.tensor(draw(lens, label="lengths"))
-    if kl is None:
-        kl = draw(st.booleans(), label="with_kl")
-    if kl:
+    if _flag(draw, kl, "with_kl"):
         fields["kl_policy_logps"] = torch.tensor(draw(vec, label="kl_policy_logps"), dtype=torch.float64).to(dtype)
         fields["kl_ref_logps"] = torch.tensor(draw(vec, label="kl_ref_logps"), dtype=torch.float64).to(dtype)
     if token_level:
@@ -373,9 +357,7 @@ def unpaired_batches(
         fields["policy_token_logps"] = lp.to(dtype).requires_grad_(requires_grad)
         fields["token_entropies"] = h.to(dtype).requires_grad_(requires_grad)
         fields["token_mask"] = tmask
-    if density_ratio is None:
-        density_ratio = draw(st.booleans(), label="with_density_ratio")
-    if density_ratio:  # multiples of 1/8: exact in bfloat16 too
+    if _flag(draw, density_ratio, "with_density_ratio"):  # multiples of 1/8: exact in bfloat16 too
         eighths = st.lists(st.integers(2, 80), min_size=n, max_size=n)
         w = torch.tensor(draw(eighths, label="density_ratio_weights_x8"), dtype=torch.float64) / 8
         fields["density_ratio_weights"] = torch.where(labels, torch.ones_like(w), w).to(dtype)

@@ -142,7 +142,7 @@ def test_grads_is_empty_when_nothing_requires_grad():
 
 def test_a_permuted_batch_permutes_its_ids_with_its_pairs():
     b = _batch(example_ids=("a", "b", "c"))
-    got = P._perm_batch(b, torch.tensor([2, 0, 1]))
+    got = P._take(b, torch.tensor([2, 0, 1]))
     assert got.example_ids == ("c", "a", "b")
     assert got.policy_chosen_logps.tolist() == [-2.0, -1.0, -4.0]
 

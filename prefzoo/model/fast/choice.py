@@ -129,18 +129,16 @@ def choose_fast_paths(
     return FastPaths(share, pack, group, (share_why, pack_why, group_why))
 
 
-def _forced(value: str) -> tuple[bool] | None:
-    """``(on,)`` for a switch forced on or off, None for ``auto``."""
-    return None if value == AUTO else (value == ON,)
+def _unmeasured(switch: str, blocked: str | None) -> tuple[bool, str]:
+    """(on, why) of a switch forced on or off, else (off, why) of an ``auto`` choice that is blocked (the reason)
+    or has nothing to measure."""
+    return (switch == ON, "forced") if switch != AUTO else (False, f"auto: {blocked}")
 
 
 def _choose_sharing(stats: LengthStats | None, switch: str, blocked: str | None) -> tuple[bool, str]:
     """(prompt sharing on, why): forced, blocked (the reason), or when the prompt is a large enough share."""
-    got = _forced(switch)
-    if got is not None:
-        return got[0], "forced"
-    if blocked or stats is None:
-        return False, f"auto: {blocked}"
+    if switch != AUTO or blocked or stats is None:
+        return _unmeasured(switch, blocked)
     share = stats.prompt_saving >= SHARE_MIN_SAVING
     cmp = "≥" if share else "<"
     return share, f"auto: prompt is {stats.prompt_saving:.0%} of plain tokens, {cmp} {SHARE_MIN_SAVING:.0%}"
@@ -148,11 +146,8 @@ def _choose_sharing(stats: LengthStats | None, switch: str, blocked: str | None)
 
 def _choose_packing(padding: float | None, switch: str, blocked: str | None, split: bool) -> tuple[bool, str]:
     """(packing on, why): forced, blocked, or when the batches would be padded enough to pay for the mask."""
-    got = _forced(switch)
-    if got is not None:
-        return got[0], "forced"
-    if blocked or padding is None:
-        return False, f"auto: {blocked}"
+    if switch != AUTO or blocked or padding is None:
+        return _unmeasured(switch, blocked)
     least = PACK_SPLIT_MIN_PADDING if split else PACK_MIN_PADDING
     pack = padding >= least
     how = ": one row, split attention" if split and pack else ""
@@ -163,11 +158,8 @@ def _choose_grouping(
     padding: float | None, switch: str, blocked: str | None, pack: bool, batch_coupled: bool
 ) -> tuple[bool, str]:
     """(length grouping on, why): only when packing is off, the loss is not batch-coupled and padding is high."""
-    got = _forced(switch)
-    if got is not None:
-        return got[0], "forced"
-    if blocked or padding is None:
-        return False, f"auto: {blocked}"
+    if switch != AUTO or blocked or padding is None:
+        return _unmeasured(switch, blocked)
     if pack:
         return False, "auto: packing removes the padding"
     if batch_coupled:

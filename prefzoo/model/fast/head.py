@@ -90,6 +90,17 @@ def _accumulate_grad_w(grad_w: Tensor, grad_z: Tensor, h_c: Tensor) -> None:
         grad_w += (grad_z.t() @ h_c).to(grad_w.dtype)  # (V, H)
 
 
+def _chunk_input_grads(
+    grad_z: Tensor, w: Tensor, h_c: Tensor, grad_h: Tensor | None, grad_w: Tensor | None, s: int
+) -> None:
+    """From one chunk's G = ∂/∂z (m, V): grad_h[s : s + m] = G w and grad_w += Gᵀ h_c, each where it is wanted."""
+    grad_z = grad_z.to(w.dtype)
+    if grad_h is not None:
+        grad_h[s : s + h_c.shape[0]] = (grad_z @ w).to(h_c.dtype)  # (m, H)
+    if grad_w is not None:
+        _accumulate_grad_w(grad_w, grad_z, h_c)
+
+
 class _HeadLogps(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -183,11 +194,7 @@ class _HeadLogps(torch.autograd.Function):
                 e, kept[k] = kept[k], None
                 grad_z = e.mul_((-g * inv_s[s : s + cs]).unsqueeze(-1))  # (m, V)
                 grad_z.scatter_add_(-1, tgt.unsqueeze(-1), g.unsqueeze(-1))  # + g e_y
-                grad_z = grad_z.to(w.dtype)
-                if grad_h is not None:
-                    grad_h[s : s + cs] = (grad_z @ w).to(h.dtype)  # (m, H)
-                if grad_w is not None:
-                    _accumulate_grad_w(grad_w, grad_z, h_c)
+                _chunk_input_grads(grad_z, w, h_c, grad_h, grad_w, s)
                 continue
             if kept is not None:
                 logp_all, kept[k] = kept[k], None  # (m, V) log p kept by the forward
@@ -205,11 +212,7 @@ class _HeadLogps(torch.autograd.Function):
             grad_z.scatter_add_(-1, tgt.unsqueeze(-1), g.unsqueeze(-1))  # + g e_y
             if d is not None:
                 grad_z.mul_(d)  # ∂/∂a = ∂/∂z ⊙ dz/da
-            grad_z = grad_z.to(w.dtype)
-            if grad_h is not None:
-                grad_h[s : s + cs] = (grad_z @ w).to(h.dtype)  # (m, H)
-            if grad_w is not None:
-                _accumulate_grad_w(grad_w, grad_z, h_c)
+            _chunk_input_grads(grad_z, w, h_c, grad_h, grad_w, s)
         return grad_h, (grad_w.to(w.dtype) if grad_w is not None else None), None, None, None, None, None
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.model.arch import ATTENTION_TYPES, attention_layer_types, shared_prompt_refusal, sliding_window
-from prefzoo.model.fast.split import split_attention, split_plan, split_refusal
+from prefzoo.model.fast.split import segment_lengths, split_attention, split_plan, split_refusal
 
 __all__ = [
     "SharedPromptError",
@@ -167,9 +167,7 @@ def shared_position_ids(segments: Tensor) -> Tensor:
 def shared_select(hidden: Tensor, input_ids: Tensor, segments: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(h_sel (M, H), targets (M,), row (M,), col (M,), lengths (2B,)) of shared-layout hidden states (B, T, H)."""
     b = segments.shape[0]
-    p_len = (segments == PROMPT).sum(1)  # (B,)
-    w_len = (segments == CHOSEN).sum(1)  # (B,)
-    l_len = (segments == REJECTED).sum(1)  # (B,)
+    p_len, w_len, l_len = segment_lengths(segments)  # (B,) each
     wb, wt = (segments == CHOSEN).nonzero(as_tuple=True)  # (M_w,), row-major: pair by pair, in order
     lb, lt = (segments == REJECTED).nonzero(as_tuple=True)  # (M_l,)
     first_l = lt == p_len[lb] + w_len[lb]  # the first y_l token is predicted from the last prompt position

@@ -122,13 +122,16 @@ class SplitPlan:
         return self._masks[dtype]
 
 
+def segment_lengths(segments: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(|x|, |y_w|, |y_l|), (B,) each, of a (B, T) segment-id tensor of the shared layout."""
+    return (segments == PROMPT).sum(1), (segments == CHOSEN).sum(1), (segments == REJECTED).sum(1)
+
+
 def split_plan(segments: Tensor) -> SplitPlan:
     """The plan for a (B, T) segment-id tensor of the shared layout (every row: x, then y_w, then y_l, then padding)."""
     t = segments.shape[1]
     dev = segments.device
-    p_len = (segments == PROMPT).sum(1)  # (B,)
-    w_len = (segments == CHOSEN).sum(1)  # (B,)
-    l_len = (segments == REJECTED).sum(1)  # (B,)
+    p_len, w_len, l_len = segment_lengths(segments)  # (B,) each
     c_l = max(int(l_len.max()), 1)
     k_len = max(int((p_len + l_len).max()), 1)
     t_q = torch.arange(c_l, device=dev)  # (C_l,)
