@@ -58,7 +58,8 @@ def load_accelerate_files(module: Any, optimizer: Any, folder: Path, trainable_n
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model = load_file(str(Path(folder) / "model.safetensors"))
-    saved = torch.load(Path(folder) / "optimizer.bin", weights_only=True)
+    optimizer_file = Path(folder) / "optimizer.bin"
+    saved = torch.load(optimizer_file, weights_only=True)
     by_name = {"state": {}, "param_groups": []}
     for group in saved["param_groups"]:
         by_name["param_groups"].append({**group, "params": [trainable_names[i] for i in group["params"]]})
