@@ -131,3 +131,17 @@ def log_loss_metrics(metrics: Any, loss: Loss, out: Any, gather: Any) -> None:
         name = key if "/" in key else f"{base_name(loss)}/{key}"
         v = torch.as_tensor(value).detach().float().reshape(-1)  # a scalar or (B,)
         metrics[name].append(gather(v).mean().item())
+
+
+def finish_loss(trainer: Any, mode: str, loss: Tensor, outputs: Any, model: Any, model_kwargs: Any,
+                return_outputs: bool) -> Any:
+    """The end of both adapters' ``compute_loss``: TRL's MoE router term (logged as ``aux_loss``), then the loss, or
+    (loss, outputs) on TRL's deprecated path where compute_metrics wants the logits."""
+    if trainer.aux_loss_enabled:
+        loss = loss + trainer.router_aux_loss_coef * outputs.aux_loss
+        aux = trainer.accelerator.gather_for_metrics(outputs.aux_loss).mean().item()
+        trainer._metrics[mode]["aux_loss"].append(aux)
+    if not return_outputs:
+        return loss
+    with torch.no_grad():
+        return loss, model(**model_kwargs)

@@ -26,7 +26,7 @@ import trl
 from torch import Tensor
 from trl.trainer import dpo_trainer as _trl_dpo
 
-from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, log_loss_metrics, terms
+from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, finish_loss, log_loss_metrics, terms
 from prefzoo.losses.combine import CombinedLoss
 from prefzoo.modifiers.compose import ModifiedLoss
 from prefzoo.registry import combine, modifier_spec, modify
@@ -195,16 +195,9 @@ class DPOTrainer(trl.DPOTrainer):
         batch = self._preference_batch(inputs, outputs, mask)
         out = self.prefzoo_loss(batch, gather=self._prefzoo_gather)
         loss = out.losses.mean()
-        if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * outputs.aux_loss
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(outputs.aux_loss).mean().item())
         self._log_trl_metrics(mode, inputs, outputs, mask, batch, out)
         log_loss_metrics(self._metrics[mode], self.prefzoo_loss, out, self._prefzoo_gather)
-        if return_outputs:  # TRL's deprecated path: compute_metrics wants logits
-            with torch.no_grad():
-                outputs = model(**model_kwargs)
-            return loss, outputs
-        return loss
+        return finish_loss(self, mode, loss, outputs, model, model_kwargs, return_outputs)
 
     def _ref_token_logps(self, inputs: dict[str, Any], seq_len: int) -> Tensor:
         """The reference's per-token log-probs (2B, T−1), from the forward TRL's ``compute_ref_log_probs`` runs."""

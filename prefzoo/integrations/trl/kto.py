@@ -23,7 +23,7 @@ import trl
 from torch import Tensor
 from trl.trainer import kto_trainer as _trl_kto
 
-from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, log_loss_metrics, terms
+from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, finish_loss, log_loss_metrics, terms
 from prefzoo.spec import Loss, LossParamError
 from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, Shape, UnpairedBatch
@@ -119,16 +119,9 @@ class KTOTrainer(trl.KTOTrainer):
         ub = self._unpaired_batch(batch, model_kwargs, labels, outputs, seq_len, kl_logps)
         out = self.prefzoo_loss(ub, gather=self._prefzoo_gather)
         loss = out.losses.nanmean()  # as TRL
-        if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * outputs.aux_loss
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(outputs.aux_loss).mean().item())
         self._log_trl_metrics(mode, batch, outputs, seq_len, ub, out)
         log_loss_metrics(self._metrics[mode], self.prefzoo_loss, out, self._prefzoo_gather)
-        if return_outputs:  # TRL's deprecated path: compute_metrics wants logits
-            with torch.no_grad():
-                outputs = model(**model_kwargs)
-            return loss, outputs
-        return loss
+        return finish_loss(self, mode, loss, outputs, model, model_kwargs, return_outputs)
 
     def _reference(
         self, batch: dict[str, Any], model_kwargs: dict[str, Any], labels: Tensor, seq_len: int, kl: bool

@@ -148,13 +148,18 @@ def load_final_model(folder: Path) -> Any:
 
 
 def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:
-    from prefzoo.train.checkpoint.save import DiskFullError, _bytes, _measure_and_remove, find_latest_checkpoint
+    from prefzoo.train.checkpoint.save import (
+        DiskFullError,
+        _bytes,
+        _measure_and_remove,
+        find_latest_checkpoint,
+        free_and_where,
+    )
 
     written = _measure_and_remove(accelerator, tmp, accelerator.is_main_process)
     latest = find_latest_checkpoint(cfg.output_dir)
     needed = max(written, _bytes(latest / "model.safetensors") if latest else 0)
-    free = shutil.disk_usage(tmp.parent).free
-    where = (err.filename if err is not None and err.filename else None) or tmp
+    free, where = free_and_where(tmp, err)
     kept = f"the last checkpoint {latest} is intact" if latest else "no checkpoint was written"
     return DiskFullError(
         f"disk full (ENOSPC) writing the final model at {where}: it needs about {needed / 1e6:.1f} MB, "

@@ -206,6 +206,11 @@ def _measure_and_remove(accelerator: Any, tmp: Path, writer: bool) -> int:
     return written
 
 
+def free_and_where(tmp: Path, err: OSError | None) -> tuple[int, Path | str]:
+    """(bytes free beside ``tmp``, the file the full disk refused, else ``tmp``) for a disk-full message."""
+    return shutil.disk_usage(tmp.parent).free, (err.filename if err is not None and err.filename else None) or tmp
+
+
 def _disk_full(
     accelerator: Any, output_dir: str | Path, step: int, tmp: Path, err: OSError | None, writer: bool
 ) -> DiskFullError:
@@ -213,8 +218,7 @@ def _disk_full(
     latest = find_latest_checkpoint(output_dir)
     written = _measure_and_remove(accelerator, tmp, writer)
     needed = max(_bytes(latest), written)  # the previous checkpoint's size; at least what this one had written
-    free = shutil.disk_usage(tmp.parent).free
-    where = (err.filename if err is not None and err.filename else None) or tmp
+    free, where = free_and_where(tmp, err)
     kept = f"the newest complete checkpoint {latest} is kept" if latest else "no earlier checkpoint exists"
     return DiskFullError(
         f"disk full (ENOSPC) writing checkpoint {step} at {where}: a checkpoint needs about {needed / 1e6:.1f} MB, "
