@@ -77,8 +77,8 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
 
 # module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step)
 _MODULES: dict[str, tuple[str, ...]] = {
-    "prefzoo.model.arch": ("LogitTransform", "ModelCapabilities", "attention_layer_types", "logit_transform", "model_capabilities",
-                           "vocab_cut"),
+    "prefzoo.model.arch": ("LogitTransform", "ModelCapabilities", "attention_layer_types", "logit_transform",
+                           "model_capabilities", "vocab_cut"),
     "prefzoo.model.context": ("ContextLengthError", "ContextLimits", "DEFAULT_MAX_COMPLETION_LENGTH",
                               "DEFAULT_MAX_PROMPT_LENGTH", "fit_to_context", "model_context"),
     "prefzoo.model.defaults": ("ModelDefaults", "apply_model_defaults"),
