@@ -72,7 +72,10 @@ PAIR_LOSSES = [
 ]
 
 
-@pytest.mark.parametrize(("loss", "params", "opts"), PAIR_LOSSES, ids=lambda v: str(v) if isinstance(v, str) else "")
+PAIR_IDS = ["dpo", "simpo", "orpo", "ipo", "mmpo-entropy", "dpo+sft", "dpo-ld-dpo", "dpo-wpo", "dpo-per-token-head"]
+
+
+@pytest.mark.parametrize(("loss", "params", "opts"), PAIR_LOSSES, ids=PAIR_IDS)
 def test_pair_losses_match_the_unfused_computation(loss, params, opts) -> None:
     run_both(loss, params, 6, pair_batch, {}, **opts)
 
