@@ -29,7 +29,7 @@ class _Beta(LossParams):
 def _token_margin(batch: Any, p: _Beta, ctx: Any) -> LossOutput:
     """Pairs: −log σ(β·(mean_t log π(y_w,t) − mean_t log π(y_l,t)) − (log π_ref(y_w) − log π_ref(y_l)))."""
     w = (batch.policy_chosen_token_logps * batch.chosen_mask).sum(1) / batch.chosen_mask.sum(1)  # (B,)
-    l = (batch.policy_rejected_token_logps * batch.rejected_mask).sum(1) / batch.rejected_mask.sum(1)  # noqa: E741
+    l = (batch.policy_rejected_token_logps * batch.rejected_mask).sum(1) / batch.rejected_mask.sum(1)
     m = p.beta * (w - l) - (batch.ref_chosen_logps - batch.ref_rejected_logps)  # (B,)
     return LossOutput(losses=-F.logsigmoid(m), chosen_rewards=w.detach(), rejected_rewards=l.detach())
 
@@ -47,7 +47,8 @@ def _unpaired_entropy(batch: Any, p: _Beta, ctx: Any) -> LossOutput:
     sign = batch.labels.float() * 2 - 1  # (N,)
     ent = (batch.token_entropies * batch.token_mask).sum(1) / batch.token_mask.sum(1)  # (N,)
     r = p.beta * (batch.policy_logps - batch.ref_logps)  # (N,)
-    return LossOutput(losses=-F.logsigmoid(sign * r) + 0.1 * ent, chosen_rewards=r.detach(), rejected_rewards=r.detach())
+    losses = -F.logsigmoid(sign * r) + 0.1 * ent  # (N,)
+    return LossOutput(losses=losses, chosen_rewards=r.detach(), rejected_rewards=r.detach())
 
 
 def _spec(name: str, fn: Any, needs: set[Need], shape: Shape) -> LossSpec:

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from prefzoo.model import PolicyLogps, sequence_logps  # noqa: E402
-from prefzoo.nn import FusedLinearPreferenceLoss  # noqa: E402
-from prefzoo.registry import get_loss  # noqa: E402
-from prefzoo.train.batch import batch_fields, batch_type  # noqa: E402
-from tests.support.tiny import build_model, build_tokenizer  # noqa: E402
+from prefzoo.model import PolicyLogps, sequence_logps
+from prefzoo.nn import FusedLinearPreferenceLoss
+from prefzoo.registry import get_loss
+from prefzoo.train.batch import batch_fields, batch_type
+from tests.support.tiny import build_model, build_tokenizer
 
 IGNORE = -100
 
