@@ -23,6 +23,8 @@ PAIRS = [
     ("simpo", {"beta": 2.0, "gamma_beta_ratio": 0.25}, "LigerFusedLinearSimPOLoss",
      {"beta": 2.0, "gamma": 0.5, "compute_nll_loss": False}),
     ("orpo", {"beta": 0.2, "nll_reduction": "batch-tokens"}, "LigerFusedLinearORPOLoss", {"beta": 0.2}),
+    ("1*dpo + 0.5*sft", {"beta": 0.1, "sft.nll_reduction": "batch-tokens"}, "LigerFusedLinearDPOLoss",
+     {"beta": 0.1, "compute_nll_loss": True, "alpha": 0.5}),  # Liger's NLL term: a weighted sum with sft
 ]  # fmt: skip
 
 
@@ -39,10 +41,10 @@ def _compare(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> None:
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize(("loss", "params", "liger", "liger_params"), PAIRS, ids=[p[0] for p in PAIRS])
+@pytest.mark.parametrize(("loss", "params", "liger", "liger_params"), PAIRS, ids=["dpo", "simpo", "orpo", "dpo+nll"])
 def test_pair_losses_equal_ligers(loss, params, liger, liger_params) -> None:
     w, x, ref_x, target = make_rows(6, t=16, h=12)
-    ref = {"ref_input": ref_x, "ref_weight": w + 0.05} if loss == "dpo" else {}
+    ref = {"ref_input": ref_x, "ref_weight": w + 0.05} if "dpo" in loss else {}
     ours = _leaves(w, x)
     got, _ = FusedLinearPreferenceLoss(loss, **params)(ours[0], ours[1], target, **ref)
     theirs = _leaves(w, x)
