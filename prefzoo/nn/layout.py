@@ -65,7 +65,7 @@ def _pair_batch(f: RowFields) -> PreferenceBatch:
         return None if f.get(name) is None else f[name][b:]
 
     return PreferenceBatch(
-        policy_chosen_logps=w("policy_logps"), policy_rejected_logps=l("policy_logps"),
+        policy_chosen_logps=f["policy_logps"][:b], policy_rejected_logps=f["policy_logps"][b:],
         ref_chosen_logps=w("ref_logps"), ref_rejected_logps=l("ref_logps"),
         chosen_lengths=w("lengths"), rejected_lengths=l("lengths"),
         policy_chosen_token_logps=w("policy_token_logps"), policy_rejected_token_logps=l("policy_token_logps"),
@@ -78,10 +78,10 @@ def _pair_batch(f: RowFields) -> PreferenceBatch:
 
 
 def _group_batch(f: RowFields, k: int) -> GroupBatch:
-    lengths = _blocks(f["lengths"], k)  # (G, K)
-    assert lengths is not None
+    lengths, logps = _blocks(f["lengths"], k), _blocks(f["policy_logps"], k)  # (G, K) each
+    assert lengths is not None and logps is not None
     return GroupBatch(
-        policy_logps=_blocks(f["policy_logps"], k), ref_logps=_blocks(f.get("ref_logps"), k),
+        policy_logps=logps, ref_logps=_blocks(f.get("ref_logps"), k),
         lengths=lengths, scores=_blocks(f.get("scores"), k), mask=lengths > 0,
         policy_token_logps=_blocks(f.get("policy_token_logps"), k),
         token_entropies=_blocks(f.get("token_entropies"), k), token_mask=_blocks(f.get("token_mask"), k),
@@ -96,4 +96,5 @@ def build_batch(shape: Shape, k: int, f: RowFields) -> Any:
         return _group_batch(f, k)
     names = ("policy_logps", "labels", "ref_logps", "lengths", "kl_policy_logps", "kl_ref_logps",
              "policy_token_logps", "token_entropies", "token_mask")  # fmt: skip
-    return UnpairedBatch(**{n: f.get(n) for n in names})
+    fields: dict[str, Any] = {n: f.get(n) for n in names}
+    return UnpairedBatch(**fields)

@@ -129,7 +129,7 @@ class FusedLinearPreferenceLoss(nn.Module):
         fields = self._policy_fields(lin_weight, bias, _input, pos)
         fields.update(self._reference_fields(pos, lin_weight, bias, ref_input, ref_weight, ref_bias, ref_logps))
         fields.update(self._row_extras(pos.n_rows, labels, scores, kl_policy_logps, kl_ref_logps))
-        out = self.loss_fn(build_batch(shape, k, fields), **({} if self.gather is None else {"gather": self.gather}))
+        out = self.loss_fn(build_batch(shape, k, fields), gather=self.gather)
         aux = FusedLossAux(fields["policy_logps"].detach(), out.chosen_rewards, out.rejected_rewards, out.metrics, out)
         return out.losses.mean(), aux
 

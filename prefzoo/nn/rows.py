@@ -27,7 +27,7 @@ def _shape(t: Tensor) -> tuple[int, ...]:
 def check_head(lin_weight: Tensor, bias: Tensor | None, name: str = "lin_weight", bias_name: str = "bias") -> None:
     """``lin_weight`` is (V, H) floating point and ``bias`` None or (V,), else a one-line :class:`FusedInputError`."""
     if not isinstance(lin_weight, Tensor) or lin_weight.ndim != 2 or not lin_weight.is_floating_point():
-        got = _shape(lin_weight) if isinstance(lin_weight, Tensor) else type(lin_weight).__name__
+        got: object = _shape(lin_weight) if isinstance(lin_weight, Tensor) else type(lin_weight).__name__
         raise FusedInputError(f"{name} must be a floating-point (V, H) LM-head weight, got {got}")
     if bias is not None and (not isinstance(bias, Tensor) or _shape(bias) != (lin_weight.shape[0],)):
         got = _shape(bias) if isinstance(bias, Tensor) else type(bias).__name__
@@ -39,7 +39,7 @@ def check_rows(
 ) -> None:
     """``_input`` (R, T, H) with H = the weight's, ``target`` (R, T) integer, else a one-line error naming one."""
     if not isinstance(_input, Tensor) or _input.ndim != 3 or not _input.is_floating_point():
-        got = _shape(_input) if isinstance(_input, Tensor) else type(_input).__name__
+        got: object = _shape(_input) if isinstance(_input, Tensor) else type(_input).__name__
         raise FusedInputError(f"{name} must be floating-point hidden states of shape (R, T, H), got {got}")
     if _input.shape[-1] != lin_weight.shape[1]:
         raise FusedInputError(

@@ -87,5 +87,5 @@ def reference_scores(
     assert ref_input is not None and ref_weight is not None
     with torch.no_grad():
         h, w = _fold_bias(pos.select(ref_input), ref_weight, ref_bias)
-        logps, tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, chunk_size, True, False, transform)
-    return logps.float(), (tok.float() if tok is not None else None)
+        logps, ref_tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, chunk_size, True, False, transform)
+    return logps.float(), (ref_tok.float() if ref_tok is not None else None)
