@@ -7,7 +7,8 @@ One step is forward + backward of the DPO loss of B pairs (rows of a 128-token p
 chosen rows over rejected rows, -100 on the prompt), gradients for the head weight and the hidden states, the
 reference from its own hidden states under its own weight.  Sides:
 
-- ``prefzoo``: ``prefzoo.nn.FusedLinearPreferenceLoss("dpo", beta=0.1)``;
+- ``prefzoo``: ``prefzoo.nn.FusedLinearPreferenceLoss("dpo", beta=0.1)``; ``prefzoo-lean`` (``--sides``): the same
+  with ``keep_bytes=0``, recomputing the logits in backward instead of keeping anything of size vocabulary;
 - ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearDPOLoss(beta=0.1)``, compiled as Liger's default unless
   ``--liger-eager`` (left out when liger-kernel is not installed);
 - ``unfused``: every position's logits (R, T, V) → float32 log-softmax → gather → prefzoo's ``dpo``.
@@ -37,7 +38,8 @@ from typing import Any
 import torch
 
 PROMPT, COMPLETION = 128, 256  # tokens per row (the quick mode halves the completion)
-SIDES = ("prefzoo", "liger", "unfused")
+SIDES = ("prefzoo", "prefzoo-lean", "liger", "unfused")
+DEFAULT_SIDES = ("prefzoo", "liger", "unfused")
 
 
 def _inputs(tokens: int, vocab: int, hidden: int, completion: int, device: str) -> dict[str, Any]:
@@ -80,10 +82,10 @@ def _unfused_dpo(beta: float) -> Any:
 
 def side_fn(side: str, compiled: bool) -> Any:
     """(w, x, target, ref_x, ref_w) -> the DPO loss, for one side."""
-    if side == "prefzoo":
+    if side.startswith("prefzoo"):
         from prefzoo.nn import FusedLinearPreferenceLoss
 
-        m = FusedLinearPreferenceLoss("dpo", beta=0.1)
+        m = FusedLinearPreferenceLoss("dpo", beta=0.1, keep_bytes=0 if side == "prefzoo-lean" else None)
         return lambda w, x, t, rx, rw: m(w, x, t, None, rx, rw)[0]
     if side == "liger":
         from liger_kernel.chunked_loss import LigerFusedLinearDPOLoss
@@ -196,16 +198,17 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def table(rows: list[dict[str, Any]], sides: list[str]) -> list[str]:
     """Markdown: seconds and peak MB per side, and prefzoo's ratios to the others (< 1: prefzoo less)."""
-    others = [s for s in sides if s != "prefzoo"]
-    head = ["completion tokens", *(f"{s} s" for s in sides), *(f"prefzoo / {s} time" for s in others),
-            *(f"{s} MB" for s in sides), *(f"prefzoo / {s} memory" for s in others)]  # fmt: skip
+    ours = [s for s in sides if s.startswith("prefzoo")]
+    pairs = [(p, o) for p in ours for o in sides if not o.startswith("prefzoo")]
+    head = ["completion tokens", *(f"{s} s" for s in sides), *(f"{p} / {o} time" for p, o in pairs),
+            *(f"{s} MB" for s in sides), *(f"{p} / {o} memory" for p, o in pairs)]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         sec, mb = r["seconds"], r["peak_mb"]
         cells = [f"{r['tokens']:,}", *(f"{sec[s]:.3f}" if sec.get(s) else "–" for s in sides),
-                 *(_ratio(sec.get("prefzoo"), sec.get(s)) for s in others),
+                 *(_ratio(sec.get(p), sec.get(o)) for p, o in pairs),
                  *(f"{mb[s]:,.0f}" if mb.get(s) is not None else "–" for s in sides),
-                 *(_ratio(mb.get("prefzoo"), mb.get(s)) for s in others)]  # fmt: skip
+                 *(_ratio(mb.get(p), mb.get(o)) for p, o in pairs)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--liger-eager", action="store_true", help="Liger without torch.compile (its compiled=False)")
-    p.add_argument("--no-unfused", action="store_true", help="leave the unfused computation out (its memory grows)")
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES), help="what to measure")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/nn_vs_liger"), help="writes OUT.md, OUT.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -253,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = {"vocab": vocab, "hidden": hidden, "completion": completion, "repeats": repeats, "device": a.device,
            "compiled": not a.liger_eager}  # fmt: skip
-    sides = [s for s in SIDES if (s != "liger" or _liger_version()) and (s != "unfused" or not a.no_unfused)]
+    sides = [s for s in SIDES if s in a.sides and (s != "liger" or _liger_version())]
     rows = [measure(n, sides, cfg) for n in tokens]
     env = environment(cfg)
     lines = [f"DPO, V = {vocab:,}, H = {hidden}, {PROMPT}-token prompts, {completion}-token completions, "

@@ -52,6 +52,8 @@ class FusedLinearPreferenceLoss(nn.Module):
     are the model's logit transform z = softcap · tanh(logit_scale · h·Wᵀ / softcap) (Gemma's
     ``final_logit_softcapping``; :func:`prefzoo.model.logit_transform` reads both from a config).
     ``gather``: the all-gather a batch-coupled loss uses across processes (default: this process's rows only).
+    ``keep_bytes``: the most the head keeps for backward instead of recomputing its logits there (default: the
+    trainer's 512 MiB, faster while it fits; 0: always recompute, the least memory).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class FusedLinearPreferenceLoss(nn.Module):
         softcap: float | None = None,
         chunk_size: int = 1024,
         gather: Callable[[Tensor], Tensor] | None = None,
+        keep_bytes: int | None = None,
         **loss_params: Any,
     ) -> None:
         super().__init__()
@@ -75,7 +78,9 @@ class FusedLinearPreferenceLoss(nn.Module):
             self.loss_fn = get_loss(loss, modifiers, **loss_params)
         if chunk_size < 1:
             raise FusedInputError(f"chunk_size must be >= 1 positions, got {chunk_size}")
-        self.ignore_index, self.chunk_size, self.gather = ignore_index, chunk_size, gather
+        if keep_bytes is not None and keep_bytes < 0:
+            raise FusedInputError(f"keep_bytes must be >= 0 (or None for the trainer's default), got {keep_bytes}")
+        self.ignore_index, self.chunk_size, self.gather, self.keep_bytes = ignore_index, chunk_size, gather, keep_bytes
         self.transform = _transform(logit_scale, softcap)
 
     @property
@@ -138,7 +143,7 @@ class FusedLinearPreferenceLoss(nn.Module):
         s = policy_scores(
             lin_weight, bias, _input, pos, self.transform, self.chunk_size,
             token_logps=Need.TOKEN_LOGPS in needs, token_entropies=Need.TOKEN_ENTROPIES in needs,
-            token_sq_probs=Need.TOKEN_SQUARED_PROBS in needs,
+            token_sq_probs=Need.TOKEN_SQUARED_PROBS in needs, keep_bytes=self.keep_bytes,
         )  # fmt: skip
         fields: RowFields = {"policy_logps": s.logps, "lengths": pos.lengths}
         if needs & _TOKEN_NEEDS:

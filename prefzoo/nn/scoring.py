@@ -47,12 +47,13 @@ def policy_scores(
     token_logps: bool = False,
     token_entropies: bool = False,
     token_sq_probs: bool = False,
+    keep_bytes: int | None = None,
 ) -> PolicyScores:
     """The policy's :class:`PolicyScores` of the scored positions of ``_input`` (R, T, H), gradients included."""
     h, w = _fold_bias(pos.select(_input), lin_weight, bias)  # (M, H), (V, H)
     per_token = token_logps or token_entropies
     logps, tok_lp, tok_ent = weight_logps(
-        h, w, pos.targets, pos.row, pos.n_rows, chunk_size, per_token, token_entropies, transform
+        h, w, pos.targets, pos.row, pos.n_rows, chunk_size, per_token, token_entropies, transform, keep_bytes
     )
     sq = None
     if token_sq_probs:

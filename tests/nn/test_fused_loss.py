@@ -39,7 +39,8 @@ def run_both(loss: str, params: dict[str, Any], r: int, build: Any, call_kw: dic
     bias_on, scale, softcap, h = opts.get("bias", False), opts.get("scale", 1.0), opts.get("softcap"), opts.get("h", 8)
     w, x, ref_x, target = make_rows(r, h=h, seed=opts.get("seed", 0))
     b = torch.randn(V) * 0.3 if bias_on else None
-    module = FusedLinearPreferenceLoss(loss, modifiers=modifiers, logit_scale=scale, softcap=softcap, **params)
+    module = FusedLinearPreferenceLoss(loss, modifiers=modifiers, logit_scale=scale, softcap=softcap,
+                                       keep_bytes=opts.get("keep_bytes"), **params)
     leaves1 = [t.clone().requires_grad_() for t in (w, x, *([b] if b is not None else []))]
     got, aux = module(leaves1[0], leaves1[1], target, leaves1[2] if b is not None else None, ref_input=ref_x, **call_kw)
     got.backward()
@@ -69,10 +70,13 @@ PAIR_LOSSES = [
     ("dpo", {}, {"modifiers": ["ld-dpo:alpha=0.5"]}),  # per-token reference log-probs
     ("dpo", {}, {"modifiers": ["wpo"]}),  # per-token log Σ p²
     ("dpo", {"beta": 0.2}, {"h": 24}),  # rows shorter than H: the per-token head, not the row path
+    ("dpo", {}, {"keep_bytes": 0}),  # nothing kept: logits recomputed in backward
+    ("mmpo-entropy", {}, {"keep_bytes": 0, "softcap": 3.0}),
 ]
 
 
-PAIR_IDS = ["dpo", "simpo", "orpo", "ipo", "mmpo-entropy", "dpo+sft", "dpo-ld-dpo", "dpo-wpo", "dpo-per-token-head"]
+PAIR_IDS = ["dpo", "simpo", "orpo", "ipo", "mmpo-entropy", "dpo+sft", "dpo-ld-dpo", "dpo-wpo", "dpo-per-token-head",
+            "dpo-recompute", "mmpo-entropy-recompute"]
 
 
 @pytest.mark.parametrize(("loss", "params", "opts"), PAIR_LOSSES, ids=PAIR_IDS)

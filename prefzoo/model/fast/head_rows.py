@@ -161,17 +161,20 @@ def weight_logps(
     per_token: bool,
     want_entropy: bool,
     transform: LogitTransform | None = None,
+    keep_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(log-probs (N,) summed per row, token log-probs (M,) or None, token entropies (M,) or None) of M positions
     h (M, H) under head weight w (V, H): the fused head of the trainer's log-probs, for a weight instead of a module.
 
     Without per-token outputs (``per_token`` False) the rows are scored by :func:`head_row_logps` where it applies
     (the token tensors are then None), else per token by :func:`prefzoo.model.fast.head.head_logps`.
+    ``keep_bytes``: the most either may keep for backward instead of recomputing (default ``MAX_KEEP_BYTES``; 0:
+    always recompute, the least memory).
     """
     if not per_token:
-        logps = head_row_logps(h, w, targets, row, n, chunk_size, transform=transform)
+        logps = head_row_logps(h, w, targets, row, n, chunk_size, keep_bytes, transform)
         if logps is not None:
             return logps, None, None
-    tok_lp, tok_ent = head_logps(h, w, targets, chunk_size, want_entropy, transform=transform)
+    tok_lp, tok_ent = head_logps(h, w, targets, chunk_size, want_entropy, keep_bytes, transform)
     logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     return logps, tok_lp, tok_ent
