@@ -1,4 +1,4 @@
-"""The package's imports point down (cli → train/eval/testing → model → data/registry → losses → spec → types).
+"""The package's imports point down (cli → train/eval/testing → nn → model → data/registry → losses → spec → types).
 
 No cycles. Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports
 count: a lazy import is still an arrow); nothing is imported, so the test needs no optional dependency.
@@ -25,13 +25,14 @@ LAYERS: dict[str, int] = {
     "prefzoo": 7,  # the package's __init__: re-exports of registry, losses, spec and types
     "prefzoo.data": 8,
     "prefzoo.model": 9,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
-    "prefzoo.judge": 10,  # judges, generation engines, scoring: used by online training and by evaluation
-    "prefzoo.testing": 11,
-    "prefzoo.train": 12,
-    "prefzoo.eval": 13,  # a top layer beside train: reward accuracy, win-rate, lm-eval (uses train's callbacks)
-    "prefzoo.integrations": 14,  # other trainers (TRL) around prefzoo's losses and gather
-    "prefzoo.cli": 15,
-    "prefzoo.__main__": 16,
+    "prefzoo.nn": 10,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
+    "prefzoo.judge": 11,  # judges, generation engines, scoring: used by online training and by evaluation
+    "prefzoo.testing": 12,
+    "prefzoo.train": 13,
+    "prefzoo.eval": 14,  # a top layer beside train: reward accuracy, win-rate, lm-eval (uses train's callbacks)
+    "prefzoo.integrations": 15,  # other trainers (TRL) around prefzoo's losses and gather
+    "prefzoo.cli": 16,
+    "prefzoo.__main__": 17,
 }
 
 
@@ -156,7 +157,7 @@ def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
     g = import_graph(module_files(pkg))
     assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
     assert upward_arrows(g) == [
-        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 8, prefzoo.eval is layer 13)",
+        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 8, prefzoo.eval is layer 14)",
         "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 4, prefzoo.registry is layer 6)",
     ]
     assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
@@ -180,10 +181,10 @@ def test_other_packages_use_only_the_public_surface(graph, package) -> None:
 
 
 def test_a_package_on_the_same_layer_is_an_upward_arrow(tmp_path) -> None:
-    """Strict layering: eval -> train is fine (13 over 12), train -> eval is not, nor two packages on one layer."""
+    """Strict layering: eval -> train is fine (14 over 13), train -> eval is not, nor two packages on one layer."""
     graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.batch"}}
     assert upward_arrows(graph) == [
-        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 12, prefzoo.eval is layer 13)"
+        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 13, prefzoo.eval is layer 14)"
     ]
     assert len(set(LAYERS.values())) == len(LAYERS)  # one package a layer
 

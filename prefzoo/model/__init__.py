@@ -9,7 +9,8 @@ package imports neither accelerate nor the trainer.
 - architecture adapters (:mod:`~prefzoo.model.arch`, :mod:`~prefzoo.model.moe`): the logit transform and attention
   pattern prefzoo reproduces, the mixture-of-experts router loss;
 - log-probs (:mod:`~prefzoo.model.logps`): :func:`sequence_logps` and :class:`PolicyLogps`, the one computation every
-  part of prefzoo uses, with the exact speed paths of :mod:`prefzoo.model.fast`;
+  part of prefzoo uses, with the exact speed paths of :mod:`prefzoo.model.fast` (:func:`weight_logps`: its fused
+  LM head for a weight and selected hidden states, as :mod:`prefzoo.nn` uses it);
 - the run-start self-check (:mod:`~prefzoo.model.selfcheck`): the fast path against the model's own logits;
 - prompt embeddings (:mod:`~prefzoo.model.embedding`) for BCO's density-ratio classifier.
 
@@ -26,6 +27,7 @@ from prefzoo._lazy import lazy_names
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __getattr__ loads them
     from prefzoo.model.arch import (
+        LogitTransform,
         ModelCapabilities,
         attention_layer_types,
         logit_transform,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
     from prefzoo.model.fast.choice import SWITCHES, FastPaths, choose_fast_paths, fast_paths_for_run, switch_value
     from prefzoo.model.fast.fused_mlp import fuse_gated_mlps, lean_rms_norms
     from prefzoo.model.fast.head import head_logps
+    from prefzoo.model.fast.head_rows import weight_logps
     from prefzoo.model.fast.packing import PackingError, packing_takes_split
     from prefzoo.model.fast.prompt import SharedPromptError
     from prefzoo.model.fast.sparse_dropout import sparsify_dropout
@@ -61,14 +64,14 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
         load_tokenizer,
         prepare_quantized,
     )
-    from prefzoo.model.logps import CompletionLogps, PolicyLogps, sequence_logps, unwrap
+    from prefzoo.model.logps import CompletionLogps, PolicyLogps, sequence_logps, token_log_sq_probs, unwrap
     from prefzoo.model.moe import RouterAuxError, add_router_loss, router_metrics
     from prefzoo.model.selfcheck import LogpsSelfCheckError, check_logps, first_pairs, run_self_check
 
 # module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step)
 _MODULES: dict[str, tuple[str, ...]] = {
-    "prefzoo.model.arch": ("ModelCapabilities", "attention_layer_types", "logit_transform", "model_capabilities",
-                           "vocab_cut"),
+    "prefzoo.model.arch": ("LogitTransform", "ModelCapabilities", "attention_layer_types", "logit_transform",
+                           "model_capabilities", "vocab_cut"),
     "prefzoo.model.context": ("ContextLengthError", "ContextLimits", "DEFAULT_MAX_COMPLETION_LENGTH",
                               "DEFAULT_MAX_PROMPT_LENGTH", "fit_to_context", "model_context"),
     "prefzoo.model.defaults": ("ModelDefaults", "apply_model_defaults"),
@@ -76,6 +79,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.fast.choice": ("FastPaths", "SWITCHES", "choose_fast_paths", "fast_paths_for_run", "switch_value"),
     "prefzoo.model.fast.fused_mlp": ("fuse_gated_mlps", "lean_rms_norms"),
     "prefzoo.model.fast.head": ("head_logps",),
+    "prefzoo.model.fast.head_rows": ("weight_logps",),
     "prefzoo.model.fast.packing": ("PackingError", "packing_takes_split"),
     "prefzoo.model.fast.prompt": ("SharedPromptError",),
     "prefzoo.model.fast.sparse_dropout": ("sparsify_dropout",),
@@ -83,7 +87,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.loading": ("LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
                               "check_model_source", "enable_gradient_checkpointing", "load_kwargs",
                               "load_model_and_tokenizer", "load_tokenizer", "prepare_quantized"),
-    "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "sequence_logps", "unwrap"),
+    "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "sequence_logps", "token_log_sq_probs", "unwrap"),
     "prefzoo.model.moe": ("RouterAuxError", "add_router_loss", "router_metrics"),
     "prefzoo.model.selfcheck": ("LogpsSelfCheckError", "check_logps", "first_pairs", "run_self_check"),
 }  # fmt: skip
@@ -101,6 +105,7 @@ __all__ = [
     "FastPaths",
     "LoRATargetError",
     "LoadOptionError",
+    "LogitTransform",
     "LogpsSelfCheckError",
     "ModelCapabilities",
     "ModelDefaults",
@@ -139,8 +144,10 @@ __all__ = [
     "sparsify_dropout",
     "split_refusal",
     "switch_value",
+    "token_log_sq_probs",
     "unwrap",
     "vocab_cut",
+    "weight_logps",
 ]
 
 _LAZY, __getattr__, __dir__ = lazy_names(globals(), _MODULES)

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.model.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
-from prefzoo.model.fast.head import fusable_head, head_logps
-from prefzoo.model.fast.head_rows import head_row_logps
+from prefzoo.model.fast.head import fusable_head
+from prefzoo.model.fast.head_rows import weight_logps
 from prefzoo.model.fast.packing import pack_rows, packed_forward, split_segments
 from prefzoo.model.fast.prompt import shared_prompt_select, shared_select, unshare_rows
 from prefzoo.model.moe import router_aux_loss
@@ -29,6 +29,7 @@ __all__ = [
     "completion_logps_naive",
     "is_shared_layout",
     "sequence_logps",
+    "token_log_sq_probs",
     "unwrap",
 ]
 
@@ -298,7 +299,7 @@ def _fast_path_scores(
     per_token = token_logps or token_entropies
     logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, chunk_size, fused_head, per_token,
                                          token_entropies, transform)  # fmt: skip
-    tok_sq = _log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
+    tok_sq = token_log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
     tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
     return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
 
@@ -376,21 +377,15 @@ def _head_logps(
     Without per-token outputs a fused head may score whole rows (:mod:`prefzoo.model.fast.head_rows`: it keeps
     each row's weight gradient instead of the softmax when that is smaller); the token log-probs are then None.
     """
-    fused = fused_head and fusable_head(head)
-    if fused and not per_token:
-        logps = head_row_logps(h_sel, head.weight, targets, row, n, chunk_size, transform=transform)
-        if logps is not None:
-            return logps, None, None
-    if fused:
-        tok_lp, tok_ent = head_logps(h_sel, head.weight, targets, chunk_size, want_entropy, transform=transform)
-    else:
-        tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
+    if fused_head and fusable_head(head):
+        return weight_logps(h_sel, head.weight, targets, row, n, chunk_size, per_token, want_entropy, transform)
+    tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
     logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
     return logps, tok_lp, tok_ent
 
 
 @torch.no_grad()
-def _log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransform) -> Tensor:
+def token_log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransform) -> Tensor:
     """log Σ_v π(v | prefix)² of M selected positions (M,), a constant: one more LM-head pass, only for WPO."""
     out = [
         torch.logsumexp(2 * torch.log_softmax(transform(a.to(torch.promote_types(a.dtype, torch.float32))), -1), -1)

@@ -37,9 +37,10 @@ from prefzoo.model.fast.head import (
     _chunk_logp_all,
     _exp_shifted,
     _HeadLogps,
+    head_logps,
 )
 
-__all__ = ["head_row_logps", "row_path_bytes"]
+__all__ = ["head_row_logps", "row_path_bytes", "weight_logps"]
 
 _IDENTITY = LogitTransform()
 
@@ -148,3 +149,32 @@ def head_row_logps(
         return None
     chunk_size = max(1, min(chunk_size, MAX_CHUNK_ELEMENTS // w.shape[0]))
     return _HeadRowLogps.apply(h, w, targets, row, n, segs, chunk_size)
+
+
+def weight_logps(
+    h: Tensor,
+    w: Tensor,
+    targets: Tensor,
+    row: Tensor,
+    n: int,
+    chunk_size: int,
+    per_token: bool,
+    want_entropy: bool,
+    transform: LogitTransform | None = None,
+    keep_bytes: int | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(log-probs (N,) summed per row, token log-probs (M,) or None, token entropies (M,) or None) of M positions
+    h (M, H) under head weight w (V, H): the fused head of the trainer's log-probs, for a weight instead of a module.
+
+    Without per-token outputs (``per_token`` False) the rows are scored by :func:`head_row_logps` where it applies
+    (the token tensors are then None), else per token by :func:`prefzoo.model.fast.head.head_logps`.
+    ``keep_bytes``: the most either may keep for backward instead of recomputing (default ``MAX_KEEP_BYTES``; 0:
+    always recompute, the least memory).
+    """
+    if not per_token:
+        logps = head_row_logps(h, w, targets, row, n, chunk_size, keep_bytes, transform)
+        if logps is not None:
+            return logps, None, None
+    tok_lp, tok_ent = head_logps(h, w, targets, chunk_size, want_entropy, keep_bytes, transform)
+    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    return logps, tok_lp, tok_ent

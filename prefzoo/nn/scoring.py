@@ -1,0 +1,92 @@
+"""Log-probs of the scored positions under an LM-head weight: the trainer's fused head, for hidden states given.
+
+The policy's go through :func:`prefzoo.model.weight_logps` (summed per row where no per-token output is needed, so
+no (positions × vocab) tensor is kept for backward); the reference's are computed without gradient, or taken as
+given.  A bias is folded into the weight: h·Wᵀ + b = [h, 1]·[W, b]ᵀ, exactly, with gradients for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from prefzoo.model import LogitTransform, token_log_sq_probs, weight_logps
+from prefzoo.nn.rows import FusedInputError, Positions
+
+__all__ = ["PolicyScores", "policy_scores", "reference_scores"]
+
+
+@dataclass(frozen=True)
+class PolicyScores:
+    """The policy's log-probs of R rows: per row, and per scored position where the loss needs them."""
+
+    logps: Tensor  # (R,) Σ_t log π(y_t | x, y_<t), differentiable
+    token_logps: Tensor | None = None  # (M,) log π(y_t | ...), differentiable
+    token_entropies: Tensor | None = None  # (M,) H(π(·| ...)), differentiable
+    token_log_sq_probs: Tensor | None = None  # (M,) log Σ_v π(v | ...)², constant
+
+
+def _fold_bias(h: Tensor, w: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(h, w) with the bias as one more hidden unit: h (M, H+1) = [h, 1], w (V, H+1) = [W, b]."""
+    if bias is None:
+        return h, w
+    h = torch.cat((h, h.new_ones(h.shape[0], 1)), dim=1)  # (M, H+1)
+    return h, torch.cat((w, bias.to(w.dtype).unsqueeze(1)), dim=1)  # (V, H+1)
+
+
+def policy_scores(
+    lin_weight: Tensor,
+    bias: Tensor | None,
+    _input: Tensor,
+    pos: Positions,
+    transform: LogitTransform,
+    chunk_size: int,
+    *,
+    token_logps: bool = False,
+    token_entropies: bool = False,
+    token_sq_probs: bool = False,
+    keep_bytes: int | None = None,
+) -> PolicyScores:
+    """The policy's :class:`PolicyScores` of the scored positions of ``_input`` (R, T, H), gradients included."""
+    h, w = _fold_bias(pos.select(_input), lin_weight, bias)  # (M, H), (V, H)
+    per_token = token_logps or token_entropies
+    logps, tok_lp, tok_ent = weight_logps(
+        h, w, pos.targets, pos.row, pos.n_rows, chunk_size, per_token, token_entropies, transform, keep_bytes
+    )
+    sq = None
+    if token_sq_probs:
+        w_const = w.detach()
+        sq = token_log_sq_probs(lambda a: a @ w_const.t(), h.detach(), chunk_size, transform)  # (M,)
+    return PolicyScores(logps, tok_lp if token_logps else None, tok_ent, sq)
+
+
+def reference_scores(
+    pos: Positions,
+    transform: LogitTransform,
+    chunk_size: int,
+    ref_input: Tensor | None = None,
+    ref_weight: Tensor | None = None,
+    ref_bias: Tensor | None = None,
+    ref_logps: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """(log π_ref per row (R,), per scored position (M,) or None), constants: from the reference's hidden states
+    ``ref_input`` (R, T, H_ref) under ``ref_weight``, or from ``ref_logps`` given per row (R,) or per position
+    (R, T, aligned with ``target``; only then is a per-position reference available)."""
+    if ref_logps is not None:
+        ref_logps = ref_logps.detach()
+        if tuple(ref_logps.shape) == (pos.n_rows,):
+            return ref_logps.float(), None
+        if tuple(ref_logps.shape) != (pos.n_rows, pos.seq_len):
+            raise FusedInputError(
+                f"ref_logps must have shape (R,) = ({pos.n_rows},) per row or (R, T) = ({pos.n_rows}, {pos.seq_len}) "
+                f"per position like target, got {tuple(ref_logps.shape)}"
+            )
+        tok = ref_logps[pos.row, pos.t].float()  # (M,)
+        return torch.zeros(pos.n_rows, dtype=tok.dtype, device=tok.device).index_add(0, pos.row, tok), tok
+    assert ref_input is not None and ref_weight is not None
+    with torch.no_grad():
+        h, w = _fold_bias(pos.select(ref_input), ref_weight, ref_bias)
+        logps, ref_tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, chunk_size, True, False, transform)
+    return logps.float(), (ref_tok.float() if ref_tok is not None else None)
