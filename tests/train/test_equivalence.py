@@ -59,7 +59,8 @@ def test_resume_with_another_loss_or_model_is_an_error(tmp_path, tiny_dir, pairs
     other = make_model_dir(tmp_path / "other", seed=7)
     with pytest.raises(ResumeError, match="same --model"):
         run_inprocess(base_config(other, pairs_file, out, max_steps=4, resume="auto"))
-    with pytest.raises(ResumeError, match=r"accumulation = \[1, 4, 1\], this run \[1, 4, 2\]"):
+    with pytest.raises(ResumeError, match=r"checkpoint trained 4 examples per step \(1 processes × 4 per device × 1 "
+                       r"accumulation\), this run 8 \(1 × 4 × 2\)"):  # fmt: skip
         run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=4, resume="auto", grad_accum=2))
 
 
