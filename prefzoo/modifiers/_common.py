@@ -21,8 +21,9 @@ REWARD_DIFFERENCE = Applicability(
 )
 WITH_REFERENCE = Applicability("losses with a reference model (Need.REFERENCE)", lambda spec, p: spec.needs_reference)
 ANY_PER_PAIR = Applicability(
-    "losses that are not batch-coupled (a sorted or normalized batch would misalign per-pair weights)",
-    lambda spec, p: not spec.batch_coupled,
+    "losses whose per-example losses follow their examples (LossSpec.permutation_equivariant), batch-coupled ones "
+    "included: each example's weight multiplies its own loss",
+    lambda spec, p: spec.is_permutation_equivariant(p),
 )
 LOGP_REWARD = Applicability(
     "reference-free losses whose reward is log π(y|x) or its per-token average (LossSpec.logp_reward)",

@@ -64,3 +64,15 @@ def train_start(model_dir, tmp_path, lora):
     """The trainable parameters before any step (max_steps=0 builds the same trainer and trains nothing)."""
     params, _, _ = train(model_dir, tmp_path / "start", make_pairs(4), adapter=False, lora=lora, max_steps=0)
     return params
+
+
+def test_use_weighting_with_a_batch_coupled_loss_trains_with_wpo_weights(trl_model_dir, tmp_path):
+    """``use_weighting=True, loss="mmpo-no-aux"``: WPO's weights on MMPO's logsumexp (TRL has no such loss type)."""
+    pairs = make_pairs(24, seed=1)
+    _, plain, _ = train(trl_model_dir, tmp_path / "plain", pairs, adapter=True, loss="mmpo-no-aux", max_steps=1)
+    _, weighted, _ = train(trl_model_dir, tmp_path / "wpo", pairs, adapter=True, loss="mmpo-no-aux", max_steps=1,
+                           use_weighting=True)  # fmt: skip
+    first_plain, first = next(r for r in plain if "loss" in r), next(r for r in weighted if "loss" in r)
+    assert "wpo/weight" in first and 0 < first["wpo/weight"] < 1, first  # each pair's weight w(y_w)·w(y_l)
+    assert "wpo/weight" not in first_plain
+    assert first["loss"] != pytest.approx(first_plain["loss"], rel=1e-3)  # the weights act on the same first batch

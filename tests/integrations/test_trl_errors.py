@@ -43,9 +43,6 @@ def _one_line(excinfo) -> str:
         ("dpo", None, {"loss_type": "ipo"}, "DPOConfig.loss_type=['ipo'] does not apply with loss='dpo'"),
         ("dpo", None, {"loss_weights": [1.0]}, "loss_weights"),
         # TRL's switches that prefzoo has as modifiers: refused only where the modifier does not apply
-        ("mmpo-no-aux", None, {"use_weighting": True}, "DPOConfig.use_weighting=True (prefzoo modifier 'wpo') does "
-         "not apply to loss 'mmpo-no-aux': wpo applies to losses that are not batch-coupled"),
-        ("0.5*dpo + 0.5*sft", None, {"use_weighting": True}, "(prefzoo modifier 'wpo') does not apply to loss 'sft'"),
         ("simpo", None, {"sync_ref_model": True}, "DPOConfig.sync_ref_model=True (prefzoo modifier 'tr-dpo') does "
          "not apply to loss 'simpo': tr-dpo applies to losses with a reference model"),
         ("dpo", None, {"ld_alpha": 1.5}, "DPOConfig.ld_alpha=1.5 is out of range for prefzoo modifier 'ld-dpo'"),
