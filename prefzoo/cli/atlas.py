@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefzoo.cli.inspect import Fingerprint, dense_grid, draw, fingerprint, landmarks, number, pyplot, summary
-from prefzoo.cli.losses import coupling, source_of, takes
+from prefzoo.cli.losses import coupling, formula_markdown, source_of, takes
 from prefzoo.cli.main import CLIError
 from prefzoo.registry import MODIFIERS, get_registry, modify, registry_of
 from prefzoo.spec import Loss, LossParamError, LossSpec, ModifierSpec, ParamInfo, param_infos
@@ -29,6 +29,11 @@ DPI = 80  # modest: the PNGs are committed
 # the loss each modifier is drawn on: the first of these it applies to (documentation data, as in cli/features.py)
 MODIFIER_BASES = ("dpo", "simpo")
 PAPER_FAMILY = "mmpo"  # LossSpec.family of the paper's loss and its ablations: the overview gives them their own panel
+# the pages' recurring math, in LaTeX (arithmatex: $...$ inline)
+W_W = r"$w_w = -\partial L/\partial\log\pi(y_w)$"
+W_L = r"$w_l = -\partial L/\partial\log\pi(y_l)$"
+MARGIN = r"$m = \log\pi(y_w) - \log\pi(y_l)$"
+LENGTHS = rf"$\lvert y_w\rvert = {LENGTH}$, $\lvert y_l\rvert = {REJECTED_LENGTH}$"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -131,13 +136,14 @@ def group_of(spec: LossSpec) -> str:
 
 
 GROUPS = {
-    "DPO-like": "needs a reference and no lengths: the loss is a function of the log-ratio margin Δ alone.",
-    "length-aware": "needs a reference and the lengths |y|: log-ratios averaged per token (IPO, sigmoid-norm), a "
-    "length penalty (R-DPO), or an NLL term normalised by length (combinations with SFT).",
+    "DPO-like": r"needs a reference and no lengths: the loss is a function of the log-ratio margin $\Delta$ alone.",
+    "length-aware": r"needs a reference and the lengths $\lvert y\rvert$: log-ratios averaged per token (IPO, "
+    "sigmoid-norm), a length penalty (R-DPO), or an NLL term normalised by length (combinations with SFT).",
     "reference-free": "no reference model: the scores are the policy's own (average or summed) log-probs.",
-    "MMPO": "the paper's loss and its ablations. The listed loss equals −s_w exactly, so `mmpo` (and `mmpo-no-norm`) "
-    "draw a **flat line**: w_w = 1 and w_l = 0 at every margin, plain NLL on the chosen response; `mmpo-length-norm` "
-    "is the same line at 1/|y_w|. Only `mmpo-no-aux` has the sigmoid weights of Theorem 3.1.",
+    "MMPO": "the paper's loss and its ablations. The listed loss equals $-s_w$ exactly, so `mmpo` (and "
+    "`mmpo-no-norm`) draw a **flat line**: $w_w = 1$ and $w_l = 0$ at every margin, plain NLL on the chosen response; "
+    r"`mmpo-length-norm` is the same line at $1/\lvert y_w\rvert$. Only `mmpo-no-aux` has the sigmoid weights of "
+    "Theorem 3.1.",
     "lists": "losses over K ranked completions, drawn with K = 2 (a pair is a list of two, best first).",
     "unpaired": "no plot: an unpaired loss sees each completion alone with a desirable/undesirable label, so there is "
     "no chosen–rejected margin to sweep (KTO's and BCO's reference point also comes from the rest of the batch).",
@@ -153,8 +159,7 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         "",
         spec.description,
         "",
-        f"**Loss:** `L = {spec.formula}`",
-        "",
+        *formula_markdown(spec),
         f"**Scores** (reward accuracy): {spec.scores}",
         "",
     ]
@@ -183,9 +188,9 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         out += [GROUPS["unpaired"].replace("no plot: an", "No fingerprint: an", 1)]
         return "\n".join(out) + "\n"
     out += [
-        f"w_w = −∂L/∂log π(y_w) (solid) and w_l = −∂L/∂log π(y_l) (dashed) by autograd against the margin "
-        f"m = log π(y_w) − log π(y_l), one pair at a time, log π = {LOGP:g} ± m/2, reference log-probs {LOGP:g} "
-        f"(so Δ = m), |y_w| = {LENGTH}, |y_l| = {REJECTED_LENGTH}. Positive raises that response's likelihood. "
+        f"{W_W} (solid) and {W_L} (dashed) by autograd against the margin {MARGIN}, one pair at a time, "
+        f"$\\log\\pi = {LOGP:g} \\pm m/2$, reference log-probs ${LOGP:g}$ (so $\\Delta = m$), {LENGTHS}. Positive "
+        "raises that response's likelihood. "
         f"`prefzoo inspect {spec.name} --min {MARGIN_MIN:g} --max {MARGIN_MAX:g} --points {POINTS} --logp {LOGP:g} "
         f"--ref-logp {LOGP:g}` prints the same fingerprint.",
         "",
@@ -229,10 +234,10 @@ def _curve_lines(c: Curve) -> list[str]:
             "no sign change or saturation") + ".", ""]
     at = {m: i for i, m in enumerate(c.fp.margins)}
     idx = [at[m] for m in TABLE_MARGINS]
-    out += ["| m | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
+    out += ["| $m$ | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
             "|---|" + "---|" * len(idx),
-            "| w_w | " + " | ".join(number(c.fp.w_w[i]) for i in idx) + " |",
-            "| w_l | " + " | ".join(number(c.fp.w_l[i]) for i in idx) + " |", ""]
+            "| $w_w$ | " + " | ".join(number(c.fp.w_w[i]) for i in idx) + " |",
+            "| $w_l$ | " + " | ".join(number(c.fp.w_l[i]) for i in idx) + " |", ""]
     return out
 
 
@@ -243,12 +248,12 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> st
         "",
         "<!-- Generated by `prefzoo atlas docs/atlas --builtin-only`; a test fails if it drifts. -->",
         "",
-        "Every registered loss as a picture of its gradient: w_w = −∂L/∂log π(y_w) (solid) and "
-        "w_l = −∂L/∂log π(y_l) (dashed) against the margin m = log π(y_w) − log π(y_l), by autograd at the default "
-        f"parameters, reference log-probs equal (Δ = m), |y_w| = {LENGTH}, |y_l| = {REJECTED_LENGTH}. A weight "
-        "that **vanishes** at large m means the loss stops pushing once a pair is separated (it saturates); a w_l "
-        "that stays negative keeps pushing the rejected response down however far it already is; w_w constant and "
-        "w_l = 0 is NLL in disguise. Each loss's page has its parameters, capabilities, covering properties and "
+        f"Every registered loss as a picture of its gradient: {W_W} (solid) and {W_L} (dashed) against the margin "
+        f"{MARGIN}, by autograd at the default parameters, reference log-probs equal ($\\Delta = m$), {LENGTHS}. "
+        "A weight that **vanishes** at large $m$ means the loss stops pushing once a pair is separated (it "
+        "saturates); a $w_l$ that stays negative keeps pushing the rejected response down however far it already "
+        "is; $w_w$ constant and $w_l = 0$ is NLL in disguise. Each loss's page has its parameters, capabilities, "
+        "covering properties and "
         "its fingerprint at three values of its main parameter. Regenerate with "
         "`prefzoo atlas docs/atlas --builtin-only`; `prefzoo inspect A B C --plot out.png` overlays any losses. "
         "The [modifiers](modifiers.md) have their own page: each drawn on a loss it applies to.",
@@ -263,7 +268,8 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> st
         out += [f"## {group}", "", GROUPS[group], ""]
         if group != "unpaired":
             out += [f"![{group}](img/overview-{_slug(group)}.svg) ([PNG](img/overview-{_slug(group)}.png))", ""]
-        out += ["| loss | w_w at m = −50, +50 | w_l at m = −50, +50 | what the gradient does |", "|---|---|---|---|"]
+        out += ["| loss | $w_w$ at $m = -50, +50$ | $w_l$ at $m = -50, +50$ | what the gradient does |",
+                "|---|---|---|---|"]
         for s in members:
             fp = defaults.get(s.name)
             if fp is None:
@@ -343,8 +349,8 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
         "",
         "Each [modifier](../modifiers.md) at its default parameters on a base loss (the first of "
         + ", ".join(f"`{b}`" for b in MODIFIER_BASES) + " it applies to), against the base alone: the same "
-        f"single pair as the loss pages (log π = {LOGP:g} ± m/2, reference {LOGP:g}, |y_w| = {LENGTH}, "
-        f"|y_l| = {REJECTED_LENGTH}; token log-probs spread evenly, Σ_v π(v)² = π(y_t)², data score gap 2). "
+        f"single pair as the loss pages ($\\log\\pi = {LOGP:g} \\pm m/2$, reference ${LOGP:g}$, {LENGTHS}; token "
+        r"log-probs spread evenly, $\sum_v \pi(v)^2 = \pi(y_t)^2$, data score gap 2). "
         "`prefzoo inspect BASE --modifier NAME` computes the same. Modifiers that act across a batch or across "
         "training steps are seen here on one pair at one step: what that shows is said under each.",
         "",
@@ -367,10 +373,10 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
         out += [f"![{m.name} on {it.base}](img/modifier-{m.name}.svg) ([PNG](img/modifier-{m.name}.png))", ""]
         at = {x: i for i, x in enumerate(it.plain.margins)}
         idx = [at[x] for x in TABLE_MARGINS]
-        out += ["| m | " + " | ".join(f"{x:g}" for x in TABLE_MARGINS) + " |", "|---|" + "---|" * len(idx)]
+        out += ["| $m$ | " + " | ".join(f"{x:g}" for x in TABLE_MARGINS) + " |", "|---|" + "---|" * len(idx)]
         for label, fp in ((it.base, it.plain), (f"{it.base} + {m.name}", it.modified)):
-            out += [f"| w_w, {label} | " + " | ".join(number(fp.w_w[i]) for i in idx) + " |",
-                    f"| w_l, {label} | " + " | ".join(number(fp.w_l[i]) for i in idx) + " |"]
+            out += [f"| $w_w$, {label} | " + " | ".join(number(fp.w_w[i]) for i in idx) + " |",
+                    f"| $w_l$, {label} | " + " | ".join(number(fp.w_l[i]) for i in idx) + " |"]
         marks = landmarks(it.modified)
         out += ["", f"With {m.name}, on [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: "
                 + ("; ".join(marks) if marks else "no sign change or saturation") + ".", ""]
