@@ -14,18 +14,25 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefzoo.cli.inspect import Fingerprint, dense_grid, draw, fingerprint, landmarks, number, pyplot, summary
+import torch
+
+from prefzoo.cli import atlas_plots
+from prefzoo.cli.inspect import Fingerprint, dense_grid, fingerprint, landmarks, number, pyplot, summary
 from prefzoo.cli.losses import coupling, formula_markdown, source_of, takes
 from prefzoo.cli.main import CLIError
 from prefzoo.registry import MODIFIERS, get_registry, modify, registry_of
 from prefzoo.spec import Loss, LossParamError, LossSpec, ModifierSpec, ParamInfo, param_infos
-from prefzoo.types import Need, Shape
+from prefzoo.types import Need, Shape, UnpairedBatch
 
 MARGIN_MIN, MARGIN_MAX, POINTS = -50.0, 50.0, 51  # the margin grid: wide enough for β = 0.1 to saturate σ(βΔ)
 LOGP = -30.0  # log π of both responses (and of the reference) at margin 0: log π(y_w) = −5 at the widest margin
 LENGTH, REJECTED_LENGTH = 10, 15  # |y_w|, |y_l|: the rejected response longer, as `prefzoo inspect` does by default
 TABLE_MARGINS = (-50.0, -20.0, -4.0, 0.0, 4.0, 20.0, 50.0)  # the margins whose weights each page prints
-DPI = 80  # modest: the PNGs are committed
+# unpaired losses: the implicit reward relative to the loss's reference point (its chosen − rejected rewards), and
+# the mean log-ratio of the batch's completions and of its mismatched (KL) ones, which sets KTO's z₀ and BCO's δ
+REWARD_MIN, REWARD_MAX, REWARD_POINTS = -10.0, 10.0, 81
+REWARD_TABLE = (-10.0, -4.0, -1.0, 0.0, 1.0, 4.0, 10.0)
+REFERENCE_LOGRATIO = 2.0
 # the loss each modifier is drawn on: the first of these it applies to (documentation data, as in cli/features.py)
 MODIFIER_BASES = ("dpo", "simpo")
 PAPER_FAMILY = "mmpo"  # LossSpec.family of the paper's loss and its ablations: the overview gives them their own panel
@@ -101,6 +108,57 @@ def curves_of(spec: LossSpec) -> list[Curve]:
             for label, kw in settings]
 
 
+@dataclass(frozen=True)
+class UnpairedCurve:
+    """The gradient of an unpaired loss per completion, against its implicit reward relative to the reference point."""
+
+    label: str  # e.g. "beta = 0.1 (default)"
+    rewards: list[float]  # chosen_rewards − rejected_rewards: β·ρ less the point it is compared with (β·z₀, δ, 0)
+    desirable: list[float]  # −∂L/∂log π(y) of a desirable completion at that reward
+    undesirable: list[float]  # −∂L/∂log π(y) of an undesirable one
+
+
+def unpaired_gradient(loss: Loss, label: str) -> UnpairedCurve:
+    """−∂L/∂log π(y) by autograd for completions whose implicit rewards lie evenly on [REWARD_MIN, REWARD_MAX] about
+    the loss's reference point, read back from its output (``chosen_rewards − rejected_rewards``). The mismatched
+    completions' mean log-ratio is :data:`REFERENCE_LOGRATIO` (KTO's z₀); the batch's rewards are symmetric about the
+    point, so BCO's running mean δ after this one batch is the point itself. Each completion's loss depends on the
+    others only through that constant point, so one batch gives every completion's own gradient."""
+    beta = float(getattr(loss.params, "beta", 1.0))
+    xs = torch.tensor(dense_grid(REWARD_MIN, REWARD_MAX, REWARD_POINTS), dtype=torch.float64)  # (N,)
+
+    def run(rho: torch.Tensor, desirable: bool) -> tuple[list[float], torch.Tensor]:
+        n, base = rho.numel(), torch.full((rho.numel(),), LOGP, dtype=torch.float64)
+        policy = (base + rho).requires_grad_()
+        batch = UnpairedBatch(
+            policy_logps=policy, labels=torch.full((n,), desirable), ref_logps=base,
+            lengths=torch.full((n,), LENGTH), kl_policy_logps=base + REFERENCE_LOGRATIO, kl_ref_logps=base,
+        )
+        out = Loss(loss.spec, loss.params)(batch, update_state=True)  # a fresh state: BCO's δ is this batch's mean
+        (g,) = torch.autograd.grad(out.losses.sum(), (policy,))
+        return [-v + 0.0 for v in g.tolist()], (out.chosen_rewards - out.rejected_rewards).detach()
+
+    _, first = run(REFERENCE_LOGRATIO + xs / beta, True)
+    point = float((beta * (REFERENCE_LOGRATIO + xs / beta) - first).mean())  # β·z₀, δ or 0
+    rho = (xs + point) / beta  # (N,) rewards β·ρ symmetric about the point
+    desirable, rewards = run(rho, True)
+    undesirable, _ = run(rho, False)
+    return UnpairedCurve(label, [round(r, 9) + 0.0 for r in rewards.tolist()], desirable, undesirable)
+
+
+def unpaired_curves_of(spec: LossSpec) -> list[UnpairedCurve]:
+    """An unpaired loss's gradient at its defaults and at two other values of its main parameter."""
+    if not spec.accepts(Shape.UNPAIRED) or spec.accepts(Shape.PAIR):
+        return []
+    info = main_param(spec)
+    settings: list[tuple[str, dict[str, float]]] = [("defaults", {})]
+    if info is not None:
+        vals = sweep_values(spec, info)
+        settings = [(f"{info.name} = {vals[0]:g} (default)", {})]
+        settings += [(f"{info.name} = {v:g}", {info.name: v}) for v in vals[1:]]
+    return [unpaired_gradient(Loss(spec, spec.params(**kw)), label) for label, kw in settings]
+
+
 def covering_properties(spec: LossSpec) -> list[str]:
     """The conformance kit's properties checked on this loss (``prefzoo check NAME`` runs them)."""
     try:
@@ -145,12 +203,14 @@ GROUPS = {
     r"`mmpo-length-norm` is the same line at $1/\lvert y_w\rvert$. Only `mmpo-no-aux` has the sigmoid weights of "
     "Theorem 3.1.",
     "lists": "losses over K ranked completions, drawn with K = 2 (a pair is a list of two, best first).",
-    "unpaired": "no plot: an unpaired loss sees each completion alone with a desirable/undesirable label, so there is "
-    "no chosen–rejected margin to sweep (KTO's and BCO's reference point also comes from the rest of the batch).",
+    "unpaired": "one completion at a time, labelled desirable or undesirable: no chosen–rejected margin, so each is "
+    "drawn against its implicit reward $\\beta\\rho$ relative to the loss's reference point (KTO's "
+    "$\\beta z_0$, BCO's running mean $\\delta$, 0 for `apo-zero-unpaired`), the gradient "
+    "$-\\partial L/\\partial\\log\\pi(y)$ of a desirable completion (solid) and of an undesirable one (dashed).",
 }
 
 
-def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
+def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve] | None = None) -> str:
     """The atlas page of one loss, in Markdown."""
     out = [
         f"# {spec.name}",
@@ -185,8 +245,7 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
     out += [f"- {p}" for p in covering_properties(spec)]
     out += ["", "## Gradient fingerprint", ""]
     if not curves:
-        out += [GROUPS["unpaired"].replace("no plot: an", "No fingerprint: an", 1)]
-        return "\n".join(out) + "\n"
+        return "\n".join(out + _unpaired_lines(spec, unpaired or [])).rstrip("\n") + "\n"
     out += [
         f"{W_W} (solid) and {W_L} (dashed) by autograd against the margin {MARGIN}, one pair at a time, "
         f"$\\log\\pi = {LOGP:g} \\pm m/2$, reference log-probs ${LOGP:g}$ (so $\\Delta = m$), {LENGTHS}. Positive "
@@ -194,15 +253,64 @@ def loss_page(spec: LossSpec, curves: list[Curve]) -> str:
         f"`prefzoo inspect {spec.name} --min {MARGIN_MIN:g} --max {MARGIN_MAX:g} --points {POINTS} --logp {LOGP:g} "
         f"--ref-logp {LOGP:g}` prints the same fingerprint.",
         "",
-        f"![{spec.name} gradient fingerprint](img/{spec.name}.svg) ([PNG](img/{spec.name}.png))",
+        f"![{spec.name}: gradient fingerprint, w_w and w_l against the margin](img/{spec.name}.svg)",
+        "",
+        f"[PNG, 2×](img/{spec.name}.png)",
         "",
     ]
     if Shape.LIST in spec.shapes and Shape.PAIR not in spec.shapes:
         out += ["A list loss: the pair is a group of K = 2, best first (`prefzoo inspect NAME --k K` shows ranks).",
                 ""]
-    for c in curves:
+    for c in _merge_equal(curves):
         out += _curve_lines(c)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _merge_equal(curves: list[Curve], rel: float = 1e-9) -> list[Curve]:
+    """Settings whose fingerprints agree (to ``rel`` × the largest weight) shown once, under all their labels: MMPO's
+    β changes no gradient, and three equal sections would say so three times."""
+    groups: list[list[Curve]] = []
+    for c in curves:
+        for g in groups:
+            d = g[0].fp
+            scale = max(abs(x) for x in (*d.w_w, *d.w_l, 1e-300))
+            pairs = zip((*d.w_w, *d.w_l), (*c.fp.w_w, *c.fp.w_l), strict=True)
+            if all(abs(a - b) <= rel * scale for a, b in pairs):
+                g.append(c)
+                break
+        else:
+            groups.append([c])
+    return [g[0] if len(g) == 1 else
+            Curve("; ".join(c.label for c in g) + ": the same gradient", g[0].fp) for g in groups]
+
+
+def _unpaired_lines(spec: LossSpec, curves: list[UnpairedCurve]) -> list[str]:
+    """An unpaired loss's gradient section: what is drawn, the figure, and the weights at a few rewards."""
+    if not curves:
+        return ["No fingerprint: the loss takes no pairs and no single completions with a reward to sweep."]
+    out = [
+        "An unpaired loss sees one completion at a time, with a desirable/undesirable label. Drawn: "
+        r"$-\partial L/\partial\log\pi(y)$ of one completion, desirable (left) and undesirable (right), by "
+        "autograd against its implicit reward relative to the loss's reference point, the loss's own "
+        "`chosen_rewards − rejected_rewards`. The completions' log-ratios $\\rho$ are spread evenly around "
+        f"${REFERENCE_LOGRATIO:g}$, which is also the mean log-ratio of the mismatched completions (where the loss "
+        "reads them) and of the batch's own; reference log-probs "
+        f"${LOGP:g}$, $\\lvert y\\rvert = {LENGTH}$. Positive raises the completion's likelihood.",
+        "",
+        f"![{spec.name}: gradient per completion against its implicit reward, desirable and undesirable]"
+        f"(img/{spec.name}.svg)",
+        "",
+        f"[PNG, 2×](img/{spec.name}.png)",
+        "",
+    ]
+    at = {round(x, 9): i for i, x in enumerate(curves[0].rewards)}
+    idx = [at[x] for x in REWARD_TABLE]
+    for c in curves:
+        out += [f"### {c.label}", "",
+                "| reward − point | " + " | ".join(f"{x:g}" for x in REWARD_TABLE) + " |", "|---|" + "---|" * len(idx),
+                "| desirable | " + " | ".join(number(c.desirable[i]) for i in idx) + " |",
+                "| undesirable | " + " | ".join(number(c.undesirable[i]) for i in idx) + " |", ""]
+    return out
 
 
 def _capability_lines(spec: LossSpec) -> list[str]:
@@ -241,7 +349,8 @@ def _curve_lines(c: Curve) -> list[str]:
     return out
 
 
-def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> str:
+def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint],
+                  unpaired: dict[str, UnpairedCurve] | None = None) -> str:
     """The atlas's front page: every loss by group, the overlaid default fingerprints, and what each does."""
     out = [
         "# Loss atlas",
@@ -266,15 +375,21 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint]) -> st
         if not members:
             continue
         out += [f"## {group}", "", GROUPS[group], ""]
-        if group != "unpaired":
-            out += [f"![{group}](img/overview-{_slug(group)}.svg) ([PNG](img/overview-{_slug(group)}.png))", ""]
+        out += [f"![{group}: one panel per loss, gradient weights at default parameters]"
+                f"(img/overview-{_slug(group)}.svg)", "", f"[PNG, 2×](img/overview-{_slug(group)}.png)", ""]
+        if group == "unpaired":
+            out += ["| loss | desirable at reward −10, 0, +10 | undesirable at reward −10, 0, +10 |", "|---|---|---|"]
+            for s in members:
+                c = (unpaired or {})[s.name]
+                ends = (0, len(c.rewards) // 2, -1)
+                out.append(f"| [`{s.name}`]({s.name}.md) | " + ", ".join(number(c.desirable[i]) for i in ends)
+                           + " | " + ", ".join(number(c.undesirable[i]) for i in ends) + " |")
+            out.append("")
+            continue
         out += ["| loss | $w_w$ at $m = -50, +50$ | $w_l$ at $m = -50, +50$ | what the gradient does |",
                 "|---|---|---|---|"]
         for s in members:
-            fp = defaults.get(s.name)
-            if fp is None:
-                out.append(f"| [`{s.name}`]({s.name}.md) | – | – | no margin (unpaired) |")
-                continue
+            fp = defaults[s.name]
             out.append(f"| [`{s.name}`]({s.name}.md) | {number(fp.w_w[0])}, {number(fp.w_w[-1])} | "
                        f"{number(fp.w_l[0])}, {number(fp.w_l[-1])} | {_behaviour(fp)} |")
         out.append("")
@@ -370,7 +485,8 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
                     "token itself), so a weight exp(mean_t[log π(y_t) − log Σ_v π(v)²]) is exp(−mean_t log π(y_t)): "
                     f"e^{-LOGP / LENGTH:g} at m = 0. The shape against the margin is the modifier's; the scale is "
                     "that of this made-up distribution, not of a real model's.", ""]
-        out += [f"![{m.name} on {it.base}](img/modifier-{m.name}.svg) ([PNG](img/modifier-{m.name}.png))", ""]
+        out += [f"![{m.name} on {it.base}: w_w and w_l against the margin, with and without the modifier]"
+                f"(img/modifier-{m.name}.svg)", "", f"[PNG, 2×](img/modifier-{m.name}.png)", ""]
         at = {x: i for i, x in enumerate(it.plain.margins)}
         idx = [at[x] for x in TABLE_MARGINS]
         out += ["| $m$ | " + " | ".join(f"{x:g}" for x in TABLE_MARGINS) + " |", "|---|" + "---|" * len(idx)]
@@ -384,68 +500,65 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
 
 
 def write_images(out: Path, specs: list[LossSpec], curves: dict[str, list[Curve]],
-                 mods: list[ModifierCurves] | None = None) -> None:
-    """Each loss's fingerprint at its three parameter values, and one overlay per overview group (PNG + SVG)."""
-    plt = pyplot()
-    plt.rcParams["svg.hashsalt"] = "prefzoo-atlas"  # stable ids: regenerating unchanged plots changes no bytes
+                 mods: list[ModifierCurves] | None = None,
+                 unpaired: dict[str, list[UnpairedCurve]] | None = None) -> None:
+    """Each loss's figure at its three parameter values, one small-multiples figure per overview group and one figure
+    per modifier, each as SVG and 2× PNG (:mod:`prefzoo.cli.atlas_plots`)."""
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
-
-    def save(fig: object, stem: str) -> None:
-        fig.tight_layout()  # type: ignore[attr-defined]
-        fig.savefig(img / f"{stem}.png", dpi=DPI, metadata={"Software": None})  # type: ignore[attr-defined]
-        fig.savefig(img / f"{stem}.svg", metadata={"Date": None})  # type: ignore[attr-defined]
-        plt.close(fig)
-
+    unpaired = unpaired or {}
     for s in specs:
-        if not curves[s.name]:
+        if curves[s.name]:
+            fig = atlas_plots.fingerprint_figure(s.name, [(c.label, c.fp) for c in curves[s.name]])
+        elif unpaired.get(s.name):
+            fig = atlas_plots.two_panels(
+                [(c.label, c.rewards, c.desirable, c.undesirable) for c in unpaired[s.name]],
+                f"{s.name}: gradient per completion", atlas_plots.REWARD_LABEL, "desirable completion",
+                "undesirable completion")
+        else:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        draw(ax, [(c.label, c.fp) for c in curves[s.name]])
-        ax.set_title(f"{s.name}: gradient fingerprint")
-        save(fig, s.name)
+        atlas_plots.save(fig, img, s.name)
     for group in GROUPS:
-        members = [s for s in specs if group_of(s) == group and curves[s.name]]
-        if not members:
-            continue
-        fig, (aw, al) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
-        cmap = plt.get_cmap("tab20")
-        for i, s in enumerate(members):
-            fp = curves[s.name][0].fp
-            aw.plot(fp.margins, fp.w_w, color=cmap(i % 20), label=s.name)
-            al.plot(fp.margins, fp.w_l, color=cmap(i % 20), linestyle="--")
-        for ax, what in ((aw, "w_w = −∂L/∂log π(y_w)"), (al, "w_l = −∂L/∂log π(y_l)")):
-            ax.axhline(0, color="grey", linewidth=0.5)
-            ax.set_xlabel("log π(y_w) − log π(y_l)")
-            ax.set_title(what)
-        aw.legend(fontsize="x-small", ncol=2)
-        fig.suptitle(f"{group}: gradient fingerprints at default parameters")
-        save(fig, f"overview-{_slug(group)}")
+        members = [s for s in specs if group_of(s) == group]
+        if group == "unpaired":
+            panels = [(s.name, c.rewards, c.desirable, c.undesirable)
+                      for s in members if (c := (unpaired.get(s.name) or [None])[0]) is not None]
+            labels = (atlas_plots.REWARD_LABEL, "desirable", "undesirable")
+        else:
+            panels = [(s.name, c.fp.margins, c.fp.w_w, c.fp.w_l) for s in members for c in curves[s.name][:1]]
+            labels = (atlas_plots.MARGIN_LABEL, atlas_plots.W_W_LABEL, atlas_plots.W_L_LABEL)
+        if panels:
+            fig = atlas_plots.small_multiples(panels, f"{group}: gradient weights at default parameters", *labels)
+            atlas_plots.save(fig, img, f"overview-{_slug(group)}")
     for it in mods or []:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        draw(ax, [(it.base, it.plain), (f"{it.base} + {it.spec.name}", it.modified)])
-        ax.set_title(f"{it.spec.name} on {it.base}: gradient fingerprint")
-        save(fig, f"modifier-{it.spec.name}")
+        fig = atlas_plots.fingerprint_figure(f"{it.spec.name} on {it.base}", [
+            (it.base, it.plain), (f"{it.base} + {it.spec.name}", it.modified)])
+        atlas_plots.save(fig, img, f"modifier-{it.spec.name}")
 
 
-def atlas_pages(
-    builtin_only: bool = False,
-) -> tuple[dict[str, str], list[LossSpec], dict[str, list[Curve]], list[ModifierCurves]]:
-    """{file name: Markdown} for every page, with the specs and curves they were made from."""
+Atlas = tuple[dict[str, str], list[LossSpec], dict[str, list[Curve]], list[ModifierCurves],
+              dict[str, list[UnpairedCurve]]]
+
+
+def atlas_pages(builtin_only: bool = False) -> Atlas:
+    """{file name: Markdown} for every page, with the specs and curves (paired, modifiers, unpaired) they were made
+    from."""
     reg = get_registry()
     specs = [reg.specs[n] for n in reg.names() if not builtin_only or reg.specs[n].builtin]
     curves = {s.name: curves_of(s) for s in specs}
-    pages = {f"{s.name}.md": loss_page(s, curves[s.name]) for s in specs}
-    pages["index.md"] = overview_page(specs, {n: c[0].fp for n, c in curves.items() if c})
+    unpaired = {s.name: unpaired_curves_of(s) for s in specs}
+    pages = {f"{s.name}.md": loss_page(s, curves[s.name], unpaired[s.name]) for s in specs}
+    pages["index.md"] = overview_page(specs, {n: c[0].fp for n, c in curves.items() if c},
+                                      {n: c[0] for n, c in unpaired.items() if c})
     mods = modifier_curves(builtin_only)
     if mods:
         pages["modifiers.md"] = modifiers_page(mods)
-    return pages, specs, curves, mods
+    return pages, specs, curves, mods, unpaired
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
-    pages, specs, curves, mods = atlas_pages(args.builtin_only)
+    pages, specs, curves, mods, unpaired = atlas_pages(args.builtin_only)
     if not args.no_images:
         pyplot()  # fail before writing anything when matplotlib is missing
     out.mkdir(parents=True, exist_ok=True)
@@ -455,6 +568,6 @@ def run(args: argparse.Namespace) -> int:
     for name, text in pages.items():
         (out / name).write_text(text, encoding="utf-8")
     if not args.no_images:
-        write_images(out, specs, curves, mods)
+        write_images(out, specs, curves, mods, unpaired)
     print(f"wrote {len(pages)} pages to {out}" + ("" if args.no_images else f" and their plots to {out / 'img'}"))
     return 0
