@@ -372,7 +372,9 @@ def render_block(
             lines.append(
                 f"| {rec['loss']} | {'yes' if rec['metrics_identical'] else 'no'} | {rec['max_abs_dtheta']:.2e} |"
             )
-    lines += ["", "### Plots", ""]
+    lines += ["", "### Plots", "",
+              "Drawn by the command under *Run* from the runs it finished; the same command with `--no-run` redraws "
+              "them and this block from `runs.jsonl` without training.", ""]
     lines += [f"![{title}]({name})" + "\n" for title, name in plots.items()]
     lines += [END]
     return "\n".join(lines) + "\n"
