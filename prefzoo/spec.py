@@ -249,11 +249,14 @@ def _literal_choices(typ: Any) -> tuple[Any, ...] | None:
 _TEX_SYMBOLS = {
     "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "varepsilon": "ε", "epsilon": "ε",
     "theta": "θ", "lambda": "λ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "psi": "ψ", "sum": "Σ",
-    "cdot": "·", "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "leq": "≤", "gt": ">", "lt": "<",
+    "cdot": "·", "leftarrow": "←", "le": "≤", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋",
+    "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "leq": "≤", "gt": ">", "lt": "<",
     "equiv": "≡", "log": "log", "exp": "exp", "max": "max", "min": "min", "quad": " ", "qquad": " ",
 }
 _TEX_DROPPED = ("left", "right", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr")
 _TEX_FUNCTIONS = ("log", "exp", "max", "min")  # a space after them when a name follows: \log\sigma -> "log σ"
+# commands whose following space is printed: functions, spacing and relations (\leftarrow w -> "← w")
+_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "geq", "leq", "le", "gt", "lt")
 
 
 def _tex_group(tex: str, i: int) -> tuple[str, int]:
@@ -339,7 +342,7 @@ def tex_to_text(tex: str) -> str:
                 out.append(" ")
         else:
             out.append("\\" + name)
-        if name not in (*_TEX_FUNCTIONS, "quad", "qquad") and tex[j : j + 1] == " " and tex[j + 1 : j + 2].isalnum():
+        if name not in _TEX_SPACED and tex[j : j + 1] == " " and tex[j + 1 : j + 2].isalnum():
             j += 1  # the space that ends a command word (\\mid x) is not printed; one before an operator is
         i = j
     text = " ".join("".join(out).split()).replace("( ", "(").replace(" )", ")")
@@ -666,7 +669,6 @@ class ModifierSpec:
     fn: ModifierFn
     params_cls: type[LossParams]  # frozen kw-only dataclass with param() fields, validated like a loss's
     paper: str  # citation with arXiv id
-    transforms: str  # what it changes, in the paper's symbols (one line)
     applies: Applicability  # which losses it modifies
     needs: frozenset[Need] = frozenset()  # inputs the trainer must compute in addition to the loss's
     reference_needs: frozenset[Need] = frozenset()  # further inputs when the loss needs a reference
@@ -682,10 +684,16 @@ class ModifierSpec:
     trl: str = ""  # TRL 1.16's name for the same setting, if any
     description: str = ""
     notes: str = ""
+    # what it changes, in LaTeX in the paper's symbols: the one source of the docs' typeset line and of
+    # ``transforms`` (its plain-text reading, :func:`tex_to_text`), which `prefzoo modifiers NAME` prints
+    transforms_tex: str = dataclasses.field(default="", kw_only=True)
+    transforms: str = dataclasses.field(default="", kw_only=True)  # derived from transforms_tex when given
     plugin: str = "?"  # filled in by the registry
     builtin: bool = False  # filled in by the registry
 
     def __post_init__(self) -> None:
+        if self.transforms_tex:
+            object.__setattr__(self, "transforms", tex_to_text(self.transforms_tex))
         if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
             raise TypeError(f"modifier {self.name!r}: params_cls must be a LossParams dataclass")
         if not callable(self.fn):

@@ -20,6 +20,7 @@ from prefzoo.cli import atlas_plots
 from prefzoo.cli.inspect import Fingerprint, dense_grid, fingerprint, landmarks, number, pyplot, summary
 from prefzoo.cli.losses import coupling, formula_markdown, source_of, takes
 from prefzoo.cli.main import CLIError
+from prefzoo.cli.modifiers import transforms_markdown
 from prefzoo.registry import MODIFIERS, get_registry, modify, registry_of
 from prefzoo.spec import Loss, LossParamError, LossSpec, ModifierSpec, ParamInfo, param_infos
 from prefzoo.types import Need, Shape, UnpairedBatch
@@ -472,7 +473,7 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
     ]
     for it in items:
         m = it.spec
-        out += [f"## {m.name}", "", f"**Transforms:** {m.transforms}", "",
+        out += [f"## {m.name}", "", transforms_markdown(m), "",
                 f"**Drawn on:** `{it.base}` ([its page]({it.base}.md)). **Paper:** {m.paper}.", ""]
         if m.batch_coupled:
             out += ["**Batch-coupled:** its transform reads the whole batch; on a single pair that batch is the pair "

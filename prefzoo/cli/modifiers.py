@@ -63,6 +63,12 @@ def describe(s: ModifierSpec) -> str:
     return "\n".join(lines + describe_tail(s.description, s.notes, s.params_cls, f"--modifier {s.name}:KEY=VALUE,..."))
 
 
+def transforms_markdown(spec: ModifierSpec) -> str:
+    """What a modifier changes, for a docs page: ``transforms_tex`` as inline math (the LaTeX `prefzoo modifiers
+    NAME` prints as text), or the plain-text ``transforms`` when a plugin gives no LaTeX."""
+    return f"**Transforms:** ${spec.transforms_tex}$" if spec.transforms_tex else f"**Transforms:** {spec.transforms}"
+
+
 def catalogue_markdown() -> str:
     """The modifier catalogue, generated from the registry so that it cannot drift from the code."""
     reg = registry_of(MODIFIERS)
@@ -92,7 +98,7 @@ def catalogue_markdown() -> str:
     out += [f"| [`{s.name}`](#{s.name}) | {cell(s.applies.text)} | {_needs(s)} | {s.trl or '-'} | {s.paper} |"
             for s in specs]  # fmt: skip
     for s in specs:
-        out += ["", f"## {s.name}", "", s.description, "", f"**Transforms:** {s.transforms}", ""]
+        out += ["", f"## {s.name}", "", s.description, "", transforms_markdown(s), ""]
         out += [f"**Applies to:** {s.applies.text}; among the built-in losses (default parameters): "
                 + ", ".join(f"`{n}`" for n in compatible_losses(s)), ""]  # fmt: skip
         if s.callback:

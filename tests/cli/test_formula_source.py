@@ -75,3 +75,21 @@ def test_a_plugin_without_latex_keeps_its_text_formula_as_code():
 )
 def test_tex_to_text(tex, text):
     assert tex_to_text(tex) == text
+
+
+def test_modifiers_transforms_come_from_their_latex():
+    """`prefzoo modifiers NAME` prints ``transforms``, the reading of the ``transforms_tex`` the docs typeset."""
+    from prefzoo.cli.modifiers import catalogue_markdown as modifiers_markdown
+    from prefzoo.cli.modifiers import describe as describe_modifier
+    from prefzoo.registry import MODIFIERS, registry_of
+
+    reg = registry_of(MODIFIERS)
+    text = modifiers_markdown()
+    for name in reg.names():
+        m = reg.specs[name]
+        assert m.transforms_tex and m.transforms == tex_to_text(m.transforms_tex), name
+        assert "\\" not in m.transforms, f"{name}: {m.transforms}"
+        assert f"**Transforms:** ${m.transforms_tex}$" in text, name
+        assert m.transforms in describe_modifier(m), name
+    changed = dataclasses.replace(reg.specs["wpo"], transforms_tex=r"L_i \leftarrow 2\cdot L_i")
+    assert changed.transforms == "L_i ← 2·L_i" and changed.transforms in describe_modifier(changed)
