@@ -522,8 +522,8 @@ def write_images(out: Path, specs: list[LossSpec], curves: dict[str, list[Curve]
     for group in GROUPS:
         members = [s for s in specs if group_of(s) == group]
         if group == "unpaired":
-            panels = [(s.name, c.rewards, c.desirable, c.undesirable)
-                      for s in members if (c := (unpaired.get(s.name) or [None])[0]) is not None]
+            panels = [(s.name, u.rewards, u.desirable, u.undesirable)
+                      for s in members for u in unpaired.get(s.name, [])[:1]]
             labels = (atlas_plots.REWARD_LABEL, "desirable", "undesirable")
         else:
             panels = [(s.name, c.fp.margins, c.fp.w_w, c.fp.w_l) for s in members for c in curves[s.name][:1]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from prefzoo.registry import get_registry, loss_spec
 from prefzoo.spec import LossSpec, param_infos
@@ -121,8 +122,20 @@ def formula_markdown(spec: LossSpec) -> list[str]:
     """The loss's formula for a docs page: ``formula_tex`` as display math (the LaTeX `prefzoo losses NAME` prints
     as text), or the plain-text ``formula`` as code when a plugin gives no LaTeX."""
     if spec.formula_tex:
-        return ["**Loss:**", "", "$$", f"L = {spec.formula_tex}", "$$", ""]
+        return ["**Loss:**", "", "$$", display_lines(f"L = {spec.formula_tex}"), "$$", ""]
     return [f"**Loss:** `L = {spec.formula}`", ""]
+
+
+DISPLAY_WIDTH = 70  # characters of LaTeX above which a formula's clauses (split at \quad) go on lines of their own
+
+
+def display_lines(tex: str) -> str:
+    """A long formula's clauses one below the other (``\\quad`` separates them in ``formula_tex``), so that it reads
+    on a phone without scrolling sideways; a short one as it is."""
+    parts = [p.strip() for p in re.split(r"\\quad(?![a-z])", tex) if p.strip()]
+    if len(tex) <= DISPLAY_WIDTH or len(parts) < 2:
+        return tex
+    return r"\begin{gathered}" + r" \\ ".join(parts) + r"\end{gathered}"
 
 
 def catalogue_markdown(builtin_only: bool = True) -> str:

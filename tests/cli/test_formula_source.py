@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from prefzoo.cli.atlas import loss_page
-from prefzoo.cli.losses import catalogue_markdown, describe, formula_markdown
+from prefzoo.cli.losses import catalogue_markdown, describe, display_lines, formula_markdown
 from prefzoo.registry import get_registry
 from prefzoo.spec import tex_to_text
 
@@ -24,16 +24,19 @@ def _cli_formula(spec) -> str:
 
 
 def _page_formula(page: str) -> str:
+    """The LaTeX of the page's display formula, its clauses joined again as ``formula_tex`` writes them."""
     lines = page.splitlines()
-    start = lines.index("$$")
-    return lines[start + 1].removeprefix("L = ")
+    tex = lines[lines.index("$$") + 1]
+    if tex.startswith(r"\begin{gathered}"):
+        tex = tex.removeprefix(r"\begin{gathered}").removesuffix(r"\end{gathered}").replace(r" \\ ", r"\quad ")
+    return tex.removeprefix("L = ")
 
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_cli_and_pages_read_the_one_latex_formula(name):
     spec = get_registry().specs[name]
     assert spec.formula_tex, f"{name}: a built-in loss states its formula in LaTeX (formula_tex)"
-    assert _page_formula(loss_page(spec, [])) == spec.formula_tex
+    assert _page_formula(loss_page(spec, [])).replace(" ", "") == spec.formula_tex.replace(" ", "")
     assert _cli_formula(spec) == tex_to_text(spec.formula_tex) == spec.formula
     assert "\\" not in spec.formula, f"{name}: a LaTeX command tex_to_text does not know: {spec.formula}"
 
@@ -50,7 +53,16 @@ def test_changing_the_latex_changes_the_cli_and_the_page():
 def test_catalogue_typesets_every_builtin_formula():
     text = catalogue_markdown()
     for name in BUILTIN:
-        assert f"$$\nL = {get_registry().specs[name].formula_tex}\n$$" in text, name
+        assert f"$$\n{display_lines('L = ' + get_registry().specs[name].formula_tex)}\n$$" in text, name
+
+
+def test_long_formulas_break_at_their_clauses_and_short_ones_do_not():
+    short = r"-\log\sigma(\beta\Delta),\quad \Delta = x"
+    assert display_lines(short) == short
+    long = (r"\lambda_D\cdot\sigma(\beta\rho)\ \text{desirable},\quad "
+            r"\lambda_U\cdot\sigma(-\beta\rho)\ \text{undesirable}")
+    assert display_lines(long) == (r"\begin{gathered}\lambda_D\cdot\sigma(\beta\rho)\ \text{desirable}, \\ "
+                                   r"\lambda_U\cdot\sigma(-\beta\rho)\ \text{undesirable}\end{gathered}")
 
 
 def test_a_plugin_without_latex_keeps_its_text_formula_as_code():
