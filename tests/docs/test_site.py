@@ -142,7 +142,6 @@ WORD_LIMIT = 3000  # words of prose a page may hold (code blocks not counted): a
 OVER_LIMIT = {
     "losses.md": "the generated catalogue, one section per loss",
     "reliability.md": "to split: one page per fault class",
-    "training.md": "to split into how-to pages (data, LoRA, several processes and machines, online, resuming)",
 }
 
 
