@@ -18,7 +18,7 @@ import torch
 
 from prefzoo.cli import atlas_plots
 from prefzoo.cli.inspect import Fingerprint, dense_grid, fingerprint, landmarks, number, pyplot, summary
-from prefzoo.cli.losses import coupling, formula_markdown, source_of, takes
+from prefzoo.cli.losses import coupling, formula_markdown, paper_links, source_of, takes
 from prefzoo.cli.main import CLIError
 from prefzoo.cli.modifiers import transforms_markdown
 from prefzoo.registry import MODIFIERS, get_registry, modify, registry_of
@@ -227,9 +227,11 @@ def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve]
     if spec.notes:
         out += [f"**Note:** {spec.notes}", ""]
     out += [
-        f"**Paper:** {spec.paper}. Registered by `{spec.plugin}` ({source_of(spec)}); family `{spec.family}`; "
+        f"**Paper:** {paper_links(spec.paper)}. Registered by `{spec.plugin}` ({source_of(spec)}); family "
+        f"`{spec.family}`; "
         f"[catalogue entry](../losses.md#{spec.name})." if spec.builtin else
-        f"**Paper:** {spec.paper}. Registered by `{spec.plugin}` ({source_of(spec)}); family `{spec.family}`.",
+        f"**Paper:** {paper_links(spec.paper)}. Registered by `{spec.plugin}` ({source_of(spec)}); family "
+        f"`{spec.family}`.",
         "",
         *_capability_lines(spec),
         "## Parameters",
@@ -474,7 +476,7 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
     for it in items:
         m = it.spec
         out += [f"## {m.name}", "", transforms_markdown(m), "",
-                f"**Drawn on:** `{it.base}` ([its page]({it.base}.md)). **Paper:** {m.paper}.", ""]
+                f"**Drawn on:** `{it.base}` ([its page]({it.base}.md)). **Paper:** {paper_links(m.paper)}.", ""]
         if m.batch_coupled:
             out += ["**Batch-coupled:** its transform reads the whole batch; on a single pair that batch is the pair "
                     "itself, so the curve shows the one-pair case only.", ""]

@@ -126,6 +126,11 @@ def formula_markdown(spec: LossSpec) -> list[str]:
     return [f"**Loss:** `L = {spec.formula}`", ""]
 
 
+def paper_links(text: str) -> str:
+    """A citation for a docs page: each ``arXiv:NNNN.NNNNN`` in it a link to the paper's abstract."""
+    return re.sub(r"arXiv:(\d{4}\.\d{4,5})", r"[arXiv:\1](https://arxiv.org/abs/\1)", text)
+
+
 DISPLAY_WIDTH = 70  # characters of LaTeX above which a formula's clauses (split at \quad) go on lines of their own
 
 
@@ -159,7 +164,7 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
         needs = ", ".join(sorted(n.value for n in s.needs)) or "-"
         out.append(
             f"| [`{s.name}`](#{s.name}) | {s.family} | {'yes' if s.needs_reference else 'no'} | {needs} | "
-            f"{coupling(s)} | {s.paper} |"
+            f"{coupling(s)} | {paper_links(s.paper)} |"
         )
     out += _nll_section(specs)
     for s in specs:
@@ -177,7 +182,7 @@ def catalogue_markdown(builtin_only: bool = True) -> str:
             out += [f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]
         else:
             out.append("No parameters.")
-        out += ["", f"Source: {s.paper}. Registered by `{s.plugin}`."]
+        out += ["", f"Source: {paper_links(s.paper)}. Registered by `{s.plugin}`."]
     return "\n".join(out) + "\n"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from prefzoo.cli.losses import describe_tail, format_table
+from prefzoo.cli.losses import describe_tail, format_table, paper_links
 from prefzoo.registry import MODIFIERS, get_registry, modifier_spec, registry_of
 from prefzoo.spec import ModifierSpec, param_infos
 
@@ -95,7 +95,8 @@ def catalogue_markdown() -> str:
         "|---|---|---|---|---|",
     ]
     cell = lambda t: t.replace("|", "\\|")  # noqa: E731  (log π(y|x) inside a table cell)
-    out += [f"| [`{s.name}`](#{s.name}) | {cell(s.applies.text)} | {_needs(s)} | {s.trl or '-'} | {s.paper} |"
+    out += [f"| [`{s.name}`](#{s.name}) | {cell(s.applies.text)} | {_needs(s)} | {s.trl or '-'} | "
+            f"{paper_links(s.paper)} |"
             for s in specs]  # fmt: skip
     for s in specs:
         out += ["", f"## {s.name}", "", s.description, "", transforms_markdown(s), ""]
@@ -111,7 +112,7 @@ def catalogue_markdown() -> str:
             out += [f"| `{i.name}` | `{i.default!r}` | {i.range_text()} | {i.doc} |" for i in infos]
         else:
             out.append("No parameters.")
-        out += ["", f"Source: {s.paper}." + (f" TRL 1.16: `{s.trl}`." if s.trl else "")]
+        out += ["", f"Source: {paper_links(s.paper)}." + (f" TRL 1.16: `{s.trl}`." if s.trl else "")]
     return "\n".join(out) + "\n"
 
 
