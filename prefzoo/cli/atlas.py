@@ -323,7 +323,7 @@ def _capability_lines(spec: LossSpec) -> list[str]:
     return [
         "## Capabilities",
         "",
-        "| | |",
+        "| capability | this loss |",
         "|---|---|",
         f"| needs a reference | {'yes' if Need.REFERENCE in spec.needs else 'no'} |",
         f"| needs lengths | {'yes' if Need.LENGTHS in spec.needs else 'no'} |",
