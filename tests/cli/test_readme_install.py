@@ -48,4 +48,4 @@ def test_docs_record_the_time_of_the_command_the_readme_gives():
     start = text.index("### The first command, measured")
     end = text.find("\n## ", start)
     section = text[start : end if end > 0 else len(text)]
-    assert f"`{_command_1()}`" in section, "README command 1 changed: measure it, record it in docs/training-verified.md"
+    assert f"`{_command_1()}`" in section, "README command 1 changed: measure it (docs/training-verified.md)"
