@@ -11,6 +11,7 @@ when it drifts from the registry.  Installed plugins' losses are included unless
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,6 +270,31 @@ def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+_MATH_RULES: tuple[tuple[str, str], ...] = (  # the CLI's plain-text sentences about weights, as LaTeX for a page
+    (r"\(\|(w_[wl])\| < ([\d.]+)·max\)", r"($\\lvert \1\\rvert < \2\\cdot\\max$)"),
+    (r"\bm ≤ ([-+]?[\d.]+)", r"$m \\le \1$"),
+    (r"\bm ≥ ([-+]?[\d.]+)", r"$m \\ge \1$"),
+    (r"\bm ≈ ([-+]?[\d.]+)", r"$m \\approx \1$"),
+    (r"w_w >= 0 >= w_l", r"$w_w \\ge 0 \\ge w_l$"),
+    (r"w_w \+ w_l = ([\d.]+)", r"$w_w + w_l = \1$"),
+    (r"\b(w_[wl]) = ([-+]?[\d.]+(?:e-?\d+)?)", r"$\1 = \2$"),
+    (r"σ\((s_[wl]) − (s_[wl])\)", r"$\\sigma(\1 - \2)$"),
+    (r"([\d.]+)·∇log π\(y_w\|x\)", r"$\1\\cdot\\nabla\\log\\pi(y_w\\mid x)$"),
+    (r"\[(-?\d+), (-?\d+)\]", r"$[\1, \2]$"),
+    (r"→ 0", r"$\\to 0$"),
+    (r"\blarge m\b", r"large $m$"),
+)
+
+
+def math_text(text: str) -> str:
+    """The CLI's sentences about a fingerprint (`prefzoo inspect` prints them as text) with their formulas in LaTeX:
+    comparisons, weights, σ and ∇ terms, and the bare symbols w_w, w_l, y_w, y_l."""
+    for pattern, repl in (*_MATH_RULES, (r"\b([wy]_[wl])\b", r"$\1$")):
+        parts = re.split(r"(\$[^$]*\$)", text)  # each rule only outside the math the rules before it made
+        text = "".join(p if p.startswith("$") else re.sub(pattern, repl, p) for p in parts)
+    return text
+
+
 def _merge_equal(curves: list[Curve], rel: float = 1e-9) -> list[Curve]:
     """Settings whose fingerprints agree (to ``rel`` × the largest weight) shown once, under all their labels: MMPO's
     β changes no gradient, and three equal sections would say so three times."""
@@ -339,10 +365,10 @@ def _capability_lines(spec: LossSpec) -> list[str]:
 
 def _curve_lines(c: Curve) -> list[str]:
     """One curve's section: its summary, its landmarks on the margin range and w_w, w_l at the table margins."""
-    out = [f"### {c.label}", "", summary(c.fp), ""]
+    out = [f"### {c.label}", "", math_text(summary(c.fp)), ""]
     marks = landmarks(c.fp)
-    out += [f"On [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: " + ("; ".join(marks) if marks else
-            "no sign change or saturation") + ".", ""]
+    out += [math_text(f"On [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: " + ("; ".join(marks) if marks else
+            "no sign change or saturation") + "."), ""]
     at = {m: i for i, m in enumerate(c.fp.margins)}
     idx = [at[m] for m in TABLE_MARGINS]
     out += ["| $m$ | " + " | ".join(f"{m:g}" for m in TABLE_MARGINS) + " |",
@@ -394,7 +420,7 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint],
         for s in members:
             fp = defaults[s.name]
             out.append(f"| [`{s.name}`]({s.name}.md) | {number(fp.w_w[0])}, {number(fp.w_w[-1])} | "
-                       f"{number(fp.w_l[0])}, {number(fp.w_l[-1])} | {_behaviour(fp)} |")
+                       f"{number(fp.w_l[0])}, {number(fp.w_l[-1])} | {math_text(_behaviour(fp))} |")
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -497,8 +523,8 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
             out += [f"| $w_w$, {label} | " + " | ".join(number(fp.w_w[i]) for i in idx) + " |",
                     f"| $w_l$, {label} | " + " | ".join(number(fp.w_l[i]) for i in idx) + " |"]
         marks = landmarks(it.modified)
-        out += ["", f"With {m.name}, on [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: "
-                + ("; ".join(marks) if marks else "no sign change or saturation") + ".", ""]
+        out += ["", math_text(f"With {m.name}, on [{MARGIN_MIN:g}, {MARGIN_MAX:g}]: "
+                + ("; ".join(marks) if marks else "no sign change or saturation") + "."), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

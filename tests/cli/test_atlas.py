@@ -36,9 +36,24 @@ def test_atlas_pages_are_generated_from_the_registry():
 def test_overview_shows_the_mmpo_identity_as_a_flat_line():
     pages, *_ = atlas_pages(builtin_only=True)
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`mmpo`]"))
-    assert "NLL on y_w only: a flat line, w_w = +1, w_l = 0" in row
+    assert "NLL on $y_w$ only: a flat line, $w_w = +1$, $w_l = 0$" in row
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`dpo`]"))
     assert "saturates" in row and "flat line" not in row
+
+
+def test_the_cli_sentences_reach_the_pages_as_math():
+    """`prefzoo inspect` prints its findings as text; the atlas typesets their formulas (no bare w_w outside $...$)."""
+    from prefzoo.cli.atlas import math_text
+
+    assert math_text("w_w + w_l = 1 at every margin") == "$w_w + w_l = 1$ at every margin"
+    assert math_text("w_w vanishes (|w_w| < 0.01·max) for m ≥ +12") == (
+        r"$w_w$ vanishes ($\lvert w_w\rvert < 0.01\cdot\max$) for $m \ge +12$")
+    pages, *_ = atlas_pages(builtin_only=True)
+    for name, text in pages.items():  # the generated sentences: summaries, landmarks, the overview's last column
+        for line in text.splitlines():
+            if re.match(r"(On |With |\$w_|\| \[`)", line):
+                prose = re.sub(r"\$[^$]*\$|`[^`]*`", "", line)  # math and code aside
+                assert not re.search(r"\b[wy]_[wl]\b", prose), f"{name}: a symbol outside math: {line}"
 
 
 def test_modifiers_are_drawn_on_a_loss_they_apply_to():
