@@ -211,11 +211,13 @@ def _weight_distance(weights_dir: str, loss: str, seed: int, betas: Sequence[flo
     return {"max_abs_dtheta": max_abs, "rel_dtheta": rel}
 
 
-def _palette(n: int) -> list[Any]:
-    import matplotlib
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")  # colour-blind-safe
+PNG_DPI = 192  # 2 × 96 dpi: the page shows the figure at page width with twice its pixels
+PAGE_WIDTH = 8.0  # inches: the docs' content column
 
-    cmap = matplotlib.colormaps["viridis" if n <= 3 else "tab10"]
-    return [cmap(i / max(n - 1, 1)) if n <= 3 else cmap(i) for i in range(n)]
+
+def _palette(n: int) -> list[Any]:
+    return [OKABE_ITO[i % len(OKABE_ITO)] for i in range(n)]
 
 
 def _draw(ax: Any, agg: dict, curves: Sequence[tuple[str, float, str]], x: str, y: str) -> None:
@@ -223,7 +225,7 @@ def _draw(ax: Any, agg: dict, curves: Sequence[tuple[str, float, str]], x: str, 
     colors = _palette(len(curves))
     n = len(curves)
     for i, ((loss, beta, label), c) in enumerate(zip(curves, colors, strict=True)):
-        ms, lw = 9 - 6 * i / max(n - 1, 1), 2.6 - 1.8 * i / max(n - 1, 1)  # coinciding curves stay visible
+        ms, lw = 7 - 3 * i / max(n - 1, 1), 2.0 - 1.0 * i / max(n - 1, 1)  # coinciding curves stay visible
         eps = sorted(e for (lo, b, e) in agg if lo == loss and b == beta)
         if not eps:
             continue
@@ -239,45 +241,56 @@ def _draw(ax: Any, agg: dict, curves: Sequence[tuple[str, float, str]], x: str, 
                 "", xy=(xs[i + 1], ys[i + 1]), xytext=(xs[i], ys[i]),
                 arrowprops={"arrowstyle": "->", "color": c, "lw": lw, "shrinkA": 3, "shrinkB": 3, "alpha": 0.85},
             )  # fmt: skip
-        ax.text(xs[-1], ys[-1], f" {eps[-1]}", fontsize=7, color=c, ha="left", va="bottom")  # the last epoch
-    ax.set_xlabel("oracle win-rate vs starting policy" if x == "win_rate" else "LC win-rate vs starting policy")
-    ax.set_ylabel("retention of skill B (reversal)")
+        ax.text(xs[-1], ys[-1], f" {eps[-1]}", fontsize=8, color=c, ha="left", va="bottom")  # the last epoch
+    ax.set_xlabel("oracle win-rate vs start" if x == "win_rate" else "LC win-rate vs start")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 9, "axes.spines.top": False,
+                         "axes.spines.right": False})
+    return plt
 
 
 def plot_trajectories(
     agg: dict, methods: Sequence[str], betas: Sequence[float], path: str | os.PathLike[str], x: str = "win_rate"
 ) -> None:
-    """Figures 1-2 in miniature: one panel per method, one trajectory per β (epoch 0 = the starting policy)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 4.2), sharex=True, sharey=True)
-    axes = list(axes) if len(methods) > 1 else [axes]
-    for ax, m in zip(axes, methods, strict=True):
-        _draw(ax, agg, [(m, b, f"β = {b:g}") for b in betas], x, "retention")
-        ax.set_title(m)
-    fig.suptitle("β sweep in miniature: mean over seeds ± std, arrows epoch → epoch", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """Figures 1-2 in miniature: one panel per method, one trajectory per β (epoch 0 = the starting policy), laid
+    out for page width with one legend below the panels."""
+    plt = _pyplot()
+    cols = min(len(methods), 3)
+    rows = -(-len(methods) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 0.9 + 2.9 * rows), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    for k, ax in enumerate(axes.flat):
+        if k >= len(methods):
+            ax.set_visible(False)
+            continue
+        _draw(ax, agg, [(methods[k], b, f"β = {b:g}") for b in betas], x, "retention")
+        ax.set_title(methods[k], fontweight="bold")
+        if k % cols == 0:
+            ax.set_ylabel("retention of skill B")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
+    fig.suptitle("β sweep in miniature: mean over seeds ± std, arrows epoch → epoch, last epoch labelled")
+    fig.savefig(path, dpi=PNG_DPI)
     plt.close(fig)
 
 
 def plot_ablation(agg: dict, losses: Sequence[str], beta: float, path: str | os.PathLike[str]) -> None:
-    """Figure 3 in miniature: MMPO and its ablations at one β."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    """Figure 3 in miniature: MMPO and its ablations at one β, the legend beside the data."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.8), layout="constrained")
     _draw(ax, agg, [(lo, beta, lo) for lo in losses], "win_rate", "retention")
-    ax.set_title(f"MMPO ablations at β = {beta:g} (mean over seeds ± std)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.set_ylabel("retention of skill B")
+    ax.set_title(f"MMPO ablations at β = {beta:g} (mean over seeds ± std)")
+    fig.legend(loc="outside right center", frameon=False)
+    fig.savefig(path, dpi=PNG_DPI)
     plt.close(fig)
 
 
@@ -372,7 +385,9 @@ def render_block(
             lines.append(
                 f"| {rec['loss']} | {'yes' if rec['metrics_identical'] else 'no'} | {rec['max_abs_dtheta']:.2e} |"
             )
-    lines += ["", "### Plots", ""]
+    lines += ["", "### Plots", "",
+              "Drawn by the command under *Run* from the runs it finished; the same command with `--no-run` redraws "
+              "them and this block from `runs.jsonl` without training.", ""]
     lines += [f"![{title}]({name})" + "\n" for title, name in plots.items()]
     lines += [END]
     return "\n".join(lines) + "\n"

@@ -214,13 +214,7 @@ def versions() -> dict[str, str]:
     from prefzoo.train.checkpoint.final import versions as installed
 
     out = installed(("prefzoo", "torch", "transformers", "accelerate"))
-    del out["python"]  # the sweep's record names the packages and the commit
-    try:
-        out["prefzoo commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
+    del out["python"]  # the page names the packages; which commit ran it is git's history, not the docs'
     return out
 
 

@@ -232,27 +232,36 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     ) if results.get(c)]  # fmt: skip
     if not panels:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
-    for ax, (curve, x, y, label) in zip(axes[0], panels, strict=True):
-        for side, style, color in (("prefzoo", "o-", "C0"), ("trl", "s--", "C1")):
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
+    colors = {"prefzoo": "#0072B2", "trl": "#D55E00", "steps": "#009E73"}  # Okabe-Ito: colour-blind-safe
+    cols = min(len(panels), 3)  # three panels a row: each ~2.6 in wide at page width (8 in)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(8.0, 0.6 + 2.6 * rows), squeeze=False, layout="constrained")
+    for ax, (curve, x, y, label) in zip(axes.flat, panels, strict=False):
+        for side, style in (("prefzoo", "o-"), ("trl", "s--")):
             pts = sorted((r[x], r[y]) for r in results[curve] if r["side"] == side and "error" not in r)
             name = "TRL 1.16" if side == "trl" else "prefzoo" + (", whole process" if y == "peak_mb" else "")
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, color=color, label=name)
+                ax.plot(*zip(*pts, strict=True), style, color=colors[side], label=name)
             steps = sorted(
                 (r[x], r["peak_steps_mb"]) for r in results[curve] if r["side"] == "prefzoo" and r.get("peak_steps_mb")
             )
             if y == "peak_mb" and side == "prefzoo" and steps:
-                ax.plot(*zip(*steps, strict=True), "o:", color="C2", label="prefzoo, steps only")
+                ax.plot(*zip(*steps, strict=True), "o:", color=colors["steps"], label="prefzoo, steps only")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel({"completion": "completion tokens", "batch": "pairs per step", "pairs": "pairs"}[x])
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    labels: dict[str, object] = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            labels.setdefault(lab, h)
+    fig.legend(list(labels.values()), list(labels), loc="outside lower center", ncol=len(labels), frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, dpi=192)  # 2 × 96 dpi for a PNG
     return True
 
 

@@ -1,6 +1,6 @@
 """Memory per rank and step time: DDP, FSDP2 (full / shard_grad_op) and DeepSpeed ZeRO-2 / ZeRO-3 on N CPU ranks.
 
-    nice -n 19 python benchmarks/bench_memory.py --write-page docs/results/performance.md  # ~110M-param Llama
+    nice -n 19 python benchmarks/bench_memory.py --write-page docs/results/performance-memory.md  # ~110M-param Llama
     python benchmarks/bench_memory.py --quick                                              # CI smoke, tiny model
 
 Every engine trains the same random-init Llama on the same synthetic pairs with the same global batch (N ranks ×

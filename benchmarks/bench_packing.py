@@ -1,6 +1,6 @@
 """Packing against the unpacked path, and LoRA's dropout and reference pass, in one process with sides alternating.
 
-    python benchmarks/bench_packing.py            # the table in docs/results/performance.md (issue 17 section)
+    python benchmarks/bench_packing.py            # the table in docs/results/performance-growth.md
     python benchmarks/bench_packing.py --flex     # and SDPA against FlexAttention on the packed rows' masks
     python benchmarks/bench_packing.py --quick    # smoke: smaller model, 1 repeat
     python benchmarks/bench_packing.py --only split   # only the shared-prompt attention, masked against split

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,7 @@ __all__ = [
     "parse_assignments",
     "read_literal",
     "read_scalar",
+    "tex_to_text",
     "value_type",
 ]
 
@@ -243,6 +246,112 @@ def _literal_choices(typ: Any) -> tuple[Any, ...] | None:
     return None
 
 
+_TEX_SYMBOLS = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "varepsilon": "ε", "epsilon": "ε",
+    "theta": "θ", "lambda": "λ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "psi": "ψ", "sum": "Σ",
+    "cdot": "·", "leftarrow": "←", "le": "≤", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋",
+    "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "leq": "≤", "gt": ">", "lt": "<",
+    "equiv": "≡", "log": "log", "exp": "exp", "max": "max", "min": "min", "quad": " ", "qquad": " ",
+}
+_TEX_DROPPED = ("left", "right", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr")
+_TEX_FUNCTIONS = ("log", "exp", "max", "min")  # a space after them when a name follows: \log\sigma -> "log σ"
+# commands whose following space is printed: functions, spacing and relations (\leftarrow w -> "← w")
+_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "geq", "leq", "le", "gt", "lt")
+
+
+def _tex_group(tex: str, i: int) -> tuple[str, int]:
+    """The brace group (or single character) of ``tex`` at ``i``, without its braces, and the index after it."""
+    if tex[i] == "\\":  # a command: \\theta
+        j = i + 1
+        while j < len(tex) and tex[j].isalpha():
+            j += 1
+        return tex[i : max(j, i + 2)], max(j, i + 2)
+    if tex[i] != "{":
+        return tex[i], i + 1
+    depth = 0
+    for j in range(i, len(tex)):
+        depth += {"{": 1, "}": -1}.get(tex[j], 0)
+        if depth == 0:
+            return tex[i + 1 : j], j + 1
+    raise ValueError(f"unbalanced braces in formula_tex {tex!r}")
+
+
+def _atom(text: str) -> bool:
+    """Whether ``text`` reads as one numerator without parentheses: no sum or difference outside brackets."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1, "{": 1, "}": -1, "[": 1, "]": -1}.get(ch, 0)
+        if depth == 0 and text[i : i + 3] in (" + ", " − "):
+            return False
+    return True
+
+
+def _frac_text(a: str, b: str) -> str:
+    """``\\frac{a}{b}`` as text: a/b, each side parenthesised where it is not one term (½ for one half)."""
+    if (a, b) == ("1", "2"):
+        return "½"
+    wrap_den = not (len(b) <= 1 or b.isdigit() or (b.startswith("|") and b.endswith("|")))
+    return (a if _atom(a) else f"({a})") + "/" + (f"({b})" if wrap_den else b)
+
+
+def tex_to_text(tex: str) -> str:
+    r"""The plain-text reading of a formula in LaTeX: what `prefzoo losses NAME` prints for ``formula_tex``.
+
+    Covers the LaTeX the built-in formulas use: Greek letters, ``\log``, ``\frac{a}{b}`` (a/b, parenthesised
+    where needed), ``\text{}``/``\mathrm{}``/``\operatorname{}``, ``\hat{H}``, ``\lvert``/``\rvert``, sizing
+    (``\left``, ``\bigl``) and spacing commands, sub- and superscripts (``_{ref}`` -> ``_ref``, ``^2`` -> ``²``).
+    An unknown command is kept as written (with its backslash), so a test can find it.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(tex):
+        ch = tex[i]
+        if ch == "\\" and i + 1 < len(tex) and not tex[i + 1].isalpha():
+            out.append(" " if tex[i + 1] in ",;: " else tex[i + 1])  # \, \; \  spacing; \{ \} \| literal
+            i += 2
+            continue
+        if ch != "\\":
+            out.append({"-": "−", "{": "", "}": ""}.get(ch, ch))
+            i += 1
+            if ch in "_^" and i < len(tex):
+                arg, i = _tex_group(tex, i)
+                text = tex_to_text(arg)
+                if ch == "^" and text == "2":
+                    out[-1] = "²"
+                elif len(text) == 1 or all(c.isalnum() or c in ",'" for c in text):
+                    out.append(text)
+                else:
+                    out.append("{" + text + "}")
+            continue
+        j = i + 1
+        while j < len(tex) and tex[j].isalpha():
+            j += 1
+        name = tex[i + 1 : j]
+        if name in ("text", "mathrm", "operatorname", "mathit"):
+            arg, j = _tex_group(tex, j)
+            out.append(arg if name == "text" else tex_to_text(arg))
+        elif name in ("frac", "tfrac", "dfrac"):
+            num, j = _tex_group(tex, j)
+            den, j = _tex_group(tex, j)
+            out.append(_frac_text(tex_to_text(num), tex_to_text(den)))
+        elif name == "hat":
+            arg, j = _tex_group(tex, j)
+            out.append(tex_to_text(arg) + "\u0302")
+        elif name in _TEX_DROPPED:
+            pass
+        elif name in _TEX_SYMBOLS:
+            out.append(_TEX_SYMBOLS[name])
+            if name in _TEX_FUNCTIONS and j < len(tex) and (tex[j].isalpha() or tex[j] == "\\"):
+                out.append(" ")
+        else:
+            out.append("\\" + name)
+        if name not in _TEX_SPACED and tex[j : j + 1] == " " and tex[j + 1 : j + 2].isalnum():
+            j += 1  # the space that ends a command word (\\mid x) is not printed; one before an operator is
+        i = j
+    text = " ".join("".join(out).split()).replace("( ", "(").replace(" )", ")")
+    return unicodedata.normalize("NFC", re.sub(r"\b(log|exp|max|min) \(", r"\1(", text))  # H + ̂ -> Ĥ
+
+
 LossFn = Callable[[Any, Any, LossContext], LossOutput]  # (PreferenceBatch | GroupBatch | UnpairedBatch, params, ctx)
 PAIRS_ONLY = frozenset({Shape.PAIR})
 
@@ -255,7 +364,6 @@ class LossSpec:
     fn: LossFn  # pure function (batch, params, ctx) -> LossOutput
     params_cls: type[LossParams]  # frozen kw-only dataclass with param() fields
     family: str  # e.g. "mmpo", "dpo", "simpo"
-    formula: str  # the per-example loss, in the paper's symbols
     paper: str  # citation with arXiv id or URL
     scores: str  # what chosen_rewards / rejected_rewards are
     needs: frozenset[Need] = frozenset()  # inputs the trainer must compute
@@ -277,8 +385,16 @@ class LossSpec:
     notes: str = ""  # caveats shown in docs (e.g. gradient identities)
     plugin: str = "?"  # filled in by the registry: which plugin registered it
     builtin: bool = False  # filled in by the registry: registered by a module shipped with prefzoo
+    # the per-example loss in LaTeX, in the paper's symbols: the one source of the docs' typeset formula and of
+    # ``formula`` (its plain-text reading, :func:`tex_to_text`), which `prefzoo losses NAME` prints
+    formula_tex: str = dataclasses.field(default="", kw_only=True)
+    # the per-example loss as plain text; derived from ``formula_tex`` when that is given (a value here is then
+    # replaced), else the only formula (a plugin may give either)
+    formula: str = dataclasses.field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
+        if self.formula_tex:
+            object.__setattr__(self, "formula", tex_to_text(self.formula_tex))
         if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
             raise TypeError(f"loss {self.name!r}: params_cls must be a LossParams dataclass, got {self.params_cls!r}")
         if not callable(self.fn):
@@ -556,7 +672,6 @@ class ModifierSpec:
     fn: ModifierFn
     params_cls: type[LossParams]  # frozen kw-only dataclass with param() fields, validated like a loss's
     paper: str  # citation with arXiv id
-    transforms: str  # what it changes, in the paper's symbols (one line)
     applies: Applicability  # which losses it modifies
     needs: frozenset[Need] = frozenset()  # inputs the trainer must compute in addition to the loss's
     reference_needs: frozenset[Need] = frozenset()  # further inputs when the loss needs a reference
@@ -572,10 +687,16 @@ class ModifierSpec:
     trl: str = ""  # TRL 1.16's name for the same setting, if any
     description: str = ""
     notes: str = ""
+    # what it changes, in LaTeX in the paper's symbols: the one source of the docs' typeset line and of
+    # ``transforms`` (its plain-text reading, :func:`tex_to_text`), which `prefzoo modifiers NAME` prints
+    transforms_tex: str = dataclasses.field(default="", kw_only=True)
+    transforms: str = dataclasses.field(default="", kw_only=True)  # derived from transforms_tex when given
     plugin: str = "?"  # filled in by the registry
     builtin: bool = False  # filled in by the registry
 
     def __post_init__(self) -> None:
+        if self.transforms_tex:
+            object.__setattr__(self, "transforms", tex_to_text(self.transforms_tex))
         if not dataclasses.is_dataclass(self.params_cls) or not issubclass(self.params_cls, LossParams):
             raise TypeError(f"modifier {self.name!r}: params_cls must be a LossParams dataclass")
         if not callable(self.fn):

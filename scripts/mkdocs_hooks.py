@@ -7,6 +7,7 @@ live one level up, so :func:`home_page` rewrites the links and nothing is copied
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,30 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK_PREFIXES = {"docs/": "", "plugins/": "plugin-guide.md"}
 
 
+CODE_WIDTH = 80  # characters a code box shows on the site without scrolling (desktop)
+
+
+def wrap_commands(markdown: str, width: int = CODE_WIDTH) -> str:
+    """Shell lines in ```bash blocks longer than ``width`` broken before each `` && `` with a backslash (comments
+    wrapped): the same command, read without scrolling sideways (README keeps its one-line commands, which
+    copy-paste as they are)."""
+
+    def fix(m: re.Match[str]) -> str:
+        lines = []
+        for line in m.group(2).split("\n"):
+            if len(line) > width and line.startswith("# "):
+                line = "\n".join(textwrap.wrap(line, width, subsequent_indent="# "))
+            elif len(line) > width and " && " in line:
+                line = " \\\n    && ".join(line.split(" && "))
+            lines.append(line)
+        return m.group(1) + "\n".join(lines) + m.group(3)
+
+    return re.sub(r"(```bash\n)(.*?)(\n```)", fix, markdown, flags=re.S)
+
+
 def home_page(readme: str) -> str:
-    """README.md as the site's index.md: ``](docs/X)`` becomes ``](X)``, ``](plugins/...)`` the plugin guide."""
+    """README.md as the site's index.md: ``](docs/X)`` becomes ``](X)``, ``](plugins/...)`` the plugin guide, and long
+    shell lines are wrapped (:func:`wrap_commands`)."""
 
     def fix(m: re.Match[str]) -> str:
         target = m.group(1)
@@ -25,7 +48,18 @@ def home_page(readme: str) -> str:
                 return f"]({page or target[len(prefix):]})"
         return m.group(0)
 
-    return re.sub(r"\]\(([^)#][^)]*)\)", fix, readme)
+    return wrap_commands(re.sub(r"\]\(([^)#][^)]*)\)", fix, readme))
+
+
+def package_version() -> str:
+    """pyproject.toml's ``version``: the site's footer names the version it documents."""
+    m = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    return m.group(1) if m else "unknown"
+
+
+def on_config(config: Any) -> Any:
+    config["copyright"] = f"prefzoo {package_version()} · Apache-2.0"
+    return config
 
 
 def on_files(files: Any, config: Any) -> Any:

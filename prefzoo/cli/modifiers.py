@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from prefzoo.cli.losses import add_markdown_flag, describe_tail, format_table, notes_and_parameters, with_failures
+from prefzoo.cli.losses import (
+    add_markdown_flag,
+    describe_tail,
+    format_table,
+    notes_and_parameters,
+    paper_links,
+    with_failures,
+)
 from prefzoo.registry import MODIFIERS, get_registry, modifier_spec, registry_of
 from prefzoo.spec import ModifierSpec
 
@@ -57,6 +64,12 @@ def describe(s: ModifierSpec) -> str:
     return "\n".join(lines + describe_tail(s.description, s.notes, s.params_cls, f"--modifier {s.name}:KEY=VALUE,..."))
 
 
+def transforms_markdown(spec: ModifierSpec) -> str:
+    """What a modifier changes, for a docs page: ``transforms_tex`` as inline math (the LaTeX `prefzoo modifiers
+    NAME` prints as text), or the plain-text ``transforms`` when a plugin gives no LaTeX."""
+    return f"**Transforms:** ${spec.transforms_tex}$" if spec.transforms_tex else f"**Transforms:** {spec.transforms}"
+
+
 def catalogue_markdown() -> str:
     """The modifier catalogue, generated from the registry so that it cannot drift from the code."""
     reg = registry_of(MODIFIERS)
@@ -83,16 +96,17 @@ def catalogue_markdown() -> str:
         "|---|---|---|---|---|",
     ]
     cell = lambda t: t.replace("|", "\\|")  # noqa: E731  (log π(y|x) inside a table cell)
-    out += [f"| [`{s.name}`](#{s.name}) | {cell(s.applies.text)} | {_needs(s)} | {s.trl or '-'} | {s.paper} |"
+    out += [f"| [`{s.name}`](#{s.name}) | {cell(s.applies.text)} | {_needs(s)} | {s.trl or '-'} | "
+            f"{paper_links(s.paper)} |"
             for s in specs]  # fmt: skip
     for s in specs:
-        out += ["", f"## {s.name}", "", s.description, "", f"**Transforms:** {s.transforms}", ""]
+        out += ["", f"## {s.name}", "", s.description, "", transforms_markdown(s), ""]
         out += [f"**Applies to:** {s.applies.text}; among the built-in losses (default parameters): "
                 + ", ".join(f"`{n}`" for n in compatible_losses(s)), ""]  # fmt: skip
         if s.callback:
             out += [f"**Installs** the trainer callback `{s.callback}`.", ""]
         out += notes_and_parameters(s)
-        out += ["", f"Source: {s.paper}." + (f" TRL 1.16: `{s.trl}`." if s.trl else "")]
+        out += ["", f"Source: {paper_links(s.paper)}." + (f" TRL 1.16: `{s.trl}`." if s.trl else "")]
     return "\n".join(out) + "\n"
 
 

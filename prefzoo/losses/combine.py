@@ -62,6 +62,8 @@ class CombinedLoss(Loss):
             params_cls=CombinationParams,
             family="combination",
             formula=" + ".join(f"{w:g}·[{loss.spec.formula}]" for w, loss in self.terms),
+            formula_tex=r" + ".join(rf"{w:g}\cdot\left[{loss.spec.formula_tex}\right]" for w, loss in self.terms)
+            if all(loss.spec.formula_tex for _, loss in self.terms) else "",
             paper="; ".join(dict.fromkeys(loss.spec.paper for _, loss in self.terms)),
             scores=f"those of {self.terms[0][1].name}: {self.terms[0][1].spec.scores}",
             needs=needs,
@@ -238,7 +240,9 @@ def prefzoo_register_losses() -> list[LossSpec]:
             fn=mpo_loss,
             params_cls=MPOParams,
             family="combination",
-            formula="0.8·[−log σ(βΔ)] + 0.2·[−log σ(βρ_w) − log σ(−βρ_l)] + 1.0·[−log π(y_w|x)/|y_w|]",
+            formula_tex=r"0.8\cdot\bigl[-\log\sigma(\beta\Delta)\bigr] + 0.2\cdot\bigl[-\log\sigma(\beta\rho_w) - "
+                        r"\log\sigma(-\beta\rho_l)\bigr] + 1.0\cdot\left[-\frac{\log\pi(y_w\mid x)}{\lvert "
+                        r"y_w\rvert}\right]",
             paper="Wang et al. 2024, arXiv:2411.10442 (MPO), as TRL's loss_type=['sigmoid','bco_pair','sft']",
             scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",
             needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
@@ -250,7 +254,8 @@ def prefzoo_register_losses() -> list[LossSpec]:
             fn=rpo_loss,
             params_cls=RPOParams,
             family="combination",
-            formula="−log σ(βΔ) − α·log π(y_w|x)/|y_w| (the NLL over all chosen tokens of the batch by default)",
+            formula_tex=r"-\log\sigma(\beta\Delta) - \alpha\cdot\frac{\log\pi(y_w\mid x)}{\lvert "
+                        r"y_w\rvert}\quad\text{(the NLL over all chosen tokens of the batch by default)}",
             paper="Pang et al. 2024, arXiv:2404.19733 (Iterative RPO), as TRL's loss_type=['sigmoid','sft'] with "
             "loss_weights=[1, α]",
             scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",

@@ -330,11 +330,12 @@ def _reverse_kl(p: Any) -> bool:
     return bool(p.f_divergence == "reverse_kl")
 
 
-def _spec(name: str, fn: LossFn, params_cls: type[LossParams], formula: str, paper: str, **kw: Any) -> LossSpec:
+def _spec(name: str, fn: LossFn, params_cls: type[LossParams], formula_tex: str, paper: str, **kw: Any) -> LossSpec:
     kw.setdefault("needs", _REF)
     kw.setdefault("shift_invariant", True)
     kw.setdefault("scores", _SCORES)
-    return LossSpec(name=name, fn=fn, params_cls=params_cls, family="dpo", formula=formula, paper=paper, **kw)
+    return LossSpec(name=name, fn=fn, params_cls=params_cls, family="dpo", formula_tex=formula_tex, paper=paper,
+                    **kw)
 
 
 # every spec this module registers, in catalogue order: declarations are data
@@ -343,7 +344,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "dpo",
         dpo_loss,
         FDPOParams,
-        "−log σ(βΔ), Δ = f'_w − f'_l (= ρ_w − ρ_l for reverse KL)",
+        r"-\log\sigma(\beta\Delta),\quad \Delta = f'_w - f'_l \;(= \rho_w - \rho_l \text{ for reverse KL})",
         "Rafailov et al. 2023, arXiv:2305.18290",
         reward_difference=_reverse_kl,
         description="Direct Preference Optimization, TRL loss_type='sigmoid'.",
@@ -353,7 +354,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "cdpo",
         cdpo_loss,
         CDPOParams,
-        "−(1 − ε)·log σ(βΔ) − ε·log σ(−βΔ)",
+        r"-(1 - \varepsilon)\cdot\log\sigma(\beta\Delta) - \varepsilon\cdot\log\sigma(-\beta\Delta)",
         "Mitchell 2023, 'A note on DPO with noisy preferences' (cDPO)",
         monotone=False,
         reward_difference=_reverse_kl,
@@ -363,7 +364,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "hinge",
         hinge_loss,
         FDPOParams,
-        "max(0, 1 − βΔ)",
+        r"\max(0, 1 - \beta\Delta)",
         "Zhao et al. 2023, arXiv:2305.10425 (SLiC)",
         reward_difference=_reverse_kl,
         description="SLiC's hinge loss on the reward margin, TRL loss_type='hinge'.",
@@ -372,7 +373,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "ipo",
         ipo_loss,
         FDPOParams,
-        "(Δ/|y| − 1/(2β))², log-ratios averaged per token",
+        r"\left(\frac{\Delta}{\lvert y\rvert} - \frac{1}{2\beta}\right)^2\quad\text{(log-ratios averaged per token)}",
         "Azar et al. 2023, arXiv:2310.12036",
         needs=_REF_LEN,
         monotone=False,
@@ -385,7 +386,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "robust",
         robust_loss,
         CDPOParams,
-        "(−(1 − ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε)",
+        r"\frac{-(1 - \varepsilon)\cdot\log\sigma(\beta\Delta) + \varepsilon\cdot\log\sigma(-\beta\Delta)}{1 - "
+        r"2\varepsilon}",
         "Chowdhury et al. 2024, arXiv:2403.00409",
         reward_difference=_reverse_kl,
         description="Robust DPO: an unbiased loss under preference labels flipped with probability ε.",
@@ -394,7 +396,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "exo-pair",
         exo_pair_loss,
         EXOParams,
-        "σ(βΔ)(log σ(βΔ) − log(1 − ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)",
+        r"\sigma(\beta\Delta)\bigl(\log\sigma(\beta\Delta) - \log(1 - \varepsilon)\bigr) + "
+        r"\sigma(-\beta\Delta)\bigl(\log\sigma(-\beta\Delta) - \log\varepsilon\bigr)",
         "Ji et al. 2024, arXiv:2402.00856 (EXO)",
         monotone=False,
         reward_difference=_reverse_kl,
@@ -405,7 +408,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "nca-pair",
         nca_pair_loss,
         DPOParams,
-        "−log σ(βρ_w) − ½·log σ(−βρ_w) − ½·log σ(−βρ_l)",
+        r"-\log\sigma(\beta\rho_w) - \tfrac{1}{2}\cdot\log\sigma(-\beta\rho_w) - "
+        r"\tfrac{1}{2}\cdot\log\sigma(-\beta\rho_l)",
         "Chen et al. 2024, arXiv:2402.05369 (NCA)",
         monotone=False,
         description="Noise Contrastive Alignment, paired form: absolute rather than relative likelihoods.",
@@ -414,7 +418,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "bco-pair",
         bco_pair_loss,
         DPOParams,
-        "−log σ(βρ_w) − log σ(−βρ_l)",
+        r"-\log\sigma(\beta\rho_w) - \log\sigma(-\beta\rho_l)",
         "Jung et al. 2024, arXiv:2404.04656 (BCO)",
         description="Binary Classifier Optimization, paired form as in TRL 1.16 (no running reward shift).",
     ),
@@ -422,7 +426,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "sppo-hard",
         sppo_hard_loss,
         DPOParams,
-        "(ρ_w − 1/(2β))² + (ρ_l + 1/(2β))²",
+        r"\left(\rho_w - \frac{1}{2\beta}\right)^2 + \left(\rho_l + \frac{1}{2\beta}\right)^2",
         "Wu et al. 2024, arXiv:2405.00675 (SPPO)",
         monotone=False,
         description="Self-Play Preference Optimization with hard win probabilities (1 for y_w, 0 for y_l).",
@@ -431,7 +435,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "aot",
         aot_loss,
         AOTParams,
-        "−log σ(β·(sort(log π_w − log π_l) − sort(log π_ref,w − log π_ref,l)))",
+        r"-\log\sigma\bigl(\beta\cdot(\operatorname{sort}(\log\pi_w - \log\pi_l) - "
+        r"\operatorname{sort}(\log\pi_{\mathrm{ref},w} - \log\pi_{\mathrm{ref},l}))\bigr)",
         "Melnyk et al. 2024, arXiv:2406.05882 (AOT)",
         batch_coupled=True,
         shift_invariant=False,  # shifting one response moves only that pair's margins: the sort order changes
@@ -445,7 +450,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "aot-unpaired",
         aot_unpaired_loss,
         AOTParams,
-        "−log σ(β·(sort(ρ_w) − sort(ρ_l)))",
+        r"-\log\sigma\bigl(\beta\cdot(\operatorname{sort}(\rho_w) - \operatorname{sort}(\rho_l))\bigr)",
         "Melnyk et al. 2024, arXiv:2406.05882 (AOT)",
         batch_coupled=True,
         monotone=lambda p: p.label_smoothing == 0.0,
@@ -457,7 +462,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "apo-zero",
         apo_zero_loss,
         DPOParams,
-        "1 − σ(βρ_w) + σ(βρ_l)",
+        r"1 - \sigma(\beta\rho_w) + \sigma(\beta\rho_l)",
         "D'Oosterlinck et al. 2024, arXiv:2408.06266 (APO)",
         description="Anchored Preference Optimization, zero: raise the chosen and lower the rejected likelihood.",
     ),
@@ -465,7 +470,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "apo-down",
         apo_down_loss,
         DPOParams,
-        "σ(βρ_w) + 1 − σ(β(ρ_w − ρ_l))",
+        r"\sigma(\beta\rho_w) + 1 - \sigma\bigl(\beta(\rho_w - \rho_l)\bigr)",
         "D'Oosterlinck et al. 2024, arXiv:2408.06266 (APO)",
         monotone=False,
         description="Anchored Preference Optimization, down: lower both likelihoods, the rejected one more.",
@@ -474,7 +479,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "discopop",
         discopop_loss,
         DiscoPOPParams,
-        "−log σ(βΔ)·(1 − σ(βΔ/τ)) + exp(−βΔ)·σ(βΔ/τ)",
+        r"-\log\sigma(\beta\Delta)\cdot\bigl(1 - \sigma(\beta\Delta/\tau)\bigr) + "
+        r"\exp(-\beta\Delta)\cdot\sigma(\beta\Delta/\tau)",
         "Chan Lu et al. 2024, arXiv:2406.08414 (DiscoPOP)",
         monotone=False,
         reward_difference=_reverse_kl,
@@ -487,7 +493,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "sigmoid-norm",
         sigmoid_norm_loss,
         FDPOParams,
-        "−log σ(β(f'_w/|y_w| − f'_l/|y_l|))",
+        r"-\log\sigma\left(\beta\left(\frac{f'_w}{\lvert y_w\rvert} - \frac{f'_l}{\lvert y_l\rvert}\right)\right)",
         "TRL 1.16 loss_type='sigmoid_norm'",
         needs=_REF_LEN,
         description="DPO on log-ratios averaged per completion token.",
@@ -496,7 +502,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "rdpo",
         rdpo_loss,
         RDPOParams,
-        "−log σ(βΔ + α(|y_w| − |y_l|))",
+        r"-\log\sigma\bigl(\beta\Delta + \alpha(\lvert y_w\rvert - \lvert y_l\rvert)\bigr)",
         "Park et al. 2024, arXiv:2403.19159 (R-DPO)",
         needs=_REF_LEN,
         reward_difference=_reverse_kl,
@@ -506,7 +512,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "dpop",
         dpop_loss,
         DPOPParams,
-        "−log σ(β(ρ_w − ρ_l − λ·max(0, −ρ_w)))",
+        r"-\log\sigma\bigl(\beta(\rho_w - \rho_l - \lambda\cdot\max(0, -\rho_w))\bigr)",
         "Pal et al. 2024, arXiv:2402.13228 (Smaug, DPO-Positive)",
         description="DPO-Positive: DPO plus a penalty, inside the sigmoid, whenever the chosen response becomes "
         "less likely than under the reference.",
@@ -516,7 +522,7 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=sft_loss,
         params_cls=SFTParams,
         family="dpo",
-        formula="−log π_θ(y_w|x) / |y_w|",
+        formula_tex=r"-\frac{\log\pi_\theta(y_w\mid x)}{\lvert y_w\rvert}",
         paper="TRL 1.16 loss_type='sft' (the SFT term of MPO, arXiv:2411.10442)",
         scores="log π_θ(y|x)/|y| (per-token average log-prob)",
         needs=frozenset({Need.LENGTHS}),

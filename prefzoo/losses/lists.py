@@ -236,7 +236,7 @@ _SPECS: tuple[LossSpec, ...] = (
     LossSpec(
         name="mml",
         fn=mml_loss,
-        formula="−logsumexp_k s_k over the K completions",
+        formula_tex=r"-\operatorname{logsumexp}_k s_k\quad\text{over the K completions}",
         paper=f"{MMPO_PAPER}; Eq. 4 (the n-sample MML estimator)",
         monotone=False,
         description="The paper's MML estimator with n = K samples per prompt: Ĵ = logsumexp_k s_k, rewards r_k "
@@ -250,7 +250,8 @@ _SPECS: tuple[LossSpec, ...] = (
     LossSpec(
         name="mmpo-list",
         fn=mmpo_list_loss,
-        formula="−logsumexp_k s_k − log PL(ranking | s)  (≡ −s_best + PL NLL of the ranking of the rest)",
+        formula_tex=r"-\operatorname{logsumexp}_k s_k - \log\mathrm{PL}(\text{ranking}\mid s)\quad(\equiv "
+                    r"-s_{\mathrm{best}} + \text{PL NLL of the ranking of the rest})",
         paper=f"{MMPO_PAPER}, generalised to K completions with a Plackett–Luce auxiliary term",
         description="MMPO for lists: the MML logsumexp plus the Plackett–Luce negative log-likelihood of the "
         "ranking under s, the list generalisation of the listing's −log σ(s_w − s_l). K = 2 is mmpo exactly.",
@@ -263,7 +264,8 @@ _SPECS: tuple[LossSpec, ...] = (
         name="dpo-pl",
         fn=dpo_pl_loss,
         **_DPO_LIST,
-        formula="−Σ_k log( e^{u_τ(k)} / Σ_{j≥k} e^{u_τ(j)} ),  u = β·(log π_θ − log π_ref)",
+        formula_tex=r"-\sum_k \log\frac{e^{u_{\tau(k)}}}{\sum_{j\geq k} e^{u_{\tau(j)}}},\quad u = "
+                    r"\beta\cdot(\log\pi_\theta - \log\pi_{\mathrm{ref}})",
         paper="Rafailov et al. 2023, arXiv:2305.18290 (DPO), appendix A.3 (Plackett–Luce)",
         description="Plackett–Luce DPO: the negative log-likelihood of the whole ranking under the implicit "
         "reward. K = 2 is dpo.",
@@ -272,7 +274,9 @@ _SPECS: tuple[LossSpec, ...] = (
         name="lipo",
         fn=lipo_loss,
         **_DPO_LIST,
-        formula="Σ_{ψ_i > ψ_j} Δ_ij·(−log σ(u_i − u_j)),  Δ_ij = |2^ψ_i − 2^ψ_j|·|1/log₂(1+τ_i) − 1/log₂(1+τ_j)|",
+        formula_tex=r"\sum_{\psi_i > \psi_j} \Delta_{ij}\cdot\bigl(-\log\sigma(u_i - u_j)\bigr),\quad \Delta_{ij} = "
+                    r"\lvert 2^{\psi_i} - 2^{\psi_j}\rvert\cdot\left\lvert\frac{1}{\log_2(1 + \tau_i)} - "
+                    r"\frac{1}{\log_2(1 + \tau_j)}\right\rvert",
         paper="Liu et al. 2024, arXiv:2402.01878 (LiPO-λ), Eq. 5",
         description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
         "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
@@ -285,7 +289,8 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=rrhf_loss,
         params_cls=RRHFParams,
         family="rrhf",
-        formula="Σ_{r_i < r_j} max(0, p_i − p_j) − log π(z_best|x),  p = log π_θ(z|x)/|z|",
+        formula_tex=r"\sum_{r_i < r_j} \max(0, p_i - p_j) - \log\pi(z_{\mathrm{best}}\mid x),\quad p = "
+                    r"\frac{\log\pi_\theta(z\mid x)}{\lvert z\rvert}",
         paper="Yuan et al. 2023, arXiv:2304.05302 (RRHF), Eqs. 1–3",
         scores="p_k = log π_θ(z_k|x)/|z_k| (length-normalised log-prob)",
         needs=frozenset({Need.LENGTHS}),

@@ -149,7 +149,7 @@ _SPECS: tuple[LossSpec, ...] = (
         name="mmpo",
         fn=mmpo_loss,
         params_cls=MMPOParams,
-        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l)  (≡ −s_w)",
+        formula_tex=r"-\operatorname{logsumexp}(s_w, s_l) - \log\sigma(s_w - s_l)\quad(\equiv -s_w)",
         needs=_REF,
         description="MMPO as listed in the paper: the MML logsumexp term plus the DPO-style auxiliary term, "
         "on rewards r + β·log π_ref min-max normalized over the gathered batch.",
@@ -161,7 +161,7 @@ _SPECS: tuple[LossSpec, ...] = (
         name="mmpo-no-aux",
         fn=mmpo_no_aux_loss,
         params_cls=MMPOParams,
-        formula="−logsumexp(s_w, s_l)",
+        formula_tex=r"-\operatorname{logsumexp}(s_w, s_l)",
         needs=_REF,
         monotone=False,
         description="Ablation: MMPO without the auxiliary −log σ(s_w − s_l) term. Its gradient is Theorem 3.1's "
@@ -174,7 +174,8 @@ _SPECS: tuple[LossSpec, ...] = (
         name="mmpo-no-norm",
         fn=mmpo_no_norm_loss,
         params_cls=MMPOParams,
-        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l), s = log π + R (unnormalized)",
+        formula_tex=r"-\operatorname{logsumexp}(s_w, s_l) - \log\sigma(s_w - s_l),\quad s = \log\pi + "
+                    r"R\;\text{(unnormalized)}",
         needs=_REF,
         description="Ablation: MMPO with raw rewards R = r + β·log π_ref, no in-batch normalization.",
         notes="Still ≡ −s_w; without normalization no example depends on another.",
@@ -184,7 +185,8 @@ _SPECS: tuple[LossSpec, ...] = (
         name="mmpo-length-norm",
         fn=mmpo_length_norm_loss,
         params_cls=MMPOParams,
-        formula="MMPO with log π(y|x)/|y| and log π_ref(y|x)/|y|",
+        formula_tex=r"\text{MMPO with } \frac{\log\pi(y\mid x)}{\lvert y\rvert} \text{ and } "
+                    r"\frac{\log\pi_{\mathrm{ref}}(y\mid x)}{\lvert y\rvert}",
         needs=_REF | {Need.LENGTHS},
         description="Ablation: MMPO on per-token average log-probs of the policy and the reference.",
         notes="Still ≡ −s_w: its gradient is −∇log π(y_w|x)/|y_w|, a per-token NLL.",
@@ -194,7 +196,8 @@ _SPECS: tuple[LossSpec, ...] = (
         name="mmpo-entropy",
         fn=mmpo_entropy_loss,
         params_cls=MMPOEntropyParams,
-        formula="−logsumexp(s_w, s_l) − log σ(s_w − s_l) − β·Ĥ(π(·|x))",
+        formula_tex=r"-\operatorname{logsumexp}(s_w, s_l) - \log\sigma(s_w - s_l) - \beta\cdot\hat{H}(\pi(\cdot\mid "
+                    r"x))",
         needs=_REF | {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES},
         monotone=False,
         description="Ablation: MMPO plus entropy maximization with the appendix's estimator ∇P1 + ∇P2 over "

@@ -50,7 +50,8 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=orpo_loss,
         params_cls=ORPOParams,
         family="orpo",
-        formula="−log π(y_w|x)/|y_w| − β·log σ(log odds(y_w) − log odds(y_l))",
+        formula_tex=r"-\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - "
+                    r"\beta\cdot\log\sigma\bigl(\log\operatorname{odds}(y_w) - \log\operatorname{odds}(y_l)\bigr)",
         paper="Hong et al. 2024, arXiv:2403.07691 (ORPO)",
         scores="β·log π_θ(y|x)/|y| (average log-prob)",
         needs=frozenset({Need.LENGTHS}),

@@ -138,7 +138,7 @@ def _cpo(
     name: str,
     fn: LossFn,
     params_cls: type[LossParams],
-    formula: str,
+    formula_tex: str,
     description: str,
     paper: str = _CPO_PAPER,
     scores: str = "β·log π_θ(y|x) (summed log-prob)",
@@ -150,7 +150,7 @@ def _cpo(
         fn=fn,
         params_cls=params_cls,
         family="simpo",
-        formula=formula,
+        formula_tex=formula_tex,
         paper=paper,
         scores=scores,
         needs=_LEN,
@@ -168,7 +168,8 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=simpo_loss,
         params_cls=SimPOParams,
         family="simpo",
-        formula="−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ)",
+        formula_tex=r"-\log\sigma\left(\beta\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - "
+                    r"\beta\cdot\frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert} - \gamma\right)",
         paper="Meng et al. 2024, arXiv:2405.14734 (SimPO)",
         scores="β·log π_θ(y|x)/|y| (average log-prob)",
         needs=_LEN,
@@ -179,7 +180,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "cpo",
         cpo_loss,
         CPOParams,
-        "−log σ(β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+        r"-\log\sigma\bigl(\beta(\log\pi(y_w\mid x) - \log\pi(y_l\mid x))\bigr) - \alpha\cdot\frac{\log\pi(y_w\mid "
+        r"x)}{\lvert y_w\rvert}",
         "Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
         paper="Xu et al. 2024, arXiv:2401.08417 (CPO)",
     ),
@@ -187,14 +189,16 @@ _SPECS: tuple[LossSpec, ...] = (
         "cpo-hinge",
         cpo_hinge_loss,
         CPOParams,
-        "max(0, 1 − β(log π(y_w|x) − log π(y_l|x))) − α·log π(y_w|x)/|y_w|",
+        r"\max\bigl(0, 1 - \beta(\log\pi(y_w\mid x) - \log\pi(y_l\mid x))\bigr) - \alpha\cdot\frac{\log\pi(y_w\mid "
+        r"x)}{\lvert y_w\rvert}",
         "CPO with SLiC's hinge as the preference term (TRL CPOTrainer loss_type='hinge').",
     ),
     _cpo(
         "cpo-ipo",
         cpo_ipo_loss,
         CPOParams,
-        "(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l| − 1/(2β))² − α·log π(y_w|x)/|y_w|",
+        r"\left(\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - \frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert} - "
+        r"\frac{1}{2\beta}\right)^2 - \alpha\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert}",
         "CPO with IPO's squared preference term on average log-probs (TRL CPOTrainer loss_type='ipo').",
         scores="β·log π_θ(y|x)/|y| (average log-prob)",
         monotone=False,
@@ -203,7 +207,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "cpo-simpo",
         cpo_simpo_loss,
         CPOSimPOParams,
-        "−log σ(β·log π(y_w|x)/|y_w| − β·log π(y_l|x)/|y_l| − γ) − α·log π(y_w|x)/|y_w|",
+        r"-\log\sigma\left(\beta\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - \beta\cdot\frac{\log\pi(y_l\mid "
+        r"x)}{\lvert y_l\rvert} - \gamma\right) - \alpha\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert}",
         "CPO-SimPO: SimPO's length-normalized margin plus CPO's NLL on the chosen response "
         "(TRL CPOTrainer loss_type='simpo' with cpo_alpha).",
         paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
@@ -215,7 +220,8 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=simper_loss,
         params_cls=SimPERParams,
         family="simpo",
-        formula="−exp(log π(y_w|x)/|y_w|) + exp(log π(y_l|x)/|y_l|)",
+        formula_tex=r"-\exp\left(\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert}\right) + "
+                    r"\exp\left(\frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert}\right)",
         paper="Xiao et al. 2025, arXiv:2502.00883 (SimPER)",
         scores="exp(log π_θ(y|x)/|y|) (inverse perplexity)",
         needs=_LEN,
@@ -227,7 +233,8 @@ _SPECS: tuple[LossSpec, ...] = (
         fn=slic_loss,
         params_cls=SLiCParams,
         family="simpo",
-        formula="max(0, δ − log π(y_w|x) + log π(y_l|x)) − λ·log π(y_w|x)",
+        formula_tex=r"\max\bigl(0, \delta - \log\pi(y_w\mid x) + \log\pi(y_l\mid x)\bigr) - "
+                    r"\lambda\cdot\log\pi(y_w\mid x)",
         paper="Zhao et al. 2023, arXiv:2305.10425 (SLiC-HF)",
         scores="log π_θ(y|x) (summed log-prob)",
         description="Sequence Likelihood Calibration with Human Feedback, direct: a rank-calibration hinge on "

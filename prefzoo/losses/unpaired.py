@@ -143,8 +143,10 @@ _SPECS: tuple[LossSpec, ...] = (
         name="kto",
         fn=kto_loss,
         params_cls=KTOParams,
-        formula="λ_D·(1 − σ(β(ρ − z₀))) desirable, λ_U·(1 − σ(β(z₀ − ρ))) undesirable; "
-        "z₀ = max(0, mean_batch(log π_θ(y'|x) − log π_ref(y'|x)))",
+        formula_tex=r"\lambda_D\cdot\bigl(1 - \sigma(\beta(\rho - z_0))\bigr)\ \text{desirable},\quad "
+                    r"\lambda_U\cdot\bigl(1 - \sigma(\beta(z_0 - \rho))\bigr)\ \text{undesirable};\quad z_0 = "
+                    r"\max\bigl(0, \operatorname{mean}_{\text{batch}}(\log\pi_\theta(y'\mid x) - "
+                    r"\log\pi_{\mathrm{ref}}(y'\mid x))\bigr)",
         paper=KTO_PAPER,
         scores=_SCORES + ": β·z₀",
         needs=frozenset({Need.REFERENCE, Need.KL_REFERENCE}),
@@ -162,7 +164,8 @@ _SPECS: tuple[LossSpec, ...] = (
         name="apo-zero-unpaired",
         fn=apo_zero_unpaired_loss,
         params_cls=KTOParams,
-        formula="λ_D·(1 − σ(βρ)) desirable, λ_U·σ(βρ) undesirable",
+        formula_tex=r"\lambda_D\cdot\bigl(1 - \sigma(\beta\rho)\bigr)\ \text{desirable},\quad "
+                    r"\lambda_U\cdot\sigma(\beta\rho)\ \text{undesirable}",
         paper=APO_PAPER,
         scores=_SCORES + ": 0",
         needs=frozenset({Need.REFERENCE}),
@@ -175,8 +178,9 @@ _SPECS: tuple[LossSpec, ...] = (
         name="bco",
         fn=bco_loss,
         params_cls=BCOParams,
-        formula="−log σ(βρ − δ) desirable, −log σ(−(βρ − δ)) undesirable; "
-        "δ = running mean of every β·ρ trained on",
+        formula_tex=r"-\log\sigma(\beta\rho - \delta)\ \text{desirable},\quad -\log\sigma\bigl(-(\beta\rho - "
+                    r"\delta)\bigr)\ \text{undesirable};\quad \delta = \text{running mean of every } \beta\rho "
+                    r"\text{ trained on}",
         paper=BCO_PAPER,
         scores=_SCORES + ": δ",
         needs=frozenset({Need.REFERENCE}),

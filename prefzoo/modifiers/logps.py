@@ -94,8 +94,9 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=ld_dpo,
         params_cls=LDDPOParams,
         paper="Liu et al. 2024, arXiv:2409.06411 (LD-DPO)",
-        transforms="log π(y) ← Σ_{t≤ℓ} log π(y_t) + α·Σ_{t>ℓ} log π(y_t), ℓ = min(|y_w|, |y_l|) "
-        "(policy and reference)",
+        transforms_tex=r"\log\pi(y) \leftarrow \sum_{t\le\ell} \log\pi(y_t) + \alpha\cdot\sum_{t>\ell} "
+                       r"\log\pi(y_t),\quad \ell "
+                      r"= \min(\lvert y_w\rvert, \lvert y_l\rvert)\ \text{(policy and reference)}",
         applies=Applicability("every loss (it rewrites the sequence log-probs any loss reads)", lambda s, p: True),
         needs=frozenset({Need.TOKEN_LOGPS}),
         reference_needs=frozenset({Need.REF_TOKEN_LOGPS}),
@@ -109,7 +110,9 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=alphapo,
         params_cls=AlphaPOParams,
         paper="Gupta et al. 2025, arXiv:2501.03884 (AlphaPO)",
-        transforms="u ← (1 − e^(−α·u))/α for the loss's reward u = log π(y|x) or log π(y|x)/|y|",
+        transforms_tex=r"u \leftarrow \frac{1 - e^{-\alpha\cdot u}}{\alpha}\ \text{for the loss's reward}\ u = "
+                       r"\log\pi(y\mid "
+                      r"x) \text{ or } \frac{\log\pi(y\mid x)}{\lvert y\rvert}",
         applies=LOGP_REWARD,
         trl="CPOConfig.alpha (trl.experimental.cpo)",
         description="AlphaPO reward shaping: the reference-free reward log π is replaced by (1 − π^(−α))/α, "

@@ -137,7 +137,8 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=odpo,
         params_cls=ODPOParams,
         paper="Amini et al. 2024, arXiv:2402.10571 (ODPO)",
-        transforms="β·Δ ← β·Δ − α·log(score(y_w) − score(y_l))",
+        transforms_tex=r"\beta\Delta \leftarrow \beta\Delta - \alpha\cdot\log\bigl(\mathrm{score}(y_w) - "
+                      r"\mathrm{score}(y_l)\bigr)",
         applies=REWARD_DIFFERENCE,
         needs=frozenset({Need.SCORES}),
         description="DPO with an offset: the larger the data's score gap between the responses, the larger "
@@ -149,8 +150,11 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=beta_dpo,
         params_cls=BetaDPOParams,
         paper="Wu et al. 2024, arXiv:2407.08639 (β-DPO)",
-        transforms="β ← β₀·(1 + α·(mean_kept M_i − M₀)) per batch, M_i = Δ_i, M₀ its running mean; "
-        "⌊ρN⌋ pairs sampled by exp(−(M_i − M₀)²/2σ²)",
+        transforms_tex=r"\beta \leftarrow \beta_0\cdot\bigl(1 + \alpha\cdot(\operatorname{mean}_{\text{kept}} "
+                       r"M_i - "
+                      r"M_0)\bigr)\ \text{per batch},\quad M_i = \Delta_i,\ M_0\ \text{its running mean};\quad "
+                      r"\lfloor\rho "
+                      r"N\rfloor\ \text{pairs sampled by}\ \exp\bigl(-(M_i - M_0)^2/2\sigma^2\bigr)",
         applies=REWARD_DIFFERENCE,
         batch_coupled=True,
         initial_state=beta_dpo_initial_state,

@@ -29,7 +29,9 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=tr_dpo,
         params_cls=TRDPOParams,
         paper="Gorbatovski et al. 2024, arXiv:2404.09656 (TR-DPO)",
-        transforms="every τ steps θ_ref ← α·θ + (1 − α)·θ_ref (soft; α = 1: hard)",
+        transforms_tex=r"\text{every}\ \tau\ \text{steps}\ \theta_{\mathrm{ref}} \leftarrow \alpha\cdot\theta "
+                       r"+ (1 - "
+                      r"\alpha)\cdot\theta_{\mathrm{ref}}\ (\text{soft};\ \alpha = 1\text{: hard})",
         applies=WITH_REFERENCE,
         updates_reference=True,
         callback="prefzoo.train.ref_sync:ReferenceSync",

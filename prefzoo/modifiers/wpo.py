@@ -49,7 +49,9 @@ _SPECS: tuple[ModifierSpec, ...] = (
         fn=wpo,
         params_cls=WPOParams,
         paper="Zhou et al. 2024, arXiv:2406.11827 (WPO)",
-        transforms="L_i ← w(y_w)·w(y_l)·L_i, w(y) = exp(mean_t[log π(y_t) − log Σ_v π(v)²]) (detached)",
+        transforms_tex=r"L_i \leftarrow w(y_w)\cdot w(y_l)\cdot L_i,\quad w(y) = "
+                      r"\exp\Bigl(\operatorname{mean}_t\bigl[\log\pi(y_t) - \log\sum_v \pi(v)^2\bigr]\Bigr)\ "
+                      r"\text{(detached)}",
         applies=ANY_PER_PAIR,
         needs=frozenset({Need.TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}),
         trl="DPOConfig.use_weighting=True",

@@ -19,14 +19,14 @@ ATLAS = ROOT / "docs" / "atlas"
 
 def test_atlas_pages_are_generated_from_the_registry():
     """docs/atlas/*.md equal `prefzoo atlas docs/atlas --builtin-only` (the data, not the images' pixels)."""
-    pages, specs, curves, _ = atlas_pages(builtin_only=True)
+    pages, specs, curves, _, unpaired = atlas_pages(builtin_only=True)
     committed = {p.name: p.read_text(encoding="utf-8") for p in ATLAS.glob("*.md")}
     assert sorted(committed) == sorted(pages), "docs/atlas is stale: run `prefzoo atlas docs/atlas --builtin-only`"
     stale = [name for name, text in pages.items() if committed[name] != text]
     assert not stale, f"docs/atlas is stale ({', '.join(stale)}): run `prefzoo atlas docs/atlas --builtin-only`"
     assert {s.name for s in specs} == {s for s in prefzoo.list_losses() if prefzoo.loss_spec(s).builtin}
     for s in specs:  # every loss with a margin has both images, and its page shows them
-        if curves[s.name]:
+        if curves[s.name] or unpaired[s.name]:
             assert (ATLAS / "img" / f"{s.name}.png").is_file() and (ATLAS / "img" / f"{s.name}.svg").is_file()
             assert f"(img/{s.name}.svg)" in pages[f"{s.name}.md"]
     for img in re.findall(r"\(img/([^)]+)\)", pages["index.md"]):
@@ -34,11 +34,26 @@ def test_atlas_pages_are_generated_from_the_registry():
 
 
 def test_overview_shows_the_mmpo_identity_as_a_flat_line():
-    pages, _, _, _ = atlas_pages(builtin_only=True)
+    pages, *_ = atlas_pages(builtin_only=True)
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`mmpo`]"))
-    assert "NLL on y_w only: a flat line, w_w = +1, w_l = 0" in row
+    assert "NLL on $y_w$ only: a flat line, $w_w = +1$, $w_l = 0$" in row
     row = next(line for line in pages["index.md"].splitlines() if line.startswith("| [`dpo`]"))
     assert "saturates" in row and "flat line" not in row
+
+
+def test_the_cli_sentences_reach_the_pages_as_math():
+    """`prefzoo inspect` prints its findings as text; the atlas typesets their formulas (no bare w_w outside $...$)."""
+    from prefzoo.cli.atlas import math_text
+
+    assert math_text("w_w + w_l = 1 at every margin") == "$w_w + w_l = 1$ at every margin"
+    assert math_text("w_w vanishes (|w_w| < 0.01·max) for m ≥ +12") == (
+        r"$w_w$ vanishes ($\lvert w_w\rvert < 0.01\cdot\max$) for $m \ge +12$")
+    pages, *_ = atlas_pages(builtin_only=True)
+    for name, text in pages.items():  # the generated sentences: summaries, landmarks, the overview's last column
+        for line in text.splitlines():
+            if re.match(r"(On |With |\$w_|\| \[`)", line):
+                prose = re.sub(r"\$[^$]*\$|`[^`]*`", "", line)  # math and code aside
+                assert not re.search(r"\b[wy]_[wl]\b", prose), f"{name}: a symbol outside math: {line}"
 
 
 def test_modifiers_are_drawn_on_a_loss_they_apply_to():
@@ -108,11 +123,26 @@ def test_home_page_is_the_readme_with_site_links():
     """The site's index.md is README.md with its links into docs/ made relative; every link lands on a page."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     home = _hooks().home_page(readme)
-    assert re.sub(r"\]\([^)]*\)", "]()", home) == re.sub(r"\]\([^)]*\)", "]()", readme)  # only targets change
+    links = re.compile(r"\]\([^)]*\)")
+    assert links.sub("]()", home) == links.sub("]()", _hooks().wrap_commands(readme))  # only targets change
     targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", home)
     assert targets and "docs/losses.md" not in targets
     missing = [t for t in targets if not (ROOT / "docs" / t).exists()]
     assert not missing, f"README links that are not site pages: {missing}"
+
+
+def test_long_shell_lines_wrap_on_the_home_page_and_stay_one_command():
+    """README's quickstart lines are one line each; on the site they break before `&&`, with a backslash."""
+    hooks = _hooks()
+    long = "python3.11 -m venv .venv && .venv/bin/pip install tox tox-uv && .venv/bin/tox run-parallel --parallel 2"
+    wrapped = hooks.wrap_commands(f"```bash\n{long}\n# {'word ' * 30}\n```\n`{long}`")
+    code = wrapped.split("```")[1]
+    assert max(len(line) for line in code.splitlines()) <= hooks.CODE_WIDTH
+    assert code.replace(" \\\n    && ", " && ").splitlines()[1] == long
+    assert wrapped.endswith(f"`{long}`")  # inline code and other text are left alone
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert all(len(line) <= hooks.CODE_WIDTH for line in hooks.home_page(readme).split("```bash")[1].split("```")[0]
+               .splitlines())
 
 
 def test_links_outside_docs_are_named_not_linked(tmp_path):
