@@ -146,11 +146,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie is dead, only not reaped yet (ranks are reparented when torchrun dies)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> list[int]:
     """SIGKILL torchrun and every rank at once, then wait until none is left, so the next attempt never meets a
     dying one.  torchrun starts each rank in a session of its own (torch's ``SubprocessHandler`` passes
     ``start_new_session``), so killing torchrun's process group alone leaves the ranks running: every group of the
-    run is killed, each by the id of its leader, a process this soak started."""
+    run is killed, each by the id of its leader, a process this soak started.  Returns the processes still alive."""
     ours = [*_descendants(proc.pid), proc.pid]
     groups = []
     for pid in ours:
@@ -167,6 +167,7 @@ def kill_group(proc: subprocess.Popen) -> None:
     t0 = time.monotonic()
     while any(_alive(pid) for pid in ours) and time.monotonic() - t0 < 30:
         time.sleep(0.02)
+    return [pid for pid in ours if _alive(pid)]  # none, unless a process outlived SIGKILL for 30 s
 
 
 def finish(proc: subprocess.Popen, log: Path, what: str) -> None:
@@ -371,7 +372,9 @@ def soak(root: Path, kills: int, seed: int, max_steps: int | None = None, refere
             finish(proc, log, f"attempt {attempt}")
             report.failures.append(f"attempt {attempt} ended before its kill ({moment}): {max_steps} steps are too few")
             break
-        kill_group(proc)
+        if survivors := kill_group(proc):
+            report.failures.append(f"kill {attempt}: processes {survivors} of the run outlived SIGKILL")
+            break
         report.steps_redone += len([s for s in before if s > resumed_from])
         kill = Kill(attempt, moment, hit, resumed_from, newest_step(out), round(time.monotonic() - t0, 2))
         report.kills.append(kill)
