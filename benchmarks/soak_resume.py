@@ -7,7 +7,7 @@ The run is the embedded default task with DPO on ``torchrun --standalone --nproc
 process), a checkpoint every 2 steps and ``--resume auto``.  Each attempt is killed, torchrun and both ranks at once,
 with SIGKILL at a moment drawn from the seed:
 
-* ``step``: during an optimizer step, 1 to 3 steps after the attempt's first new one;
+* ``step``: during an optimizer step, 1 to 4 steps after the attempt's first new one;
 * ``checkpoint``: while a ``checkpoints/.tmp-step-N`` folder of this attempt exists (state files being written, the
   marker not yet, the rename, the pruning);
 * ``between-ranks``: while that folder holds rank 0's files but not rank 1's ``random_states_1.pkl``;
@@ -33,6 +33,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -306,19 +307,29 @@ def _moments(rng: random.Random, kills: int) -> list[str]:
     return (named + [rng.choice(MOMENTS) for _ in range(max(0, kills - 3))])[:kills]
 
 
-def _wait_moment(proc: subprocess.Popen, out: Path, moment: str, rng: random.Random, t0: float) -> str | None:
+def _wait_moment(proc: subprocess.Popen, out: Path, moment: str, rng: random.Random, t0: float, max_steps: int,
+                 startup: list[float]) -> str | None:  # fmt: skip
     """Poll ``out`` until ``moment`` of this attempt comes (then wait a random part of it); what was on disk then,
     or None when the attempt ended first.  Stale ``.tmp-step-*`` folders and metrics lines of earlier attempts are
-    told apart from this attempt's (inode; steps past everything logged before)."""
+    told apart from this attempt's (inode; steps past everything logged before).  ``startup`` collects the seconds
+    from an attempt's start to its first new step; ``anywhere`` draws its time over the start-up so measured and the
+    next few steps (the same draws on any machine, scaled by what this one measured)."""
     stale = {name: ino for name, (ino, _) in _temp_folders(out).items()}
     first_new = max([newest_step(out), *logged_steps(out)]) + 1  # before it, steps are logged again after a resume
-    target = first_new + rng.randint(0, 2)
-    anywhere = rng.uniform(0.5, 12.0)
+    target = first_new + rng.randint(0, 3)
+    steps = max(0, min(max_steps - first_new, 8))  # a step and its share of a save sleep >= 2 × STEP_SLEEP
+    anywhere = 0.5 + rng.random() * (0.8 * statistics.median(startup or [12.0]) + steps * 2 * STEP_SLEEP)
+    metrics = _Tail(out / "metrics.jsonl")
+    seen = False
     while proc.poll() is None:
         if time.monotonic() - t0 > HANG_GUARD_S:
             return None
+        newest = metrics.newest()
+        if newest >= first_new and not seen:
+            seen = True
+            startup.append(time.monotonic() - t0)
         temps = {n: v for n, v in _temp_folders(out).items() if stale.get(n) != v[0]}  # this attempt's writes
-        if moment == "step" and max(logged_steps(out), default=0) >= target:
+        if moment == "step" and newest >= target:
             time.sleep(rng.uniform(0.0, STEP_SLEEP * 1.5))  # in the next step's sleep or compute, or a save after it
             return f"after step {target} was logged"
         if moment == "checkpoint" and temps:
@@ -330,9 +341,26 @@ def _wait_moment(proc: subprocess.Popen, out: Path, moment: str, rng: random.Ran
                     time.sleep(rng.uniform(0.0, STEP_SLEEP / 2))
                     return f"{name} with rank 0's files, not rank 1's ({', '.join(sorted(files))})"
         if moment == "anywhere" and time.monotonic() - t0 >= anywhere:
-            return f"{anywhere:.1f} s after the start"
+            where = f"step {newest} logged" if newest >= first_new else "no new step yet"
+            return f"{anywhere:.1f} s after the start, {where}"
         time.sleep(0.01)
     return None
+
+
+class _Tail:
+    """The newest step logged in ``metrics.jsonl``, parsed again only when the file changed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.key, self.step = path, None, 0
+
+    def newest(self) -> int:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return 0
+        if (st.st_ino, st.st_size) != self.key:
+            self.key, self.step = (st.st_ino, st.st_size), max(logged_steps(self.path.parent), default=0)
+        return self.step
 
 
 def reference_run(root: Path, max_steps: int, seed: int) -> Path:
@@ -348,7 +376,7 @@ def soak(root: Path, kills: int, seed: int, max_steps: int | None = None, refere
     """Kill ``kills`` attempts of the run in ``root/soaked`` at seeded random moments, resume it to the end, and
     check it against ``reference`` (the uninterrupted run; run here when None)."""
     t_start = time.monotonic()
-    max_steps = max_steps or 4 * kills + 4  # each kill costs at most ~4 steps of progress: the run outlives them
+    max_steps = max_steps or max(16, 2 * kills + 8)  # a kill lets the run on by ~1.3 steps: it outlives them all
     rng = random.Random(seed)
     report = Report(seed=seed, kills_asked=kills, max_steps=max_steps)
     root.mkdir(parents=True, exist_ok=True)
@@ -357,6 +385,7 @@ def soak(root: Path, kills: int, seed: int, max_steps: int | None = None, refere
         reference = reference_run(root, max_steps, seed)
     out = root / "soaked"
     args = train_args(out, max_steps, seed)
+    startup: list[float] = []  # seconds from an attempt's start to its first new step
     for attempt, moment in enumerate(_moments(rng, kills), 1):
         resumed_from = newest_step(out)
         before = logged_steps(out)
@@ -364,7 +393,7 @@ def soak(root: Path, kills: int, seed: int, max_steps: int | None = None, refere
         t0 = time.monotonic()
         proc = start(args, log, faults=True)
         try:
-            hit = _wait_moment(proc, out, moment, rng, t0)
+            hit = _wait_moment(proc, out, moment, rng, t0, max_steps, startup)
         except BaseException:
             kill_group(proc)
             raise
@@ -415,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 kills (the CI form)")
     ap.add_argument("--kills", type=int, default=20, help="kills in a row (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="draws the moments and the run's --seed (default 0)")
-    ap.add_argument("--max-steps", type=int, default=None, help="the run's length (default 4 × kills + 4)")
+    ap.add_argument("--max-steps", type=int, default=None, help="the run's length (default 2 × kills + 8, at least 16)")
     ap.add_argument("--work-dir", type=Path, default=None, help="kept after the run (default: a temp folder, removed)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report as JSON, with versions and machine")
     a = ap.parse_args(argv)
