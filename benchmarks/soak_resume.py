@@ -32,7 +32,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ if str(ROOT) not in sys.path:  # run as a script: prefzoo and tests/ from this c
     sys.path.insert(0, str(ROOT))
 
 from prefzoo.train.checkpoint import COMPLETE_MARKER, checkpoint_step, complete_checkpoints  # noqa: E402
+from tests.support.launch import kill_run  # noqa: E402
 
 # Final weights of the soaked run against the uninterrupted one, max |Δ| over every tensor.  A resume restores the
 # weights, AdamW moments, scheduler, data position and RNG exactly, and gloo's all-reduce of 2 ranks is
@@ -121,61 +121,11 @@ def start(args: list[str], log: Path, faults: bool, nproc: int = 2) -> subproces
                                 start_new_session=True)  # fmt: skip
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from /proc's parent links), children first."""
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except (OSError, IndexError):
-            continue
-        parent[int(stat.parent.name)] = int(fields[1])
-    found, todo = [], [pid]
-    while todo:
-        above = todo.pop(0)
-        kids = [c for c, p in parent.items() if p == above]
-        found += kids
-        todo += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie is dead, only not reaped yet (ranks are reparented when torchrun dies)
-
-
-def kill_group(proc: subprocess.Popen) -> list[int]:
-    """SIGKILL torchrun and every rank at once, then wait until none is left, so the next attempt never meets a
-    dying one.  torchrun starts each rank in a session of its own (torch's ``SubprocessHandler`` passes
-    ``start_new_session``), so killing torchrun's process group alone leaves the ranks running: every group of the
-    run is killed, each by the id of its leader, a process this soak started.  Returns the processes still alive."""
-    ours = [*_descendants(proc.pid), proc.pid]
-    groups = []
-    for pid in ours:
-        try:
-            groups.append(os.getpgid(pid))
-        except ProcessLookupError:
-            continue
-    for group in dict.fromkeys(g for g in groups if g in ours):  # never a group this run did not start
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    t0 = time.monotonic()
-    while any(_alive(pid) for pid in ours) and time.monotonic() - t0 < 30:
-        time.sleep(0.02)
-    return [pid for pid in ours if _alive(pid)]  # none, unless a process outlived SIGKILL for 30 s
-
-
 def finish(proc: subprocess.Popen, log: Path, what: str) -> None:
     try:
         rc = proc.wait(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
-        kill_group(proc)
+        kill_run(proc)
         rc = None
     if rc != 0:
         raise RuntimeError(f"{what}: exit {rc}\n{log.read_text()[-4000:]}")
@@ -395,13 +345,13 @@ def soak(root: Path, kills: int, seed: int, max_steps: int | None = None, refere
         try:
             hit = _wait_moment(proc, out, moment, rng, t0, max_steps, startup)
         except BaseException:
-            kill_group(proc)
+            kill_run(proc)
             raise
         if hit is None:
             finish(proc, log, f"attempt {attempt}")
             report.failures.append(f"attempt {attempt} ended before its kill ({moment}): {max_steps} steps are too few")
             break
-        if survivors := kill_group(proc):
+        if survivors := kill_run(proc):
             report.failures.append(f"kill {attempt}: processes {survivors} of the run outlived SIGKILL")
             break
         report.steps_redone += len([s for s in before if s > resumed_from])

@@ -20,6 +20,7 @@ import pytest
 
 from prefzoo.train.checkpoint import COMPLETE_MARKER, complete_checkpoints, is_complete
 from tests.faults._run import ROOT
+from tests.support.launch import alive, descendants, kill_run
 
 SEED = 0  # draws the moments: benchmarks/soak_resume.py --quick --seed 0 reproduces a failure
 pytestmark = pytest.mark.slow  # 2-process runs: ~1 min on a quiet 2-core machine, ~2.5 min beside other jobs
@@ -146,7 +147,7 @@ def test_a_resume_that_skips_a_step_fails(soak, soaked, tmp_path):
     assert any("final weights differ" in f for f in c.failures), c.failures
 
 
-def test_the_kill_leaves_no_rank_behind(soak, tmp_path):
+def test_the_kill_leaves_no_rank_behind(soak):
     """torchrun puts each rank in a session of its own: a SIGKILL to torchrun's process group alone leaves the ranks
     running (shown first, on a torchrun of ``sleep``); the soak's kill ends every process of the run."""
 
@@ -162,7 +163,7 @@ def test_the_kill_leaves_no_rank_behind(soak, tmp_path):
         proc = subprocess.Popen(cmd, env=soak._env(False), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)  # fmt: skip
         t0 = time.monotonic()
-        while len(ranks := [p for p in soak._descendants(proc.pid) if _is_sleep(p) and soak._alive(p)]) < 2:
+        while len(ranks := [p for p in descendants(proc.pid) if _is_sleep(p) and alive(p)]) < 2:
             assert time.monotonic() - t0 < 120 and proc.poll() is None, "torchrun did not start its 2 ranks"
             time.sleep(0.1)
         return proc, ranks
@@ -172,11 +173,11 @@ def test_the_kill_leaves_no_rank_behind(soak, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun's group only
         proc.wait()
         time.sleep(0.5)
-        assert all(soak._alive(p) for p in ranks)  # the ranks outlive it
+        assert all(alive(p) for p in ranks)  # the ranks outlive it
     finally:
         for pid in ranks:  # ours: end them by their ids
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     proc, ranks = launch()
-    assert soak.kill_group(proc) == []
-    assert not any(soak._alive(p) for p in ranks)
+    assert kill_run(proc) == []
+    assert not any(alive(p) for p in ranks)
