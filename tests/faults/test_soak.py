@@ -23,7 +23,9 @@ from tests.faults._run import ROOT
 from tests.support.launch import alive, descendants, kill_run
 
 SEED = 0  # draws the moments: benchmarks/soak_resume.py --quick --seed 0 reproduces a failure
-pytestmark = pytest.mark.slow  # 2-process runs: ~1 min on a quiet 2-core machine, ~2.5 min beside other jobs
+# 2-process runs: the quick soak ~1 min on a quiet 2-core machine (2.5-5 min beside other jobs), the skipped-step
+# resume and the kill check ~1.5 min more
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 @pytest.fixture(scope="module")
