@@ -23,8 +23,8 @@ from tests.faults._run import ROOT
 from tests.support.launch import alive, descendants, kill_run
 
 SEED = 0  # draws the moments: benchmarks/soak_resume.py --quick --seed 0 reproduces a failure
-# 2-process runs: the quick soak ~1 min on a quiet 2-core machine (2.5-5 min beside other jobs), the skipped-step
-# resume and the kill check ~1.5 min more
+# 2-process runs: the quick soak is five launches (~60 s of CPU; 2.5 to 5 min on a 2-core machine beside other jobs),
+# the skipped-step resume and the kill check about 1 min more
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
