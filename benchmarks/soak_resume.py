@@ -18,7 +18,8 @@ step sleeps 0.1 s (``sleep_step``), rank 1 sleeps before writing its checkpoint 
 before the completion marker (``ckpt_sleep``).  After every kill, every checkpoint ``--resume auto`` could pick (each
 complete one) must load, file by file, with every rank's RNG state.  After the last kill the run is resumed to the
 end and compared with an uninterrupted run of the same command: final weights within ``TOLERANCE``, each step logged
-once in ``metrics.jsonl`` (none lost, none repeated), no litter (``.tmp-*`` folders, ``*.tmp<pid>`` files).  The
+once in ``metrics.jsonl`` (none lost, none repeated), no litter (``.tmp-*`` folders, ``*.tmp<pid>`` files, incomplete
+``checkpoints/step-*`` folders).  The
 summary prints the kills survived, steps lost and bytes of litter; the exit status is 1 on any failure.  The same
 seed draws the same moments (where a moment falls in a step depends on the machine's speed; what it hits is
 printed).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import re
@@ -47,6 +49,8 @@ if str(ROOT) not in sys.path:  # run as a script: prefzoo and tests/ from this c
 
 from prefzoo.train.checkpoint import COMPLETE_MARKER, checkpoint_step, complete_checkpoints  # noqa: E402
 from tests.support.launch import kill_run  # noqa: E402
+
+logging.getLogger(complete_checkpoints.__module__).setLevel(logging.ERROR)  # polled often: no warning per poll
 
 # Final weights of the soaked run against the uninterrupted one, max |Δ| over every tensor.  A resume restores the
 # weights, AdamW moments, scheduler, data position and RNG exactly, and gloo's all-reduce of 2 ranks is
@@ -171,13 +175,22 @@ def _temp_folders(out: Path) -> dict[str, tuple[int, set[str]]]:
 
 
 def litter(out: Path) -> dict[str, int]:
-    """Temp folders and files a killed write left: path -> bytes."""
+    """What killed writes and prunings left: temp folders and files, and ``checkpoints/step-*`` folders that are not
+    complete (a checkpoint half-deleted by a killed pruning: never resumed, never pruned); path -> bytes."""
     found: dict[str, int] = {}
     for p in sorted(out.rglob("*")):
         if _LITTER.search(p.name) and not any(_LITTER.search(q.name) for q in p.relative_to(out).parents if q.name):
-            files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
-            found[str(p.relative_to(out))] = sum(f.stat().st_size for f in files)
+            found[str(p.relative_to(out))] = _size(p)
+    complete = set(complete_checkpoints(out))
+    for p in sorted((out / "checkpoints").glob("step-*")):
+        if p.is_dir() and p not in complete:
+            found[str(p.relative_to(out))] = _size(p)
     return found
+
+
+def _size(p: Path) -> int:
+    files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
+    return sum(f.stat().st_size for f in files)
 
 
 def checkpoint_problems(out: Path, nproc: int = 2) -> list[str]:
