@@ -23,8 +23,8 @@ from tests.faults._run import ROOT
 from tests.support.launch import alive, descendants, kill_run
 
 SEED = 0  # draws the moments: benchmarks/soak_resume.py --quick --seed 0 reproduces a failure
-# 2-process runs: the quick soak is five launches (~60 s of CPU; 2.5 to 5 min on a 2-core machine beside other jobs),
-# the skipped-step resume and the kill check about 1 min more
+# 2-process runs: the quick soak is five launches (~60 s of CPU; 73 s to 5 min on a 2-core machine beside other jobs),
+# the two resumes and the kill check 40 s to 2 min more
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
@@ -87,6 +87,17 @@ def test_litter_fails_and_is_counted_in_bytes(soak, scratch):
     (out / ".metrics.jsonl.tmp4242").write_bytes(b"y" * 7)  # a metrics rewrite killed before its rename
     r = soak.check(out, ref, n)
     assert r.litter_bytes == 107 and any("litter" in f for f in r.failures), r.failures
+
+
+def test_a_half_deleted_checkpoint_is_litter(soak, scratch):
+    """A pruning killed inside its rmtree: the folder keeps its marker and some files, so it is neither resumed
+    (incomplete) nor pruned (only complete ones are)."""
+    out, ref, n = scratch
+    half = out / "checkpoints" / "step-00000001"
+    shutil.copytree(complete_checkpoints(out)[-1], half)
+    (half / "model.safetensors").unlink()
+    r = soak.check(out, ref, n)
+    assert r.litter == {"checkpoints/step-00000001": soak._size(half)} and r.litter_bytes > 0, r.failures
 
 
 def test_a_checkpoint_that_looks_complete_but_does_not_load_fails(soak, scratch):
@@ -188,23 +199,29 @@ def test_the_kill_leaves_no_rank_behind(soak):
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="prefzoo/train/metrics.py JsonlWriter.drop_after writes metrics.jsonl's rewrite to .metrics.jsonl.tmp<pid> "
-    "and os.replace()s it; a SIGKILL between the two (a resume killed while it drops the records past its checkpoint) "
-    "leaves that file, and no later run removes it (checkpoint saves clean only checkpoints/.tmp-step-*)",
+    reason="no run removes what a SIGKILL leaves inside an atomic rewrite or a pruning outside "
+    "checkpoints/.tmp-step-*: prefzoo/train/metrics.py JsonlWriter.drop_after writes metrics.jsonl's rewrite to "
+    ".metrics.jsonl.tmp<pid> and os.replace()s it (a resume killed between the two leaves the file); "
+    "prefzoo/train/checkpoint/save.py prunes with shutil.rmtree(step-N) (a kill inside it leaves a half-deleted "
+    "step-N with its marker: incomplete, so never resumed and never pruned; the soak's long form, seed 1, left "
+    "step-00000006, 1.1 MB)",
 )
-def test_a_metrics_rewrite_killed_on_resume_leaves_no_litter(soak, soaked, tmp_path):
-    """The state a SIGKILL leaves when it lands in the resume's rewrite of ``metrics.jsonl`` (caught by polling for
-    the temp file and killing the run then: 24 kB left; the same state is made here without the timing), resumed to
-    the end: the soak's litter check must find nothing."""
+def test_leftovers_of_a_killed_rewrite_and_a_killed_pruning_are_removed_by_the_next_run(soak, soaked, tmp_path):
+    """The states a SIGKILL leaves when it lands in the resume's rewrite of ``metrics.jsonl`` (caught by polling for
+    the temp file and killing the run then: 24 kB left) and in a pruning's ``rmtree`` (the long soak, seed 1), made
+    here without the timing, then resumed to the end: the soak's litter check must find nothing."""
     root, r = soaked
     n = r.max_steps
-    out = tmp_path / "killed-in-rewrite"
+    out = tmp_path / "killed-in-rewrite-and-pruning"
     shutil.copytree(root / "uninterrupted", out)
     shutil.rmtree(out / "final")
     (out / ".prefzoo-finished.json").unlink()
     shutil.rmtree(out / "checkpoints" / f"step-{n:08d}")  # the resume starts at n-2 and drops 2 records
     kept = [x for x in _lines(out) if json.loads(x).get("step", 0) <= n - 2]
     (out / ".metrics.jsonl.tmp99999").write_text("".join(kept))  # written, not yet renamed when the kill came
+    half = out / "checkpoints" / f"step-{n - 4:08d}"  # pruned when step n-2 was saved; its rmtree cut short
+    shutil.copytree(out / "checkpoints" / f"step-{n - 2:08d}", half)
+    (half / "model.safetensors").unlink()
     log = tmp_path / "resume.log"
     soak.finish(soak.start(soak.train_args(out, n, SEED), log, faults=False), log, "the resume")
     c = soak.check(out, root / "uninterrupted", n)
