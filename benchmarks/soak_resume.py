@@ -50,8 +50,6 @@ if str(ROOT) not in sys.path:  # run as a script: prefzoo and tests/ from this c
 from prefzoo.train.checkpoint import COMPLETE_MARKER, checkpoint_step, complete_checkpoints  # noqa: E402
 from tests.support.launch import kill_run  # noqa: E402
 
-logging.getLogger(complete_checkpoints.__module__).setLevel(logging.ERROR)  # polled often: no warning per poll
-
 # Final weights of the soaked run against the uninterrupted one, max |Δ| over every tensor.  A resume restores the
 # weights, AdamW moments, scheduler, data position and RNG exactly, and gloo's all-reduce of 2 ranks is
 # deterministic on CPU, so a resumed run measures 0.0 (bit-identical); 1e-6 is the bound the single-kill fault tests
@@ -404,6 +402,7 @@ def summary(r: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.getLogger(complete_checkpoints.__module__).setLevel(logging.ERROR)  # polled often: no warning per poll
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 kills (the CI form)")
     ap.add_argument("--kills", type=int, default=20, help="kills in a row (default 20)")
