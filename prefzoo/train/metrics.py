@@ -121,6 +121,8 @@ class JsonlWriter:
         self.enabled = enabled
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.parent.glob(f".{self.path.name}.tmp*"):  # a rewrite killed before its rename
+                stale.unlink(missing_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:

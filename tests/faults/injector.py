@@ -8,6 +8,9 @@ of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is writte
 ``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
 half of ``model.safetensors`` (rank 0) or of its RNG-state file (other ranks): the callback wraps
 ``state.accelerator.save_state`` in ``on_train_begin``;
+``save_sleep@0:1`` makes rank 1 sleep ``PREFZOO_FAULT_SLEEP`` seconds before it writes its part of a checkpoint
+(the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``): meanwhile the other ranks' files are in
+the temp folder and its own are not (the soak, ``benchmarks/soak_resume.py``, kills the run there);
 ``nan_last_micro@2`` is ``nan_logps`` in the last micro-batch of step 2 only (earlier ones trained normally);
 ``enospc_final@0`` makes the final model's ``save_pretrained`` fail with ENOSPC after writing half of its
 ``model.safetensors`` (the callback wraps the trained model's ``save_pretrained`` in ``on_train_begin``);
@@ -35,7 +38,7 @@ from prefzoo.train import Callback
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
 KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc", "nan_eval",
-         "enospc_final", "nan_last_micro")  # fmt: skip
+         "enospc_final", "nan_last_micro", "save_sleep")  # fmt: skip
 SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
 
 
@@ -98,6 +101,16 @@ class FaultInjector(Callback):
                 return result
 
             acc.save_state = full_disk_save_state
+        if any(f.kind == "save_sleep" for f in self.faults):
+            acc = state.accelerator
+            inner = acc.save_state
+
+            def slow_save_state(output_dir: str, *args: Any, **kwargs: Any) -> Any:
+                if self.fires("save_sleep", state, step=state.global_step):  # the step being saved
+                    time.sleep(self.sleep_s)  # the other ranks write their files meanwhile
+                return inner(output_dir, *args, **kwargs)
+
+            acc.save_state = slow_save_state
         if self.fires("enospc_final", state, step=0):
             lm = state.accelerator.unwrap_model(state.model).lm
             save_pretrained = lm.save_pretrained

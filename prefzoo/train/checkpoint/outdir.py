@@ -99,6 +99,8 @@ def mark_finished(output_dir: str | Path, step: int, final: Path | None) -> None
     import json
 
     path = Path(output_dir) / FINISHED_MARKER
+    for stale in path.parent.glob(f"{path.name}.tmp*"):  # a write killed before its rename
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps({"step": step, "final": str(final)}))
     os.replace(tmp, path)

@@ -130,12 +130,27 @@ def save_checkpoint(
 
         doomed = broadcast_object_list([doomed])[0]  # rank 0's choice: every node prunes the same steps
     if writer:
-        for name in doomed or []:
-            shutil.rmtree(root / name, ignore_errors=True)
-        for stale in root.glob(".tmp-step-*"):  # left by writes that were killed
-            shutil.rmtree(stale, ignore_errors=True)
+        _prune(root, doomed or [], step)
     accelerator.wait_for_everyone()
     return final
+
+
+def _prune(root: Path, doomed: list[str], step: int) -> None:
+    """Delete the checkpoints beyond the limit, each renamed to a temp name first (a kill inside the delete leaves a
+    ``.tmp-step-*`` folder, never a half-deleted ``step-N``), then what killed writes and deletes left: temp folders,
+    and incomplete ``step-N`` folders older than ``step`` (never resumed)."""
+    for name in doomed:
+        gone = root / f".tmp-step-pruned-{name}"
+        try:
+            (root / name).rename(gone)
+        except OSError:
+            continue
+        shutil.rmtree(gone, ignore_errors=True)
+    older = [p for p in root.glob("step-*") if p.name[5:].isdigit() and checkpoint_step(p) < step]
+    stale = [*root.glob(".tmp-step-*"), *older]
+    for folder in stale:
+        if folder.name.startswith(".tmp-") or not is_complete(folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _save_state(
