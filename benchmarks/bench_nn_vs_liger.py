@@ -7,8 +7,9 @@ One step is forward + backward of the DPO loss of B pairs (rows of a 128-token p
 chosen rows over rejected rows, -100 on the prompt), gradients for the head weight and the hidden states, the
 reference from its own hidden states under its own weight.  Sides:
 
-- ``prefzoo``: ``prefzoo.nn.FusedLinearPreferenceLoss("dpo", beta=0.1)``; ``prefzoo-lean`` (``--sides``): the same
-  with ``keep_bytes=0``, recomputing the logits in backward instead of keeping anything of size vocabulary;
+- ``prefzoo``: ``prefzoo.nn.FusedLinearPreferenceLoss("dpo", beta=0.1, keep_bytes=None)`` (the trainer's budget);
+  ``prefzoo-lean`` (``--sides``): the module's default ``keep_bytes=0``, recomputing the logits in backward instead
+  of keeping anything of size vocabulary;
 - ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearDPOLoss(beta=0.1)``, compiled as Liger's default unless
   ``--liger-eager`` (left out when liger-kernel is not installed);
 - ``unfused``: every position's logits (R, T, V) → float32 log-softmax → gather → prefzoo's ``dpo``.
