@@ -191,4 +191,5 @@ def test_resume_on_another_mesh_is_one_line(tmp_path):
     torch.save({"model": {}, "optim": {}, "mesh": [2, 2]}, path)
     engine = SimpleNamespace(_file=FsdpEngine._file, accelerator=SimpleNamespace(process_index=0))
     with pytest.raises(ConfigError, match=r"saved on a device mesh of \[2, 2\] .* this run's is \[4\]: resume with"):
-        FsdpEngine.load(SimpleNamespace(**vars(engine), mesh=SimpleNamespace(shape=(4,))), None, None, tmp_path)
+        FsdpEngine._load_rank_file(SimpleNamespace(**vars(engine), mesh=SimpleNamespace(shape=(4,))), None, None,
+                                   tmp_path)

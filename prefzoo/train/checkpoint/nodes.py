@@ -123,13 +123,18 @@ def detect_storage(accelerator: Any, output_dir: str | Path) -> Storage:
 
 
 def _holds(path: Path, process_index: int) -> bool:
-    """``path`` is a complete checkpoint holding this rank's RNG state (every rank writes its own)."""
+    """``path`` is a complete checkpoint holding this rank's RNG state (every rank writes its own), or one written by
+    fewer processes than this rank's index (a run resumed on more processes: the new ranks start from the seed)."""
     if not is_complete(path):
         return False
     try:
-        files = read_marker(path).get("files")
+        marker = read_marker(path)
     except ValueError:
         return False
+    files, batch = marker.get("files"), marker.get("batch")
+    written_by = batch[0] if isinstance(batch, list) and batch and isinstance(batch[0], int) else None
+    if written_by is not None and process_index >= written_by:
+        return True
     return not isinstance(files, dict) or f"random_states_{process_index}.pkl" in files
 
 
