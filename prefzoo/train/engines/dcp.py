@@ -42,7 +42,7 @@ def load_dcp(module: Any, optimizer: Any, folder: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(module, optimizer)  # the layout to fill (optimizer state initialised)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(Path(folder) / DCP_DIR))
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
@@ -60,9 +60,8 @@ def load_accelerate_files(module: Any, optimizer: Any, folder: Path, trainable_n
     model = load_file(str(Path(folder) / "model.safetensors"))
     optimizer_file = Path(folder) / "optimizer.bin"
     saved = torch.load(optimizer_file, weights_only=True)
-    by_name = {"state": {}, "param_groups": []}
-    for group in saved["param_groups"]:
-        by_name["param_groups"].append({**group, "params": [trainable_names[i] for i in group["params"]]})
-    by_name["state"] = {trainable_names[i]: s for i, s in saved["state"].items()}
+    groups = [{**group, "params": [trainable_names[i] for i in group["params"]]} for group in saved["param_groups"]]
+    state = {trainable_names[i]: s for i, s in saved["state"].items()}
+    by_name: dict[str, Any] = {"state": state, "param_groups": groups}
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_state_dict(module, optimizer, model_state_dict=model, optim_state_dict=by_name, options=options)
