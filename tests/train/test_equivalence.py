@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,9 +108,15 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_dir, pa
         "0",
     ]
     args += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # every step sleeps 0.1 s (the tests' fault injector; weights unchanged), so the kill 0.3 s after the first
+    # checkpoint lands mid-run even when the run is fast and the test's own process is scheduled late
+    args += ["--callback", "tests.faults.injector:FaultInjector"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PREFZOO_FAULTS": "sleep_step@0", "PREFZOO_FAULT_SLEEP": "0.1"}  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefzoo", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "prefzoo", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=root,
     )
     deadline = time.time() + 900  # a hang guard only: a busy machine reaches the first checkpoint late, not never
     while time.time() < deadline and find_latest_checkpoint(out) is None and proc.poll() is None:
