@@ -29,6 +29,33 @@ def _default(a: argparse.Action) -> str:
     return f"`{a.default!r}`" if not isinstance(a.default, str) else f"`{a.default}`"
 
 
+def _rows(actions: list[argparse.Action]) -> list[str]:
+    rows = [a for a in actions if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)]
+    rows = [a for a in rows if a.help != argparse.SUPPRESS]
+    if not rows:
+        return []
+    table = [f"| {_option(a)} | {_default(a)} | {_cell((a.help or '').replace('%%', '%'))} |" for a in rows]
+    return ["| argument | default | meaning |", "|---|---|---|", *table, ""]
+
+
+def _command(title: str, p: argparse.ArgumentParser) -> list[str]:
+    """A command's section: its description, its arguments (a sub-section per named group, as ``prefzoo train``'s
+    settings sections), then its own subcommands."""
+    out = [f"## {title}", "", _cell(p.description or ""), ""]
+    plain = ("positional arguments", "options", "optional arguments")
+    out += _rows([a for g in p._action_groups if g.title in plain for a in g._group_actions])
+    for group in p._action_groups:
+        rows = _rows(group._group_actions)
+        if rows and group.title not in plain:
+            heading = (group.title or " ")[0].upper() + (group.title or " ")[1:]
+            out += [f"### {heading}", "", _cell(group.description or ""), "", *rows]
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                out += _command(f"{title} {name}", child)
+    return out
+
+
 def markdown() -> str:
     """One section per subcommand: its description and a table of its arguments (name, default, meaning)."""
     parser = build_parser()
@@ -48,12 +75,7 @@ def markdown() -> str:
         if id(p) in seen:  # an alias (`show` for `losses`)
             continue
         seen.add(id(p))
-        out += [f"## prefzoo {name}", "", _cell(p.description or ""), ""]
-        rows = [a for a in p._actions if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS]
-        if rows:
-            out += ["| argument | default | meaning |", "|---|---|---|"]
-            out += [f"| {_option(a)} | {_default(a)} | {_cell(a.help or '')} |" for a in rows]
-            out.append("")
+        out += _command(f"prefzoo {name}", p)
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
 MAX_FUNCTION, MAX_CLASS = 60, 250
 # where choosing or being an engine is the job
-ENGINE_ROOMS = ("train/engines/", "train/config.py", "cli/")
+ENGINE_ROOMS = ("train/engines/", "train/config/", "cli/")
 ENGINE_WORDS = re.compile(r"fsdp|deepspeed|zero-?[123]\b|zero_?stage", re.IGNORECASE)
 
 

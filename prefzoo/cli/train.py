@@ -35,7 +35,7 @@ def _flag(name: str) -> str:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from prefzoo.train.config import TrainConfig, field_docs
+    from prefzoo.train.config import SECTIONS, field_docs
 
     p = subparsers.add_parser(
         "train",
@@ -55,17 +55,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     aliases = _trl_spellings(p)
     docs = field_docs()
     types = _field_types()
-    for f in dataclasses.fields(TrainConfig):
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
-        _add_key(p, f.name, [_flag(f.name), *aliases.get(f.name, [])], types[f.name], help_text, docs)
+    for title, section in SECTIONS.items():  # one --help group per section of TrainConfig, as in the docs
+        group = p.add_argument_group(title, (section.__doc__ or "").strip())
+        for f in dataclasses.fields(section):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+            _add_key(group, f.name, [_flag(f.name), *aliases.get(f.name, [])], types[f.name], help_text, docs)
     return p
 
 
 def _trl_spellings(p: argparse.ArgumentParser) -> dict[str, list[str]]:
     """key -> TRL's spellings of its flag (docs/training.md, "Coming from TRL"); TRL options that mean something
     else here become hidden flags that answer with what to write instead."""
-    from prefzoo.train.aliases import TRL_OPTIONS
+    from prefzoo.train.config.aliases import TRL_OPTIONS
 
     aliases: dict[str, list[str]] = {}
     for trl, opt in TRL_OPTIONS.items():
@@ -90,7 +92,7 @@ _REPEATED = {
 
 
 def _add_key(
-    p: argparse.ArgumentParser, name: str, flags: list[str], typ: Any, help_text: str, docs: dict[str, str]
+    p: argparse._ActionsContainer, name: str, flags: list[str], typ: Any, help_text: str, docs: dict[str, str]
 ) -> None:
     """The flag(s) of one TrainConfig key: repeated, an auto|on|off switch, a boolean, or a value."""
     from prefzoo.model import SWITCHES
@@ -111,8 +113,8 @@ def _add_key(
 
 def _collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """(config values from --config and flags, --loss-param pairs); flags override the YAML file."""
-    from prefzoo.train.aliases import TRL_OPTIONS
     from prefzoo.train.config import TrainConfig, load_yaml_config, resolve_aliases
+    from prefzoo.train.config.aliases import TRL_OPTIONS
 
     for trl in getattr(args, "trl_redirects", []):
         raise CLIError(f"--{trl} is TRL's option; in prefzoo: {TRL_OPTIONS[trl].instead}")

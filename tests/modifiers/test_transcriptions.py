@@ -255,7 +255,7 @@ def trl_sync_target_model(model, target_model, alpha):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("alpha", [0.6, 1.0])
 def test_tr_dpo_sync_equals_trl(dtype, alpha):
-    from prefzoo.train.ref_sync import mix_into
+    from prefzoo.train.callbacks.ref_sync import mix_into
 
     torch.manual_seed(0)
     policy, ref = torch.nn.Linear(4, 3).to(dtype), torch.nn.Linear(4, 3).to(dtype)

@@ -159,7 +159,7 @@ def test_early_stopping_stops_when_the_metric_does_not_improve(tmp_path, tiny_di
 def test_early_stopping_patience_and_mode():
     from types import SimpleNamespace
 
-    from prefzoo.train.early_stopping import EarlyStopping
+    from prefzoo.train.callbacks.early_stopping import EarlyStopping
 
     es = EarlyStopping(metric="eval/loss", patience=2, min_delta=0.01)
     state = SimpleNamespace(global_step=0, should_stop=False, stop_reason=None)

@@ -80,7 +80,7 @@ def test_tr_dpo_resume_after_a_sync_restores_the_moved_reference(tmp_path, tiny_
     2, 4 and 6) and the policy equal an uninterrupted run's."""
     from safetensors.torch import load_file
 
-    from prefzoo.train.ref_sync import REFERENCE_FILE
+    from prefzoo.train.callbacks.ref_sync import REFERENCE_FILE
     from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
     kw = dict(modifiers=["tr-dpo:sync_steps=2,mixup_alpha=0.5"], max_steps=6, save_steps=3, lr=5e-3)

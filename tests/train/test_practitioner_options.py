@@ -85,7 +85,7 @@ def test_float16_weights_train_only_adapters(tmp_path, tiny_dir, pairs_file):
 
 def test_torch_dtype_auto_keeps_the_checkpoint_s_dtype_and_bad_values_are_one_line(tmp_path, tiny_dir):
     assert load_kwargs("auto")["dtype"] == "auto" and load_kwargs("bfloat16")["dtype"] is torch.bfloat16
-    with pytest.raises(ConfigError, match="torch_dtype='fp8': choose float32, bfloat16, float16, auto"):
+    with pytest.raises(ConfigError, match="torch_dtype='fp8': choose float32, bfloat16, float16 or auto"):
         TrainConfig(torch_dtype="fp8")
 
 

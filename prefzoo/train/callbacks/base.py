@@ -1,51 +1,16 @@
-"""The trainer's public extension surface: ``Callback`` (no-op hooks), the ``RunState`` they see, and their loading.
-
-Modelled on transformers' ``TrainerCallback``.  A run calls, in this order::
-
-    on_train_begin
-    (eval_at_start: on_evaluate)
-    every optimizer step:  on_step_begin → on_batch (each micro-batch) → on_before_optimizer_step → on_step_end
-                           → on_log (logging steps) → on_save_files, on_save (checkpoint steps)
-    every epoch end:       on_evaluate (with an eval split) → on_epoch_end
-    on_train_end
-
-A callback asks the run to stop with ``state.should_stop = True`` (and optionally ``state.stop_reason``): every
-process stops at the next optimizer-step boundary with a checkpoint, as on SIGTERM, and the final model is written.
-Callbacks come from ``train(cfg, callbacks=[...])``, from ``cfg.callbacks`` / ``--callback SPEC`` where SPEC is
-``module:Class`` or a name (built-in, or an entry point of group ``prefzoo.callbacks``), optionally followed by
-``:KEY=VALUE,KEY=VALUE`` constructor arguments; in YAML also ``{callback: SPEC, KEY: VALUE, ...}``.  A callback
-that raises stops the run with a one-line :class:`CallbackError` naming it and the hook.
-"""
+"""The callback surface: ``Callback`` (no-op hooks), the ``RunState`` they see, the list a run calls them through."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from prefzoo.train.guard import TrainingAborted
 from prefzoo.types import error_summary
 
-__all__ = [
-    "BUILTIN_CALLBACKS",
-    "ENTRY_POINT_GROUP",
-    "Callback",
-    "CallbackError",
-    "CallbackList",
-    "RunState",
-    "load_callback",
-    "load_callbacks",
-]
-
-ENTRY_POINT_GROUP = "prefzoo.callbacks"
-BUILTIN_CALLBACKS = {  # name -> module:Class (third-party callbacks use the entry-point group instead)
-    "early-stopping": "prefzoo.train.early_stopping:EarlyStopping",
-    "win-rate": "prefzoo.eval.callbacks:WinRateCallback",
-    "reference-sync": "prefzoo.train.ref_sync:ReferenceSync",
-}
+__all__ = ["Callback", "CallbackError", "CallbackList", "RunState", "callback_name"]
 
 
 @dataclass
@@ -168,75 +133,3 @@ class CallbackList:
                 f"callback {callback_name(cb)!r} ({type(cb).__module__}) failed in {hook} at step "
                 f"{state.global_step}: {error_summary(e)}; fix or remove it (--callback / callbacks:)"
             ) from e
-
-
-def _value(text: str) -> Any:
-    """A KEY=VALUE value typed as YAML types it (2 -> int, 0.5 -> float, true -> bool, else the string)."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def _split_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """'module:Class:k=v,k2=v2' or 'name:k=v' -> (target, kwargs)."""
-    parts = spec.split(":")
-    keep = [p for p in parts if "=" not in p]
-    kwargs: dict[str, Any] = {}
-    for part in (p for p in parts if "=" in p):
-        for item in filter(None, part.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"bad argument {item!r}: use KEY=VALUE")
-            kwargs[key.strip()] = _value(value.strip())
-    return ":".join(keep), kwargs
-
-
-def _resolve(target: str) -> Any:
-    """The class (or factory) a 'module:Class' path or a built-in / entry-point name points to."""
-    if ":" in target:
-        module, _, attr = target.partition(":")
-        obj: Any = importlib.import_module(module)
-        for name in attr.split("."):
-            obj = getattr(obj, name)
-        return obj
-    if target in BUILTIN_CALLBACKS:
-        return _resolve(BUILTIN_CALLBACKS[target])
-    eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    if target in eps:
-        return eps[target].load()
-    known = sorted({*BUILTIN_CALLBACKS, *eps})
-    raise LookupError(f"no callback named {target!r} (known: {', '.join(known)}); or give module:Class")
-
-
-def load_callback(spec: Any) -> Any:
-    """A callback instance from 'module:Class[:K=V,...]', a name, a mapping {callback: SPEC, K: V}, or an instance."""
-    from prefzoo.train.config import ConfigError
-
-    if not isinstance(spec, str | dict):
-        return spec  # already a callback object
-    if isinstance(spec, dict):
-        rest = dict(spec)
-        target, kwargs = rest.pop("callback", None), rest
-        if not isinstance(target, str):
-            raise ConfigError(f"callbacks: {spec!r} needs a 'callback: module:Class' (or name) key")
-    else:
-        try:
-            target, kwargs = _split_spec(spec)
-        except ValueError as e:
-            raise ConfigError(f"--callback {spec!r}: {e}") from None
-    try:
-        factory = _resolve(target)
-        return factory(**kwargs)
-    except Exception as e:
-        raise ConfigError(
-            f"--callback {target!r}: cannot load it ({error_summary(e)}); give an importable module:Class, "
-            f"a built-in ({', '.join(BUILTIN_CALLBACKS)}) or an entry point of group {ENTRY_POINT_GROUP!r}"
-        ) from None
-
-
-def load_callbacks(specs: Sequence[Any]) -> list[Any]:
-    """Every spec of ``cfg.callbacks`` (or ``train(callbacks=...)``) loaded, in order."""
-    return [load_callback(s) for s in specs]

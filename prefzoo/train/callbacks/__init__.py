@@ -1,0 +1,26 @@
+"""The trainer's public extension surface: ``Callback`` (no-op hooks), the ``RunState`` they see, and their loading.
+
+Modelled on transformers' ``TrainerCallback``.  A run calls, in this order::
+
+    on_train_begin
+    (eval_at_start: on_evaluate)
+    every optimizer step:  on_step_begin → on_batch (each micro-batch) → on_before_optimizer_step → on_step_end
+                           → on_log (logging steps) → on_save_files, on_save (checkpoint steps)
+    every epoch end:       on_evaluate (with an eval split) → on_epoch_end
+    on_train_end
+
+A callback asks the run to stop with ``state.should_stop = True`` (and optionally ``state.stop_reason``): every
+process stops at the next optimizer-step boundary with a checkpoint, as on SIGTERM, and the final model is written.
+Callbacks come from ``train(cfg, callbacks=[...])``, from ``cfg.callbacks`` / ``--callback SPEC`` where SPEC is
+``module:Class`` or a name (built-in, or an entry point of group ``prefzoo.callbacks``), optionally followed by
+``:KEY=VALUE,KEY=VALUE`` constructor arguments; in YAML also ``{callback: SPEC, KEY: VALUE, ...}``.  A callback
+that raises stops the run with a one-line :class:`CallbackError` naming it and the hook.
+"""
+
+from __future__ import annotations
+
+from prefzoo.train.callbacks.base import Callback, CallbackError, CallbackList, RunState
+from prefzoo.train.callbacks.loading import BUILTIN_CALLBACKS, ENTRY_POINT_GROUP, load_callback, load_callbacks
+
+__all__ = ["BUILTIN_CALLBACKS", "ENTRY_POINT_GROUP", "Callback", "CallbackError", "CallbackList", "RunState",
+           "load_callback", "load_callbacks"]  # fmt: skip

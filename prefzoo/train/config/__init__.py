@@ -1,0 +1,117 @@
+"""`TrainConfig`: every training setting as one typed dataclass in named sections, loadable from YAML and flags.
+
+The sections (:mod:`prefzoo.train.config.sections`) group the keys as the docs and ``prefzoo train --help`` do; a
+key keeps its flat name everywhere (``cfg.lr``, ``lr:`` in YAML, ``--lr``).  TRL's option names are read through
+:mod:`prefzoo.train.config.aliases`, values through :mod:`prefzoo.train.config.values`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from prefzoo.errors import ConfigError
+from prefzoo.train.config.sections import (
+    ATTN_IMPLEMENTATIONS,
+    LR_SCHEDULERS,
+    SECTIONS,
+    TORCH_DTYPES,
+    CheckpointSection,
+    DataSection,
+    EngineSection,
+    EvaluationSection,
+    FastPathSection,
+    LossSection,
+    ModelSection,
+    MonitoringSection,
+    OnlineSection,
+    OptimizationSection,
+)
+from prefzoo.train.config.values import coerce, load_yaml_config, resolve_aliases, unknown_keys_message
+
+__all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "SECTIONS", "TORCH_DTYPES", "ConfigError", "TrainConfig",
+           "field_docs", "load_yaml_config", "resolve_aliases", "section_keys", "unknown_keys_message"]  # fmt: skip
+
+
+# The bases are listed last section first: a dataclass takes its bases' fields in reverse order, so the keys
+# follow SECTIONS (loss, data, model, ...) in to_dict(), the run card and --help.
+@dataclass
+class TrainConfig(
+    MonitoringSection,
+    OnlineSection,
+    EvaluationSection,
+    CheckpointSection,
+    EngineSection,
+    FastPathSection,
+    OptimizationSection,
+    ModelSection,
+    DataSection,
+    LossSection,
+):
+    """One training run.  The defaults reproduce the paper's setup for small models.
+
+    Global batch = per_device_batch_size × grad_accum × processes: the paper used 2 × 16 × 4 = 128 pairs.
+    """
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Every setting in range, section by section, then the pairs across sections: a ConfigError names the key
+        and the fix."""
+        for section in SECTIONS.values():
+            section.check(self)  # type: ignore[attr-defined]
+        if (self.load_in_4bit or self.load_in_8bit) and self.deepspeed:
+            raise ConfigError("load_in_4bit/load_in_8bit with --deepspeed is not supported: drop one of them")
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The keys and values of one section (a key of SECTIONS), e.g. ``cfg.section("optimization")``."""
+        return {key: getattr(self, key) for key in section_keys(name)}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        return d
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(
+        cls, values: dict[str, Any], where: str = "config", names: dict[str, str] | None = None
+    ) -> TrainConfig:
+        """A config from ``values`` (TRL's option names accepted, see prefzoo.train.config.aliases).  An error names a
+        key as ``names[key]`` (e.g. the flag it came from), else as ``where: key``."""
+        values = resolve_aliases(values, where)
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise ConfigError(f"{where}: {unknown_keys_message(unknown, cls.keys())}")
+        types_ = typing.get_type_hints(cls)
+        names = names or {}
+        coerced = {k: coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
+        return cls(**coerced)
+
+
+def section_keys(name: str) -> list[str]:
+    """The keys of one section, in declaration order."""
+    if name not in SECTIONS:
+        raise ConfigError(f"section {name!r}: choose one of {', '.join(SECTIONS)}")
+    return [f.name for f in dataclasses.fields(SECTIONS[name])]
+
+
+def field_docs() -> dict[str, str]:
+    """The comment on every TrainConfig key (the ``--help`` text), read from the sections' source."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for section in SECTIONS.values():
+        src = inspect.getsource(section).splitlines()
+        for node in ast.parse("\n".join(src)).body[0].body:  # type: ignore[attr-defined]
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                line = src[(node.end_lineno or node.lineno) - 1]
+                docs[node.target.id] = line.split("#", 1)[1].strip() if "#" in line else ""
+    return docs
