@@ -17,7 +17,7 @@ from prefzoo.train.checkpoint.nodes import lost_ranks
 from prefzoo.train.checkpoint.outdir import finished_run, output_dir_lock
 from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
-from prefzoo.train.guard import PeerFailureError, TrainingAborted, is_peer_failure
+from prefzoo.train.guard import PeerFailureError, explained, is_peer_failure
 from prefzoo.train.metrics import last_logged
 from prefzoo.train.modifiers import build_loss, modifier_callbacks
 from prefzoo.train.preflight import check_output_dir
@@ -57,25 +57,24 @@ def train(
 
 def _train(cfg: TrainConfig, loss: Any, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
     with PreemptionHandler(immediate=True) as preemption:  # before the first step a signal stops the run at once
-        try:
+        with explained(lambda e: _peer_failure(cfg, e)):
             return Run(cfg, hooks, preemption, loss).train(train_dataset, eval_dataset)
-        except TrainingAborted:
-            raise
-        except Exception as e:
-            if not (_world_size() > 1 and is_peer_failure(e)):
-                raise
-            latest = find_latest_checkpoint(cfg.output_dir)
-            lost = lost_ranks(min(5.0, cfg.dist_timeout))  # the ranks that do not check in: dead or hung
-            who = f"lost rank(s) {', '.join(_rank_names(lost))}" if lost else "another process died or hung"
-            raise PeerFailureError(
-                f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: {who} "
-                f"(see its log; {type(e).__name__}: {str(e).strip()[:200]!r}). "
-                + (
-                    f"The newest complete checkpoint is {latest}: rerun with --resume auto."
-                    if latest
-                    else "No checkpoint was written yet."
-                )
-            ) from e
+
+
+def _peer_failure(cfg: TrainConfig, e: Exception) -> PeerFailureError | None:
+    """A collective that failed or timed out, said in one line: which ranks are lost and where to resume (None: the
+    error is not a peer's)."""
+    if not (_world_size() > 1 and is_peer_failure(e)):
+        return None
+    latest = find_latest_checkpoint(cfg.output_dir)
+    lost = lost_ranks(min(5.0, cfg.dist_timeout))  # the ranks that do not check in: dead or hung
+    who = f"lost rank(s) {', '.join(_rank_names(lost))}" if lost else "another process died or hung"
+    return PeerFailureError(
+        f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: {who} "
+        f"(see its log; {type(e).__name__}: {str(e).strip()[:200]!r}). "
+        + (f"The newest complete checkpoint is {latest}: rerun with --resume auto." if latest
+           else "No checkpoint was written yet.")
+    )  # fmt: skip
 
 
 def _rank_names(ranks: list[int]) -> list[str]:

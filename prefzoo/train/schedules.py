@@ -41,27 +41,27 @@ def _linear(step: int, *, num_warmup_steps: int, num_training_steps: int) -> flo
     return max(0.0, float(num_training_steps - step) / float(max(1, num_training_steps - num_warmup_steps)))
 
 
-def _progress(step: int, num_warmup_steps: int, num_training_steps: int) -> float | None:
-    """The fraction of the post-warm-up steps done at ``step`` (None while warming up)."""
-    if step < num_warmup_steps:
-        return None
-    return float(step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+def _warmed(step: int, warmup: int, total: int, curve: Callable[[float], float]) -> float:
+    """The linear warm-up, then ``curve`` of the fraction of the post-warm-up steps done at ``step``."""
+    if step < warmup:
+        return _warmup(step, warmup)
+    return curve(float(step - warmup) / float(max(1, total - warmup)))
 
 
 def _cosine(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float) -> float:
-    progress = _progress(step, num_warmup_steps, num_training_steps)
-    if progress is None:
-        return _warmup(step, num_warmup_steps)
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+    def curve(progress: float) -> float:
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+
+    return _warmed(step, num_warmup_steps, num_training_steps, curve)
 
 
 def _cosine_with_restarts(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: int) -> float:
-    progress = _progress(step, num_warmup_steps, num_training_steps)
-    if progress is None:
-        return _warmup(step, num_warmup_steps)
-    if progress >= 1.0:
-        return 0.0
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((float(num_cycles) * progress) % 1.0))))
+    def curve(progress: float) -> float:
+        if progress >= 1.0:
+            return 0.0
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((float(num_cycles) * progress) % 1.0))))
+
+    return _warmed(step, num_warmup_steps, num_training_steps, curve)
 
 
 def _polynomial(

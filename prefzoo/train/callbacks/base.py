@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.guard import TrainingAborted
+from prefzoo.train.guard import TrainingAborted, explained
 from prefzoo.types import error_summary
 
 __all__ = ["Callback", "CallbackError", "CallbackList", "RunState", "callback_name"]
@@ -124,12 +124,12 @@ class CallbackList:
         method = getattr(cb, hook, None)
         if method is None:
             return None
-        try:
-            return method(state, *args)
-        except TrainingAborted:
-            raise
-        except Exception as e:
-            raise CallbackError(
+
+        def failed(e: Exception) -> CallbackError:
+            return CallbackError(
                 f"callback {callback_name(cb)!r} ({type(cb).__module__}) failed in {hook} at step "
                 f"{state.global_step}: {error_summary(e)}; fix or remove it (--callback / callbacks:)"
-            ) from e
+            )
+
+        with explained(failed):
+            return method(state, *args)
