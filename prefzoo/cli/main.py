@@ -101,10 +101,21 @@ def end_now(code: int, exit_now: Callable[[int], object] = os._exit) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; with ``argv`` None (the program's own command line) a launched worker exits through
     :func:`end_launched_worker`, while in-process callers that pass ``argv`` always get the exit status back."""
+    if argv is None:
+        _line_buffered()
     code = _dispatch(sys.argv[1:] if argv is None else list(argv), program=argv is None)
     if argv is None:
         end_launched_worker(code)
     return code
+
+
+def _line_buffered() -> None:
+    """Each printed line reaches a log file or pipe when it is printed, not when 8 KiB have gathered: a run's status
+    lines stay in order with its progress (stderr) and are there while it runs, or when it is killed."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
 
 
 def _dispatch(argv: list[str], program: bool = False) -> int:

@@ -29,7 +29,8 @@ def cli_args(cfg: dict[str, Any]) -> list[str]:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("PREFZOO_FAULT")}
+    # PYTHONUNBUFFERED left out: a user's shell rarely sets it, and the runs' logs must be in order without it
+    e = {k: v for k, v in os.environ.items() if not k.startswith("PREFZOO_FAULT") and k != "PYTHONUNBUFFERED"}
     e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT), **extra)
     return e
 

@@ -189,12 +189,6 @@ def start_slow_tokenizing(tmp_path, tiny_dir):
     return start_cli(cfg, log, ctrl_c=True, HF_DATASETS_CACHE=str(tmp_path / "hf-datasets")), log, out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="under `tox run-parallel` (CI's command) the run's SIGINT handler is never called while it tokenizes and "
-    "the signal lands after the run (exit -2); it passes under `tox -e faults`, plain pytest and pytest with SIGINT "
-    "ignored or blocked: an open investigation (SIGTERM, tests/data/test_progress.py, works there)",
-)
 def test_sigint_while_tokenizing_stops_at_once_with_one_line(tmp_path, tiny_dir):
     proc, log, out = start_slow_tokenizing(tmp_path, tiny_dir)
     wait_for(lambda: BEFORE_TOKENIZING in log.read_text(), 300, "the line before tokenizing", proc, log)

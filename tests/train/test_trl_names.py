@@ -9,8 +9,8 @@ import pytest
 
 from prefzoo.cli.main import build_parser, main
 from prefzoo.cli.train import _collect
-from prefzoo.train.config.aliases import TRL_OPTIONS, trl_table_markdown
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.config.aliases import TRL_OPTIONS, trl_table_markdown
 
 ALIASES = {name: opt.key for name, opt in TRL_OPTIONS.items() if opt.key is not None}
 REDIRECTS = {name: opt.instead for name, opt in TRL_OPTIONS.items() if opt.key is None}
@@ -107,9 +107,10 @@ def test_every_alias_names_a_config_key():
 
 def test_the_coming_from_trl_table_in_the_docs_is_the_alias_table():
     doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
-    found = re.search(r"<!-- trl-table: generated from prefzoo.train.config.aliases.TRL_OPTIONS -->\n(.*?)<!-- /trl-table -->",
-                      doc, re.S)  # fmt: skip
+    begin = "<!-- trl-table: generated from prefzoo.train.config.aliases.TRL_OPTIONS -->"
+    found = re.search(re.escape(begin) + r"\n(.*?)<!-- /trl-table -->", doc, re.S)
     assert found, "docs/training.md lost its 'Coming from TRL' table markers"
     assert found.group(1) == trl_table_markdown(), (
-        "docs/training.md's TRL table is stale: replace the block with prefzoo.train.config.aliases.trl_table_markdown()"
+        "docs/training.md's TRL table is stale: replace the block with "
+        "prefzoo.train.config.aliases.trl_table_markdown()"
     )
