@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from prefzoo.model.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
-from prefzoo.model.fast.head import fusable_head
+from prefzoo.model.arch import logit_transform, logits_head, router_loss, text_config, varlen_attention
+from prefzoo.model.fast.head import HeadOptions, fusable_head, row_sums
 from prefzoo.model.fast.head_rows import weight_logps
 from prefzoo.model.fast.packing import pack_rows, packed_forward, split_segments
 from prefzoo.model.fast.prompt import shared_prompt_select, shared_select, unshare_rows
@@ -99,19 +99,14 @@ def unwrap(model: Any, to: str = "lm") -> Any:
 
 
 def _chunked_head_logps(
-    head: Any,
-    h: Tensor,
-    targets: Tensor,
-    chunk_size: int,
-    want_entropy: bool,
-    transform: LogitTransform | None = None,
+    head: Any, h: Tensor, targets: Tensor, want_entropy: bool, opts: HeadOptions = HeadOptions()
 ) -> tuple[Tensor, Tensor | None]:
     """log π(target) and optionally entropy for M selected positions; h (M, H), targets (M,)."""
-    transform = transform or LogitTransform()
+    chunk_size = opts.chunk_size
     logps, ents = [], []
     for start in range(0, h.shape[0], chunk_size):
         a = head(h[start : start + chunk_size])  # (m, V) head outputs, m ≤ chunk_size
-        logits = transform(a.to(torch.promote_types(a.dtype, torch.float32)))  # (m, V) float32 (float64 stays)
+        logits = opts.transform(a.to(torch.promote_types(a.dtype, torch.float32)))  # (m, V) float32 (float64 stays)
         logp_all = torch.log_softmax(logits, dim=-1)  # (m, V)
         tgt = targets[start : start + chunk_size]  # (m,)
         logps.append(logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1))  # (m,)
@@ -123,11 +118,12 @@ def _chunked_head_logps(
 
 
 @torch.no_grad()
-def _mean_logits(head: Any, h: Tensor, transform: LogitTransform, chunk_size: int) -> Tensor:
+def _mean_logits(head: Any, h: Tensor, opts: HeadOptions) -> Tensor:
     """mean_v z_v (M,) of the model's logits z at M selected positions, h (M, H); no gradient.
 
     A plain linear head without soft-capping needs no (M, V) tensor: mean_v(s · h·w_v) = s · h·mean_v(w_v).
     """
+    transform, chunk_size = opts.transform, opts.chunk_size
     if fusable_head(head) and transform.softcap is None:
         w_bar = head.weight.to(torch.promote_types(head.weight.dtype, torch.float32)).mean(0)  # (H,)
         return (h.to(w_bar.dtype) @ w_bar) * transform.scale  # (M,)
@@ -266,8 +262,7 @@ def _model_path_scores(
     tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
     tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
     tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
-    n = lengths.shape[0]
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    logps = row_sums(tok_lp, row, lengths.shape[0])  # (N,)
     return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
 
 
@@ -295,12 +290,11 @@ def _fast_path_scores(
     )
     aux = _router_aux(causal, out, row_mask) if router else None
     n = lengths.shape[0]
-    transform = logit_transform(causal.config)
+    opts = HeadOptions(chunk_size, logit_transform(causal.config))
     per_token = token_logps or token_entropies
-    logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, chunk_size, fused_head, per_token,
-                                         token_entropies, transform)  # fmt: skip
-    tok_sq = token_log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
-    tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
+    logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, per_token, token_entropies, opts, fused_head)
+    tok_sq = token_log_sq_probs(head, h_sel, opts) if token_sq_probs else None
+    tok_mean = _mean_logits(head, h_sel.detach(), opts) if logits_mean else None  # (M,)
     return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
 
 
@@ -366,11 +360,10 @@ def _head_logps(
     targets: Tensor,
     row: Tensor,
     n: int,
-    chunk_size: int,
-    fused_head: bool,
     per_token: bool,
     want_entropy: bool,
-    transform: LogitTransform,
+    opts: HeadOptions,
+    fused_head: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(logps (N,) summed per row, token log-probs (M,), token entropies (M,) or None) of M selected positions.
 
@@ -378,15 +371,15 @@ def _head_logps(
     each row's weight gradient instead of the softmax when that is smaller); the token log-probs are then None.
     """
     if fused_head and fusable_head(head):
-        return weight_logps(h_sel, head.weight, targets, row, n, chunk_size, per_token, want_entropy, transform)
-    tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
-    return logps, tok_lp, tok_ent
+        return weight_logps(h_sel, head.weight, targets, row, n, per_token, want_entropy, opts)
+    tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, want_entropy, opts)
+    return row_sums(tok_lp, row, n), tok_lp, tok_ent
 
 
 @torch.no_grad()
-def token_log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransform) -> Tensor:
+def token_log_sq_probs(head: Any, h: Tensor, opts: HeadOptions) -> Tensor:
     """log Σ_v π(v | prefix)² of M selected positions (M,), a constant: one more LM-head pass, only for WPO."""
+    transform, chunk_size = opts.transform, opts.chunk_size
     out = [
         torch.logsumexp(2 * torch.log_softmax(transform(a.to(torch.promote_types(a.dtype, torch.float32))), -1), -1)
         for a in (head(h[s : s + chunk_size]) for s in range(0, h.shape[0], chunk_size))
@@ -450,5 +443,3 @@ def completion_logps_naive(lm: Any, input_ids: Tensor, attention_mask: Tensor, c
     logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (N, T, V)
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (logp * completion_mask[:, 1:]).sum(dim=1)  # (N,)
-
-
