@@ -11,6 +11,7 @@ Per-token tensors are built only when asked for.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -98,17 +99,22 @@ def unwrap(model: Any, to: str = "lm") -> Any:
     return get_base() if callable(get_base) else model
 
 
+def _chunk_logits(head: Any, h: Tensor, opts: HeadOptions) -> Iterator[tuple[int, Tensor]]:
+    """(start, the model's logits (m, V) in float32, float64 staying) of each chunk of ``opts.chunk_size`` positions
+    of h (M, H), through the head module and the logit transform."""
+    for start in range(0, h.shape[0], opts.chunk_size):
+        a = head(h[start : start + opts.chunk_size])  # (m, V) head outputs, m ≤ chunk_size
+        yield start, opts.transform(a.to(torch.promote_types(a.dtype, torch.float32)))
+
+
 def _chunked_head_logps(
     head: Any, h: Tensor, targets: Tensor, want_entropy: bool, opts: HeadOptions = HeadOptions()
 ) -> tuple[Tensor, Tensor | None]:
     """log π(target) and optionally entropy for M selected positions; h (M, H), targets (M,)."""
-    chunk_size = opts.chunk_size
     logps, ents = [], []
-    for start in range(0, h.shape[0], chunk_size):
-        a = head(h[start : start + chunk_size])  # (m, V) head outputs, m ≤ chunk_size
-        logits = opts.transform(a.to(torch.promote_types(a.dtype, torch.float32)))  # (m, V) float32 (float64 stays)
+    for start, logits in _chunk_logits(head, h, opts):
         logp_all = torch.log_softmax(logits, dim=-1)  # (m, V)
-        tgt = targets[start : start + chunk_size]  # (m,)
+        tgt = targets[start : start + opts.chunk_size]  # (m,)
         logps.append(logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1))  # (m,)
         if want_entropy:
             ents.append(-(logp_all.exp() * logp_all).sum(-1))  # (m,)
@@ -372,11 +378,7 @@ def _head_logps(
 @torch.no_grad()
 def token_log_sq_probs(head: Any, h: Tensor, opts: HeadOptions) -> Tensor:
     """log Σ_v π(v | prefix)² of M selected positions (M,), a constant: one more LM-head pass, only for WPO."""
-    transform, chunk_size = opts.transform, opts.chunk_size
-    out = [
-        torch.logsumexp(2 * torch.log_softmax(transform(a.to(torch.promote_types(a.dtype, torch.float32))), -1), -1)
-        for a in (head(h[s : s + chunk_size]) for s in range(0, h.shape[0], chunk_size))
-    ]
+    out = [torch.logsumexp(2 * torch.log_softmax(z, -1), -1) for _, z in _chunk_logits(head, h, opts)]
     return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
