@@ -10,7 +10,7 @@ package imports neither accelerate nor the trainer.
   pattern prefzoo reproduces, the mixture-of-experts router loss;
 - log-probs (:mod:`~prefzoo.model.logps`): :func:`sequence_logps` and :class:`PolicyLogps`, the one computation every
   part of prefzoo uses, with the exact speed paths of :mod:`prefzoo.model.fast` (:func:`weight_logps`: its fused
-  LM head for a weight and selected hidden states, as :mod:`prefzoo.nn` uses it);
+  LM head for a weight and selected hidden states, as :mod:`prefzoo.nn` uses it, with its :class:`HeadOptions`);
 - the run-start self-check (:mod:`~prefzoo.model.selfcheck`): the fast path against the model's own logits;
 - prompt embeddings (:mod:`~prefzoo.model.embedding`) for BCO's density-ratio classifier.
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
     from prefzoo.model.embedding import PromptEmbedding, mean_pooled_hidden_states
     from prefzoo.model.fast.choice import SWITCHES, FastPaths, choose_fast_paths, fast_paths_for_run, switch_value
     from prefzoo.model.fast.fused_mlp import fuse_gated_mlps, lean_rms_norms
-    from prefzoo.model.fast.head import head_logps
+    from prefzoo.model.fast.head import HeadOptions, head_logps
     from prefzoo.model.fast.head_rows import weight_logps
     from prefzoo.model.fast.packing import PackingError, packing_takes_split
     from prefzoo.model.fast.prompt import SharedPromptError
@@ -78,7 +78,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.embedding": ("PromptEmbedding", "mean_pooled_hidden_states"),
     "prefzoo.model.fast.choice": ("FastPaths", "SWITCHES", "choose_fast_paths", "fast_paths_for_run", "switch_value"),
     "prefzoo.model.fast.fused_mlp": ("fuse_gated_mlps", "lean_rms_norms"),
-    "prefzoo.model.fast.head": ("head_logps",),
+    "prefzoo.model.fast.head": ("HeadOptions", "head_logps"),
     "prefzoo.model.fast.head_rows": ("weight_logps",),
     "prefzoo.model.fast.packing": ("PackingError", "packing_takes_split"),
     "prefzoo.model.fast.prompt": ("SharedPromptError",),
@@ -93,8 +93,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-
-
 __all__ = [
     "DEFAULT_MAX_COMPLETION_LENGTH",
     "DEFAULT_MAX_PROMPT_LENGTH",
@@ -103,6 +101,7 @@ __all__ = [
     "ContextLengthError",
     "ContextLimits",
     "FastPaths",
+    "HeadOptions",
     "LoRATargetError",
     "LoadOptionError",
     "LogitTransform",

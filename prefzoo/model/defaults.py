@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from prefzoo._attrs import temporarily
 from prefzoo.model.context import ContextLimits, fit_to_context, model_configs
 
 __all__ = ["DropoutReport", "ModelDefaults", "apply_model_defaults", "disable_dropout"]
@@ -91,14 +92,10 @@ class DropoutReport:
     @contextlib.contextmanager
     def config_restored(self) -> Iterator[None]:
         """The config rates as the model was loaded (for save_pretrained: a saved model keeps its own config)."""
-        now = [(cfg, key, getattr(cfg, key)) for cfg, key, _ in self._config_undo]
-        for cfg, key, old in self._config_undo:
-            setattr(cfg, key, old)
-        try:
+        with contextlib.ExitStack() as stack:
+            for cfg, key, old in self._config_undo:
+                stack.enter_context(temporarily(cfg, key, old))
             yield
-        finally:
-            for cfg, key, value in now:
-                setattr(cfg, key, value)
 
 
 def _config_rates(model: nn.Module) -> Iterator[tuple[Any, str, str, float]]:

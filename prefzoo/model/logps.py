@@ -11,13 +11,14 @@ Per-token tensors are built only when asked for.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from prefzoo.model.arch import LogitTransform, logit_transform, logits_head, router_loss, text_config, varlen_attention
-from prefzoo.model.fast.head import fusable_head
+from prefzoo.model.arch import logit_transform, logits_head, router_loss, text_config, varlen_attention
+from prefzoo.model.fast.head import HeadOptions, fusable_head, row_sums
 from prefzoo.model.fast.head_rows import weight_logps
 from prefzoo.model.fast.packing import pack_rows, packed_forward, split_segments
 from prefzoo.model.fast.prompt import shared_prompt_select, shared_select, unshare_rows
@@ -98,22 +99,22 @@ def unwrap(model: Any, to: str = "lm") -> Any:
     return get_base() if callable(get_base) else model
 
 
+def _chunk_logits(head: Any, h: Tensor, opts: HeadOptions) -> Iterator[tuple[int, Tensor]]:
+    """(start, the model's logits (m, V) in float32, float64 staying) of each chunk of ``opts.chunk_size`` positions
+    of h (M, H), through the head module and the logit transform."""
+    for start in range(0, h.shape[0], opts.chunk_size):
+        a = head(h[start : start + opts.chunk_size])  # (m, V) head outputs, m ≤ chunk_size
+        yield start, opts.transform(a.to(torch.promote_types(a.dtype, torch.float32)))
+
+
 def _chunked_head_logps(
-    head: Any,
-    h: Tensor,
-    targets: Tensor,
-    chunk_size: int,
-    want_entropy: bool,
-    transform: LogitTransform | None = None,
+    head: Any, h: Tensor, targets: Tensor, want_entropy: bool, opts: HeadOptions = HeadOptions()
 ) -> tuple[Tensor, Tensor | None]:
     """log π(target) and optionally entropy for M selected positions; h (M, H), targets (M,)."""
-    transform = transform or LogitTransform()
     logps, ents = [], []
-    for start in range(0, h.shape[0], chunk_size):
-        a = head(h[start : start + chunk_size])  # (m, V) head outputs, m ≤ chunk_size
-        logits = transform(a.to(torch.promote_types(a.dtype, torch.float32)))  # (m, V) float32 (float64 stays)
+    for start, logits in _chunk_logits(head, h, opts):
         logp_all = torch.log_softmax(logits, dim=-1)  # (m, V)
-        tgt = targets[start : start + chunk_size]  # (m,)
+        tgt = targets[start : start + opts.chunk_size]  # (m,)
         logps.append(logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1))  # (m,)
         if want_entropy:
             ents.append(-(logp_all.exp() * logp_all).sum(-1))  # (m,)
@@ -123,11 +124,12 @@ def _chunked_head_logps(
 
 
 @torch.no_grad()
-def _mean_logits(head: Any, h: Tensor, transform: LogitTransform, chunk_size: int) -> Tensor:
+def _mean_logits(head: Any, h: Tensor, opts: HeadOptions) -> Tensor:
     """mean_v z_v (M,) of the model's logits z at M selected positions, h (M, H); no gradient.
 
     A plain linear head without soft-capping needs no (M, V) tensor: mean_v(s · h·w_v) = s · h·mean_v(w_v).
     """
+    transform, chunk_size = opts.transform, opts.chunk_size
     if fusable_head(head) and transform.softcap is None:
         w_bar = head.weight.to(torch.promote_types(head.weight.dtype, torch.float32)).mean(0)  # (H,)
         return (h.to(w_bar.dtype) @ w_bar) * transform.scale  # (M,)
@@ -168,11 +170,29 @@ def _router_aux(causal: nn.Module, out: Any, attention_mask: Tensor) -> Tensor |
     return coef * aux
 
 
+class _Batch(NamedTuple):
+    """The rows :func:`sequence_logps` scores: ``input_ids``, ``attention_mask``, ``completion_mask``, each (N, T)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+
+
+class _Outputs(NamedTuple):
+    """What a :func:`sequence_logps` call asks for beyond the summed log-probs (its flags of the same names)."""
+
+    token_logps: bool
+    token_entropies: bool
+    token_sq_probs: bool
+    logits_mean: bool
+
+
 def _model_forward(
-    causal: nn.Module, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, router: bool
+    causal: nn.Module, batch: _Batch, router: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The model's own ``forward(...).logits`` at the completion positions: (logits (M, V), targets, row, col,
     lengths, aux term); shared-layout batches are first rebuilt as plain rows."""
+    input_ids, attention_mask, completion_mask = batch
     if is_shared_layout(completion_mask):
         input_ids, attention_mask, completion_mask = unshare_rows(input_ids, completion_mask)
     kw = {"output_router_logits": True} if router else {}
@@ -222,16 +242,14 @@ def sequence_logps(
         raise ValueError(f"sequence_logps: path={path!r}: choose 'fast' or 'model'")
     causal: Any = unwrap(model, "base")
     router = router_aux and router_loss(causal.config)
+    batch = _Batch(input_ids, attention_mask, completion_mask)
+    want = _Outputs(token_logps, token_entropies, token_sq_probs, logits_mean)
     if path == "model":
-        scores = _model_path_scores(causal, input_ids, attention_mask, completion_mask, router, token_entropies,
-                                    token_sq_probs, logits_mean)  # fmt: skip
+        scores = _model_path_scores(causal, batch, router, want)
     else:
-        scores = _fast_path_scores(
-            causal, input_ids, attention_mask, completion_mask, router, token_logps=token_logps,
-            token_entropies=token_entropies, token_sq_probs=token_sq_probs, logits_mean=logits_mean,
-            chunk_size=chunk_size, fused_head=fused_head, packing=packing, split_attention=split_attention,
-        )  # fmt: skip
-    return _completion_logps(scores, token_logps, token_entropies, token_sq_probs, input_ids.device)
+        opts = HeadOptions(chunk_size, logit_transform(causal.config))
+        scores = _fast_path_scores(causal, batch, router, want, opts, fused_head, packing, split_attention)
+    return _completion_logps(scores, want, input_ids.device)
 
 
 class _Scores(NamedTuple):
@@ -249,40 +267,24 @@ class _Scores(NamedTuple):
     tok_mean: Tensor | None
 
 
-def _model_path_scores(
-    causal: Any,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    completion_mask: Tensor,
-    router: bool,
-    token_entropies: bool,
-    token_sq_probs: bool,
-    logits_mean: bool,
-) -> _Scores:
+def _model_path_scores(causal: Any, batch: _Batch, router: bool, want: _Outputs) -> _Scores:
     """:func:`sequence_logps` through the model's own ``forward(...).logits`` (``path="model"``)."""
-    logits, targets, row, col, lengths, aux = _model_forward(causal, input_ids, attention_mask, completion_mask, router)
+    logits, targets, row, col, lengths, aux = _model_forward(causal, batch, router)
     logp_all = torch.log_softmax(logits, dim=-1)  # (M, V)
     tok_lp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (M,)
-    tok_ent = -(logp_all.exp() * logp_all).sum(-1) if token_entropies else None  # (M,)
-    tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if token_sq_probs else None  # (M,)
-    tok_mean = logits.detach().mean(-1) if logits_mean else None  # (M,)
-    n = lengths.shape[0]
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
+    tok_ent = -(logp_all.exp() * logp_all).sum(-1) if want.token_entropies else None  # (M,)
+    tok_sq = torch.logsumexp(2 * logp_all.detach(), dim=-1) if want.token_sq_probs else None  # (M,)
+    tok_mean = logits.detach().mean(-1) if want.logits_mean else None  # (M,)
+    logps = row_sums(tok_lp, row, lengths.shape[0])  # (N,)
     return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
 
 
 def _fast_path_scores(
     causal: Any,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    completion_mask: Tensor,
+    batch: _Batch,
     router: bool,
-    *,
-    token_logps: bool,
-    token_entropies: bool,
-    token_sq_probs: bool,
-    logits_mean: bool,
-    chunk_size: int,
+    want: _Outputs,
+    opts: HeadOptions,
     fused_head: bool,
     packing: bool,
     split_attention: bool,
@@ -290,30 +292,23 @@ def _fast_path_scores(
     """:func:`sequence_logps` through the decoder once and the LM head at the completion positions only."""
     head = logits_head(causal)
     kw: dict[str, Any] = {"output_router_logits": True} if router else {}
-    out, (h_sel, targets, row, col, lengths), row_mask = _select_hidden(
-        causal, input_ids, attention_mask, completion_mask, packing, split_attention, kw
-    )
+    out, (h_sel, targets, row, col, lengths), row_mask = _select_hidden(causal, batch, packing, split_attention, kw)
     aux = _router_aux(causal, out, row_mask) if router else None
     n = lengths.shape[0]
-    transform = logit_transform(causal.config)
-    per_token = token_logps or token_entropies
-    logps, tok_lp, tok_ent = _head_logps(head, h_sel, targets, row, n, chunk_size, fused_head, per_token,
-                                         token_entropies, transform)  # fmt: skip
-    tok_sq = token_log_sq_probs(head, h_sel, chunk_size, transform) if token_sq_probs else None
-    tok_mean = _mean_logits(head, h_sel.detach(), transform, chunk_size) if logits_mean else None  # (M,)
+    per_token = want.token_logps or want.token_entropies
+    logps, tok_lp, tok_ent = _head_logps(
+        head, h_sel, targets, row, n, per_token, want.token_entropies, opts, fused_head
+    )
+    tok_sq = token_log_sq_probs(head, h_sel, opts) if want.token_sq_probs else None
+    tok_mean = _mean_logits(head, h_sel.detach(), opts) if want.logits_mean else None  # (M,)
     return _Scores(logps, lengths, row, col, aux, tok_lp, tok_ent, tok_sq, tok_mean)
 
 
 def _select_hidden(
-    causal: Any,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    completion_mask: Tensor,
-    packing: bool,
-    split_attention: bool,
-    kw: dict[str, Any],
+    causal: Any, batch: _Batch, packing: bool, split_attention: bool, kw: dict[str, Any]
 ) -> tuple[Any, tuple[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
     """(decoder output, (h_sel, targets, row, col, lengths), the rows' real-token mask) of the batch's layout."""
+    input_ids, attention_mask, completion_mask = batch
     backbone = causal.get_decoder()
     shared = is_shared_layout(completion_mask)
     if packing:  # padding-free rows; hidden states come back in the collated layout
@@ -334,27 +329,25 @@ def _select_hidden(
     return out, selected, (completion_mask != 0).long()
 
 
-def _completion_logps(
-    s: _Scores, token_logps: bool, token_entropies: bool, token_sq_probs: bool, device: torch.device
-) -> CompletionLogps:
+def _completion_logps(s: _Scores, want: _Outputs, device: torch.device) -> CompletionLogps:
     """The :class:`CompletionLogps` of either path's scores, with the per-token (N, T_c) tensors asked for."""
     n = s.lengths.shape[0]
     result = CompletionLogps(logps=s.logps, lengths=s.lengths, aux_loss=s.aux)
     if s.tok_mean is not None:
         zeros = torch.zeros(n, dtype=torch.float32, device=s.logps.device)
         result.logits_sum = zeros.index_add(0, s.row, s.tok_mean.float())  # (N,)
-    if not (token_logps or token_entropies or token_sq_probs):
+    if not (want.token_logps or want.token_entropies or want.token_sq_probs):
         return result
     t_c = max(int(s.lengths.max()), 1)
     mask = torch.zeros(n, t_c, dtype=torch.bool, device=device)
     mask[s.row, s.col] = True  # (N, T_c)
     result.token_mask = mask
-    for want, name, tok in (
-        (token_logps, "token_logps", s.tok_lp),
-        (token_entropies, "token_entropies", s.tok_ent),
-        (token_sq_probs, "token_log_sq_probs", s.tok_sq),
+    for asked, name, tok in (
+        (want.token_logps, "token_logps", s.tok_lp),
+        (want.token_entropies, "token_entropies", s.tok_ent),
+        (want.token_sq_probs, "token_log_sq_probs", s.tok_sq),
     ):
-        if want:
+        if asked:
             assert tok is not None
             result[name] = tok.new_zeros(n, t_c).index_put((s.row, s.col), tok)  # (N, T_c)
     return result
@@ -366,11 +359,10 @@ def _head_logps(
     targets: Tensor,
     row: Tensor,
     n: int,
-    chunk_size: int,
-    fused_head: bool,
     per_token: bool,
     want_entropy: bool,
-    transform: LogitTransform,
+    opts: HeadOptions,
+    fused_head: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(logps (N,) summed per row, token log-probs (M,), token entropies (M,) or None) of M selected positions.
 
@@ -378,19 +370,15 @@ def _head_logps(
     each row's weight gradient instead of the softmax when that is smaller); the token log-probs are then None.
     """
     if fused_head and fusable_head(head):
-        return weight_logps(h_sel, head.weight, targets, row, n, chunk_size, per_token, want_entropy, transform)
-    tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, chunk_size, want_entropy, transform)
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
-    return logps, tok_lp, tok_ent
+        return weight_logps(h_sel, head.weight, targets, row, n, per_token, want_entropy, opts)
+    tok_lp, tok_ent = _chunked_head_logps(head, h_sel, targets, want_entropy, opts)
+    return row_sums(tok_lp, row, n), tok_lp, tok_ent
 
 
 @torch.no_grad()
-def token_log_sq_probs(head: Any, h: Tensor, chunk_size: int, transform: LogitTransform) -> Tensor:
+def token_log_sq_probs(head: Any, h: Tensor, opts: HeadOptions) -> Tensor:
     """log Σ_v π(v | prefix)² of M selected positions (M,), a constant: one more LM-head pass, only for WPO."""
-    out = [
-        torch.logsumexp(2 * torch.log_softmax(transform(a.to(torch.promote_types(a.dtype, torch.float32))), -1), -1)
-        for a in (head(h[s : s + chunk_size]) for s in range(0, h.shape[0], chunk_size))
-    ]
+    out = [torch.logsumexp(2 * torch.log_softmax(z, -1), -1) for _, z in _chunk_logits(head, h, opts)]
     return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
@@ -450,5 +438,3 @@ def completion_logps_naive(lm: Any, input_ids: Tensor, attention_mask: Tensor, c
     logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (N, T, V)
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (logp * completion_mask[:, 1:]).sum(dim=1)  # (N,)
-
-

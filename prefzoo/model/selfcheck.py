@@ -25,13 +25,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prefzoo._attrs import temporarily
 from prefzoo.errors import ConfigError
 from prefzoo.model.arch import router_loss
 from prefzoo.model.fast.prompt import SharedPromptError, unshare_rows
 from prefzoo.model.logps import (
     PolicyLogps,
     _router_aux,
-        is_shared_layout,
+    is_shared_layout,
     sequence_logps,
     unwrap,
 )
@@ -88,7 +89,6 @@ def _architecture(lm: Any) -> str:
 @contextlib.contextmanager
 def _decoder_runs_once(decoder: Any) -> Iterator[None]:
     """Within the block, the decoder's first output is returned again by every later call (same inputs)."""
-    had = "forward" in vars(decoder)
     real = decoder.forward
     memo: list[Any] = []
 
@@ -97,14 +97,8 @@ def _decoder_runs_once(decoder: Any) -> Iterator[None]:
             memo.append(real(*args, **kwargs))
         return memo[0]
 
-    decoder.forward = forward
-    try:
+    with temporarily(decoder, "forward", forward):
         yield
-    finally:
-        if had:
-            decoder.forward = real
-        else:
-            del decoder.forward
 
 
 def own_forward_logps(

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from prefzoo.model import LogitTransform
+from prefzoo.model import HeadOptions, LogitTransform
 from prefzoo.nn.layout import RowFields, build_batch, choose_shape
 from prefzoo.nn.rows import FusedInputError, Positions, check_head, check_rows, positions
-from prefzoo.nn.scoring import policy_scores, reference_scores
+from prefzoo.nn.scoring import given_reference, policy_scores, reference_scores
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
 from prefzoo.types import LossOutput, Need, Shape
@@ -81,8 +81,8 @@ class FusedLinearPreferenceLoss(nn.Module):
             raise FusedInputError(f"chunk_size must be >= 1 positions, got {chunk_size}")
         if keep_bytes is not None and keep_bytes < 0:
             raise FusedInputError(f"keep_bytes must be >= 0 (or None for the trainer's default), got {keep_bytes}")
-        self.ignore_index, self.chunk_size, self.gather, self.keep_bytes = ignore_index, chunk_size, gather, keep_bytes
-        self.transform = _transform(logit_scale, softcap)
+        self.ignore_index, self.gather = ignore_index, gather
+        self.head_options = HeadOptions(chunk_size, _transform(logit_scale, softcap), keep_bytes)
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -90,7 +90,8 @@ class FusedLinearPreferenceLoss(nn.Module):
         return self.loss_fn.needs
 
     def extra_repr(self) -> str:
-        return f"loss={self.loss_fn!r}, ignore_index={self.ignore_index}, logit_transform={self.transform.describe()}"
+        transform = self.head_options.transform.describe()
+        return f"loss={self.loss_fn!r}, ignore_index={self.ignore_index}, logit_transform={transform}"
 
     def get_extra_state(self) -> Any:  # a stateful loss's state travels in the module's state_dict
         return self.loss_fn.state_dict()
@@ -140,14 +141,9 @@ class FusedLinearPreferenceLoss(nn.Module):
         return out.losses.mean(), aux
 
     def _policy_fields(self, lin_weight: Tensor, bias: Tensor | None, _input: Tensor, pos: Positions) -> RowFields:
-        needs = self.needs
-        s = policy_scores(
-            lin_weight, bias, _input, pos, self.transform, self.chunk_size,
-            token_logps=Need.TOKEN_LOGPS in needs, token_entropies=Need.TOKEN_ENTROPIES in needs,
-            token_sq_probs=Need.TOKEN_SQUARED_PROBS in needs, keep_bytes=self.keep_bytes,
-        )  # fmt: skip
+        s = policy_scores(lin_weight, bias, _input, pos, self.head_options, self.needs)
         fields: RowFields = {"policy_logps": s.logps, "lengths": pos.lengths}
-        if needs & _TOKEN_NEEDS:
+        if self.needs & _TOKEN_NEEDS:
             fields["token_mask"] = pos.mask()  # (R, T_c)
         for name, tok in (("policy_token_logps", s.token_logps), ("token_entropies", s.token_entropies),
                           ("token_log_sq_probs", s.token_log_sq_probs)):  # fmt: skip
@@ -178,9 +174,10 @@ class FusedLinearPreferenceLoss(nn.Module):
             check_head(ref_weight, ref_bias, "ref_weight", "ref_bias")
             check_rows(ref_weight, ref_input, torch.empty(pos.n_rows, pos.seq_len, dtype=torch.long), "ref_input",
                        "ref_weight")  # fmt: skip
-        rows, tok = reference_scores(
-            pos, self.transform, self.chunk_size, ref_input, ref_weight, ref_bias, ref_logps
-        )
+            rows, tok = reference_scores(pos, self.head_options, ref_input, ref_weight, ref_bias)
+        else:
+            assert ref_logps is not None  # one of the two, checked above
+            rows, tok = given_reference(pos, ref_logps)
         fields: RowFields = {"ref_logps": rows}
         if Need.REF_TOKEN_LOGPS in self.needs:
             if tok is None:
@@ -234,4 +231,4 @@ def fused_sequence_logps(
     check_head(lin_weight, bias)
     check_rows(lin_weight, _input, target)
     pos = positions(target, ignore_index, lin_weight.shape[0])
-    return policy_scores(lin_weight, bias, _input, pos, _transform(logit_scale, softcap), chunk_size).logps
+    return policy_scores(lin_weight, bias, _input, pos, HeadOptions(chunk_size, _transform(logit_scale, softcap))).logps

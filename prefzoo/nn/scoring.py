@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from prefzoo.model import LogitTransform, token_log_sq_probs, weight_logps
+from prefzoo.model import HeadOptions, token_log_sq_probs, weight_logps
 from prefzoo.nn.rows import FusedInputError, Positions
+from prefzoo.types import Need
 
-__all__ = ["PolicyScores", "policy_scores", "reference_scores"]
+__all__ = ["PolicyScores", "given_reference", "policy_scores", "reference_scores"]
 
 
 @dataclass(frozen=True)
@@ -41,52 +42,43 @@ def policy_scores(
     bias: Tensor | None,
     _input: Tensor,
     pos: Positions,
-    transform: LogitTransform,
-    chunk_size: int,
-    *,
-    token_logps: bool = False,
-    token_entropies: bool = False,
-    token_sq_probs: bool = False,
-    keep_bytes: int | None = None,
+    opts: HeadOptions,
+    needs: frozenset[Need] = frozenset(),
 ) -> PolicyScores:
-    """The policy's :class:`PolicyScores` of the scored positions of ``_input`` (R, T, H), gradients included."""
+    """The policy's :class:`PolicyScores` of the scored positions of ``_input`` (R, T, H), gradients included; the
+    per-position ones where ``needs`` asks for them (``TOKEN_LOGPS``, ``TOKEN_ENTROPIES``, ``TOKEN_SQUARED_PROBS``)."""
     h, w = _fold_bias(pos.select(_input), lin_weight, bias)  # (M, H), (V, H)
+    token_logps, token_entropies = Need.TOKEN_LOGPS in needs, Need.TOKEN_ENTROPIES in needs
     per_token = token_logps or token_entropies
-    logps, tok_lp, tok_ent = weight_logps(
-        h, w, pos.targets, pos.row, pos.n_rows, chunk_size, per_token, token_entropies, transform, keep_bytes
-    )
+    logps, tok_lp, tok_ent = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, per_token, token_entropies, opts)
     sq = None
-    if token_sq_probs:
+    if Need.TOKEN_SQUARED_PROBS in needs:
         w_const = w.detach()
-        sq = token_log_sq_probs(lambda a: a @ w_const.t(), h.detach(), chunk_size, transform)  # (M,)
+        sq = token_log_sq_probs(lambda a: a @ w_const.t(), h.detach(), opts)  # (M,)
     return PolicyScores(logps, tok_lp if token_logps else None, tok_ent, sq)
 
 
+def given_reference(pos: Positions, ref_logps: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(log π_ref per row (R,), per scored position (M,) or None), constants, from ``ref_logps`` given per row (R,)
+    or per position (R, T, aligned with ``target``; only then is a per-position reference available)."""
+    ref_logps = ref_logps.detach()
+    if tuple(ref_logps.shape) == (pos.n_rows,):
+        return ref_logps.float(), None
+    if tuple(ref_logps.shape) != (pos.n_rows, pos.seq_len):
+        raise FusedInputError(
+            f"ref_logps must have shape (R,) = ({pos.n_rows},) per row or (R, T) = ({pos.n_rows}, {pos.seq_len}) "
+            f"per position like target, got {tuple(ref_logps.shape)}"
+        )
+    tok = ref_logps[pos.row, pos.t].float()  # (M,)
+    return torch.zeros(pos.n_rows, dtype=tok.dtype, device=tok.device).index_add(0, pos.row, tok), tok
+
+
 def reference_scores(
-    pos: Positions,
-    transform: LogitTransform,
-    chunk_size: int,
-    ref_input: Tensor | None = None,
-    ref_weight: Tensor | None = None,
-    ref_bias: Tensor | None = None,
-    ref_logps: Tensor | None = None,
+    pos: Positions, opts: HeadOptions, ref_input: Tensor, ref_weight: Tensor, ref_bias: Tensor | None
 ) -> tuple[Tensor, Tensor | None]:
-    """(log π_ref per row (R,), per scored position (M,) or None), constants: from the reference's hidden states
-    ``ref_input`` (R, T, H_ref) under ``ref_weight``, or from ``ref_logps`` given per row (R,) or per position
-    (R, T, aligned with ``target``; only then is a per-position reference available)."""
-    if ref_logps is not None:
-        ref_logps = ref_logps.detach()
-        if tuple(ref_logps.shape) == (pos.n_rows,):
-            return ref_logps.float(), None
-        if tuple(ref_logps.shape) != (pos.n_rows, pos.seq_len):
-            raise FusedInputError(
-                f"ref_logps must have shape (R,) = ({pos.n_rows},) per row or (R, T) = ({pos.n_rows}, {pos.seq_len}) "
-                f"per position like target, got {tuple(ref_logps.shape)}"
-            )
-        tok = ref_logps[pos.row, pos.t].float()  # (M,)
-        return torch.zeros(pos.n_rows, dtype=tok.dtype, device=tok.device).index_add(0, pos.row, tok), tok
-    assert ref_input is not None and ref_weight is not None
+    """(log π_ref per row (R,), per scored position (M,)), constants, from the reference's hidden states
+    ``ref_input`` (R, T, H_ref) under ``ref_weight`` and ``ref_bias``."""
     with torch.no_grad():
         h, w = _fold_bias(pos.select(ref_input), ref_weight, ref_bias)
-        logps, ref_tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, chunk_size, True, False, transform)
+        logps, ref_tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, True, False, opts)
     return logps.float(), (ref_tok.float() if ref_tok is not None else None)

@@ -189,9 +189,10 @@ def test_a_fault_past_the_first_chunk_of_the_chunked_head_fails_the_architecture
     the default chunk (1,024 positions) every tiny row is one chunk and this fault would pass unseen."""
     sound = logps._chunked_head_logps
 
-    def off_past_the_first_chunk(head, h, targets, chunk_size, want_entropy, transform=None):
-        lp, ent = sound(head, h, targets, chunk_size, want_entropy, transform)
-        return torch.cat([lp[:chunk_size], lp[chunk_size:] + 0.01]), ent  # (M,) wrong after position chunk_size
+    def off_past_the_first_chunk(head, h, targets, want_entropy, opts):
+        lp, ent = sound(head, h, targets, want_entropy, opts)
+        n = opts.chunk_size
+        return torch.cat([lp[:n], lp[n:] + 0.01]), ent  # (M,) wrong after position chunk_size
 
     monkeypatch.setattr(logps, "_chunked_head_logps", off_past_the_first_chunk)
     res = check_architecture("llama", shared=False)

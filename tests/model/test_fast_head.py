@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
 import torch
 from torch import nn
 
-from prefzoo.model.fast.head import fusable_head, head_logps
+from prefzoo.model.fast.head import HeadOptions, fusable_head, head_logps
 from prefzoo.model.logps import PolicyLogps, _chunked_head_logps
 
 
 def _plain(h, w, targets, chunk, want_entropy):
-    return _chunked_head_logps(lambda x: x @ w.t(), h, targets, chunk, want_entropy)  # the autograd path
+    return _chunked_head_logps(lambda x: x @ w.t(), h, targets, want_entropy, HeadOptions(chunk))  # the autograd path
+
+
+def _fused(keep_bytes):
+    return lambda h, w, targets, chunk, want_entropy: head_logps(
+        h, w, targets, want_entropy, HeadOptions(chunk, keep_bytes=keep_bytes)
+    )
 
 
 def _grads(fn, h, w, targets, chunk, want_entropy, g_lp, g_ent):
@@ -36,7 +40,7 @@ def test_values_and_gradients_equal_plain_path(chunk, want_entropy, frozen, keep
     w = torch.randn(v, hid, generator=g, dtype=torch.float64).requires_grad_(not frozen)
     targets = torch.randint(0, v, (m,), generator=g)
     g_lp, g_ent = torch.randn(m, generator=g, dtype=torch.float64), torch.randn(m, generator=g, dtype=torch.float64)
-    fast = _grads(partial(head_logps, keep_bytes=keep_bytes), h, w, targets, chunk, want_entropy, g_lp, g_ent)
+    fast = _grads(_fused(keep_bytes), h, w, targets, chunk, want_entropy, g_lp, g_ent)
     plain = _grads(_plain, h, w, targets, chunk, want_entropy, g_lp, g_ent)
     for a, b in zip(fast, plain, strict=True):
         if b is None:
@@ -49,7 +53,7 @@ def test_float32_agrees_with_float64():
     g = torch.Generator().manual_seed(0)
     h, w = torch.randn(40, 16, generator=g), torch.randn(300, 16, generator=g).requires_grad_(True)
     targets = torch.randint(0, 300, (40,), generator=g)
-    lp32, _ = head_logps(h, w, targets, 7, False)
+    lp32, _ = head_logps(h, w, targets, False, HeadOptions(7))
     lp64 = torch.log_softmax(h.double() @ w.detach().double().t(), -1).gather(-1, targets[:, None]).squeeze(-1)
     torch.testing.assert_close(lp32.double(), lp64, atol=1e-4, rtol=1e-5)
 
@@ -58,7 +62,7 @@ def test_second_backward_recomputes_when_log_p_was_kept():
     g = torch.Generator().manual_seed(1)
     h = torch.randn(6, 4, generator=g).requires_grad_(True)
     w = torch.randn(20, 4, generator=g).requires_grad_(True)
-    lp, _ = head_logps(h, w, torch.randint(0, 20, (6,), generator=g), 4, False, keep_bytes=1 << 30)
+    lp, _ = head_logps(h, w, torch.randint(0, 20, (6,), generator=g), False, HeadOptions(4, keep_bytes=1 << 30))
     first = torch.autograd.grad(lp.sum(), (h, w), retain_graph=True)
     second = torch.autograd.grad(lp.sum(), (h, w))  # the kept chunks were consumed in place by the first
     for a, b in zip(first, second, strict=True):
@@ -161,11 +165,11 @@ def test_the_backward_recomputes_every_chunk_into_one_buffer(monkeypatch):
     h = torch.randn(23, 8, generator=g).requires_grad_(True)
     w = torch.randn(50, 8, generator=g).requires_grad_(True)
     targets = torch.randint(0, 50, (23,), generator=g)
-    lp, _ = head_logps(h, w, targets, 5, False, keep_bytes=0)  # 5 chunks, the last of 3 positions
+    lp, _ = head_logps(h, w, targets, False, HeadOptions(5, keep_bytes=0))  # 5 chunks, the last of 3 positions
     monkeypatch.setattr(fastpath_head, "_chunk_logp_all", recording)
     got = torch.autograd.grad(lp.sum(), (h, w))
     assert len(outs) == 5 and outs[0] is not None and len(set(outs)) == 1
     monkeypatch.setattr(fastpath_head, "_chunk_logp_all", lambda h_c, w, transform, out=None: real(h_c, w, transform))
-    lp, _ = head_logps(h, w, targets, 5, False, keep_bytes=0)
+    lp, _ = head_logps(h, w, targets, False, HeadOptions(5, keep_bytes=0))
     fresh = torch.autograd.grad(lp.sum(), (h, w))  # a fresh buffer per chunk, as before
     assert all(torch.equal(a, b) for a, b in zip(got, fresh, strict=True))

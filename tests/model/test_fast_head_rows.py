@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.data.collate import PreferenceCollator
-from prefzoo.model.fast.head import head_logps
+from prefzoo.model.fast.head import HeadOptions, head_logps
 from prefzoo.model.fast.head_rows import head_row_logps, row_path_bytes
 from prefzoo.model.logps import sequence_logps
 
@@ -121,10 +121,10 @@ def test_values_and_gradients_equal_summed_token_log_probs(chunk):
     for rows_path in (True, False):
         h_, w_ = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
         if rows_path:
-            lp = head_row_logps(h_, w_, targets, row, 4, chunk)
+            lp = head_row_logps(h_, w_, targets, row, 4, HeadOptions(chunk))
             assert lp is not None
         else:
-            tok, _ = head_logps(h_, w_, targets, chunk, False)
+            tok, _ = head_logps(h_, w_, targets, False, HeadOptions(chunk))
             lp = torch.zeros(4, dtype=tok.dtype).index_add(0, row, tok)
         (lp * g_rows).sum().backward()
         got.append((lp.detach(), h_.grad, w_.grad))
@@ -136,7 +136,7 @@ def test_second_backward_recomputes_after_the_row_gradients_were_consumed():
     h, w, targets, row = _head_case(3, [30, 31])
     h.requires_grad_(True)
     w.requires_grad_(True)
-    lp = head_row_logps(h, w, targets, row, 2, 8)
+    lp = head_row_logps(h, w, targets, row, 2, HeadOptions(8))
     assert lp is not None
     first = torch.autograd.grad(lp.sum(), (h, w), retain_graph=True)
     second = torch.autograd.grad(lp.sum(), (h, w))
@@ -148,11 +148,13 @@ def test_the_row_path_is_taken_only_where_it_keeps_less():
     h, w, targets, row = _head_case(4, [30, 31])  # M = 61 positions, N·H = 8 < M
     w.requires_grad_(True)
     assert row_path_bytes(2, w, h) == 2 * 50 * 4 * 8
-    assert head_row_logps(h, w, targets, row, 2, 8) is not None
+    opts = HeadOptions(8)
+    assert head_row_logps(h, w, targets, row, 2, opts) is not None
     short = torch.tensor([0, 0, 0, 1, 1, 1])  # rows of 3 positions, shorter than H = 4: the softmax is smaller
-    assert head_row_logps(h[:6], w, targets[:6], short, 2, 8) is None
-    assert head_row_logps(h, w, targets, row.flip(0), 2, 8) is None  # positions not grouped by row in order
-    assert head_row_logps(h, w, targets, row, 2, 8, keep_bytes=0) is None  # softmax not kept: recomputed as before
-    assert head_row_logps(h, w.detach(), targets, row, 2, 8) is None  # a frozen head keeps (M, H) only already
+    assert head_row_logps(h[:6], w, targets[:6], short, 2, opts) is None
+    assert head_row_logps(h, w, targets, row.flip(0), 2, opts) is None  # positions not grouped by row in order
+    lean = HeadOptions(8, keep_bytes=0)  # the softmax not kept: recomputed as before
+    assert head_row_logps(h, w, targets, row, 2, lean) is None
+    assert head_row_logps(h, w.detach(), targets, row, 2, opts) is None  # a frozen head keeps (M, H) only already
     with torch.no_grad():
-        assert head_row_logps(h, w, targets, row, 2, 8) is None
+        assert head_row_logps(h, w, targets, row, 2, opts) is None

@@ -21,6 +21,7 @@ dz/da = s · (1 − (z/c)²), and the frozen-head form stores E = (d ⊙ p) W, F
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -28,10 +29,27 @@ from torch import Tensor, nn
 
 from prefzoo.model.arch import FirstRows, LogitTransform
 
-__all__ = ["MAX_CHUNK_ELEMENTS", "MAX_KEEP_BYTES", "fusable_head", "head_logps"]
+__all__ = ["MAX_CHUNK_ELEMENTS", "MAX_KEEP_BYTES", "HeadOptions", "fusable_head", "head_logps", "row_sums"]
 
 MAX_CHUNK_ELEMENTS = 1 << 24  # at most 16M logits (64 MB float32) per chunk: 341 positions of a 49k vocabulary
 MAX_KEEP_BYTES = 512 << 20  # trainable head: keep the float32 log p for backward when it fits here, else recompute
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """How the LM head scores selected positions: its chunking, the model's logit transform, what it may keep."""
+
+    chunk_size: int = 1024  # positions per (chunk, V) block of logits (bounded by MAX_CHUNK_ELEMENTS // V)
+    transform: LogitTransform = field(default_factory=LogitTransform)  # the model's logit transform; default none
+    keep_bytes: int | None = None  # the most kept for backward instead of recomputed: None MAX_KEEP_BYTES, 0 nothing
+
+    def chunk(self, vocab: int) -> int:
+        """Positions per chunk for a vocabulary of ``vocab``: ``chunk_size``, bounding the (m, V) temporaries."""
+        return max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // vocab))
+
+    def keeps(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` kept for backward fit the budget (``keep_bytes``, default ``MAX_KEEP_BYTES``)."""
+        return nbytes <= (MAX_KEEP_BYTES if self.keep_bytes is None else self.keep_bytes)
 
 
 def fusable_head(head: nn.Module) -> bool:
@@ -45,6 +63,11 @@ def fusable_head(head: nn.Module) -> bool:
         and inner.weight.dim() == 2
         and head.weight.numel() > 0
     )
+
+
+def row_sums(tok: Tensor, row: Tensor, n: int) -> Tensor:
+    """(N,) Σ over each row's positions of per-position values ``tok`` (M,), ``row`` (M,) their rows in 0..n−1."""
+    return torch.zeros(n, dtype=tok.dtype, device=tok.device).index_add(0, row, tok)
 
 
 def _acc(t: Tensor) -> torch.dtype:
@@ -217,25 +240,17 @@ class _HeadLogps(torch.autograd.Function):
 
 
 def head_logps(
-    h: Tensor,
-    w: Tensor,
-    targets: Tensor,
-    chunk_size: int,
-    want_entropy: bool,
-    keep_bytes: int | None = None,
-    transform: LogitTransform | None = None,
+    h: Tensor, w: Tensor, targets: Tensor, want_entropy: bool, opts: HeadOptions = HeadOptions()
 ) -> tuple[Tensor, Tensor | None]:
     """(log π(target) (M,), entropy (M,) or None) for hidden states h (M, H) under LM-head weight w (V, H).
 
-    ``transform`` is the model's logit transform (default: none), applied to h Wᵀ before the log-softmax.
+    ``opts.transform`` is the model's logit transform (default: none), applied to h Wᵀ before the log-softmax.
     """
     if h.shape[0] == 0:
         empty = h.new_zeros(0, dtype=_acc(h))
         return empty, (empty if want_entropy else None)
-    chunk_size = max(1, min(chunk_size, MAX_CHUNK_ELEMENTS // w.shape[0]))  # bound the (m, V) temporaries
-    keep_bytes = MAX_KEEP_BYTES if keep_bytes is None else keep_bytes
-    keep = torch.is_grad_enabled() and h.shape[0] * w.shape[0] * 4 <= keep_bytes  # small: keep log p, skip recompute
-    lp, ent = _HeadLogps.apply(h, w, targets, chunk_size, want_entropy, keep, transform or LogitTransform())
+    keep = torch.is_grad_enabled() and opts.keeps(h.shape[0] * w.shape[0] * 4)  # small: keep log p, skip recompute
+    lp, ent = _HeadLogps.apply(h, w, targets, opts.chunk(w.shape[0]), want_entropy, keep, opts.transform)
     return lp, (ent if want_entropy else None)
 
 
@@ -252,8 +267,15 @@ class _Rows(NamedTuple):
 
 
 def _general_chunk(
-    z: Tensor, z_y: Tensor, tgt: Tensor, w: Tensor, transform: LogitTransform, want_entropy: bool, scratch: Tensor,
-    out: _Rows, rows: slice,
+    z: Tensor,
+    z_y: Tensor,
+    tgt: Tensor,
+    w: Tensor,
+    transform: LogitTransform,
+    want_entropy: bool,
+    scratch: Tensor,
+    out: _Rows,
+    rows: slice,
 ) -> None:
     """One chunk's log p over the vocabulary (entropy or a logit transform): ``z`` (m, V) logits, overwritten with
     log p; ``scratch`` (m, V) holds e = exp(z − max), then the softmax."""

@@ -29,8 +29,7 @@ from torch import Tensor
 
 from prefzoo.model.arch import LogitTransform
 from prefzoo.model.fast.head import (
-    MAX_CHUNK_ELEMENTS,
-    MAX_KEEP_BYTES,
+    HeadOptions,
     _acc,
     _accumulate_grad_w,
     _chunk_buffer,
@@ -38,6 +37,7 @@ from prefzoo.model.fast.head import (
     _exp_shifted,
     _HeadLogps,
     head_logps,
+    row_sums,
 )
 
 __all__ = ["head_row_logps", "row_path_bytes", "weight_logps"]
@@ -93,7 +93,7 @@ class _HeadRowLogps(torch.autograd.Function):
                     _accumulate_grad_w(sums[r], q, h_c)  # (V, H) += qᵀ h_c
         ctx.save_for_backward(h, w, targets, row, lse)
         ctx.g_h, ctx.sums, ctx.chunk_size = g_h, sums, chunk_size
-        return torch.zeros(n, dtype=acc, device=h.device).index_add(0, row, lp)  # (N,) as sequence_logps sums
+        return row_sums(lp, row, n)  # (N,) as sequence_logps sums
 
     @staticmethod
     def backward(ctx: Any, g_rows: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -123,14 +123,7 @@ class _HeadRowLogps(torch.autograd.Function):
 
 
 def head_row_logps(
-    h: Tensor,
-    w: Tensor,
-    targets: Tensor,
-    row: Tensor,
-    n: int,
-    chunk_size: int,
-    keep_bytes: int | None = None,
-    transform: LogitTransform | None = None,
+    h: Tensor, w: Tensor, targets: Tensor, row: Tensor, n: int, opts: HeadOptions = HeadOptions()
 ) -> Tensor | None:
     """(N,) Σ_{m∈r} log π(target_m) per row for hidden states h (M, H) under head weight w (V, H), or None where
     this path does not apply (see the module docstring; the caller then scores per token).
@@ -138,43 +131,31 @@ def head_row_logps(
     ``row`` (M,) is each position's row in 0..n−1, positions grouped by row in row order (as
     :func:`prefzoo.model.logps.sequence_logps` selects them).
     """
-    keep_bytes = MAX_KEEP_BYTES if keep_bytes is None else keep_bytes
     softmax_bytes = h.shape[0] * w.shape[0] * torch.empty(0, dtype=_acc(h)).element_size()
-    if not (torch.is_grad_enabled() and w.requires_grad and (transform is None or transform.identity)):
+    if not (torch.is_grad_enabled() and w.requires_grad and opts.transform.identity):
         return None
-    if h.shape[0] == 0 or softmax_bytes > keep_bytes:
+    if h.shape[0] == 0 or not opts.keeps(softmax_bytes):
         return None
     segs = _segments(row, n)
     if segs is None or row_path_bytes(len(segs), w, h) >= softmax_bytes:
         return None
-    chunk_size = max(1, min(chunk_size, MAX_CHUNK_ELEMENTS // w.shape[0]))
-    return _HeadRowLogps.apply(h, w, targets, row, n, segs, chunk_size)
+    return _HeadRowLogps.apply(h, w, targets, row, n, segs, opts.chunk(w.shape[0]))
 
 
 def weight_logps(
-    h: Tensor,
-    w: Tensor,
-    targets: Tensor,
-    row: Tensor,
-    n: int,
-    chunk_size: int,
-    per_token: bool,
-    want_entropy: bool,
-    transform: LogitTransform | None = None,
-    keep_bytes: int | None = None,
+    h: Tensor, w: Tensor, targets: Tensor, row: Tensor, n: int, per_token: bool, want_entropy: bool, opts: HeadOptions
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(log-probs (N,) summed per row, token log-probs (M,) or None, token entropies (M,) or None) of M positions
     h (M, H) under head weight w (V, H): the fused head of the trainer's log-probs, for a weight instead of a module.
 
     Without per-token outputs (``per_token`` False) the rows are scored by :func:`head_row_logps` where it applies
     (the token tensors are then None), else per token by :func:`prefzoo.model.fast.head.head_logps`.
-    ``keep_bytes``: the most either may keep for backward instead of recomputing (default ``MAX_KEEP_BYTES``; 0:
-    always recompute, the least memory).
+    ``opts.keep_bytes``: the most either may keep for backward instead of recomputing (default ``MAX_KEEP_BYTES``;
+    0: always recompute, the least memory).
     """
     if not per_token:
-        logps = head_row_logps(h, w, targets, row, n, chunk_size, keep_bytes, transform)
+        logps = head_row_logps(h, w, targets, row, n, opts)
         if logps is not None:
             return logps, None, None
-    tok_lp, tok_ent = head_logps(h, w, targets, chunk_size, want_entropy, keep_bytes, transform)
-    logps = torch.zeros(n, dtype=tok_lp.dtype, device=tok_lp.device).index_add(0, row, tok_lp)  # (N,)
-    return logps, tok_lp, tok_ent
+    tok_lp, tok_ent = head_logps(h, w, targets, want_entropy, opts)
+    return row_sums(tok_lp, row, n), tok_lp, tok_ent

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from prefzoo._attrs import temporarily
 from prefzoo.data.collate import PreferenceCollator
 
 __all__ = [
@@ -329,9 +330,5 @@ def split_attention(config: Any, on: bool = True) -> Iterator[None]:
         yield
         return
     _register()
-    old = config._attn_implementation
-    config._attn_implementation = IMPLEMENTATION
-    try:
+    with temporarily(config, "_attn_implementation", IMPLEMENTATION):
         yield
-    finally:
-        config._attn_implementation = old

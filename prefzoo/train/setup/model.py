@@ -102,7 +102,7 @@ def _say_switched(accelerator: Any, switched: dict[str, int], what: str, flag: s
 
 def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any, engine: Any = None) -> Any:
     """Prompt sharing, packing, length grouping for this run: forced by flags or chosen from the pairs' lengths."""
-    from prefzoo.model import fast_paths_for_run, model_capabilities, packing_takes_split, unwrap
+    from prefzoo.model import fast_paths_for_run, unwrap
 
     unavailable = None
     if plan.batches != PAIRS:
@@ -111,9 +111,4 @@ def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm
         unavailable = "on-policy data"
     elif engine is not None and not engine.fast_paths_measured:
         unavailable = f"not measured under {engine.option}: force with on"
-    causal: Any = unwrap(lm)
-    caps = model_capabilities(causal)  # declared by the architecture (prefzoo.model.arch)
-    unavailable = unavailable or caps.fast_path_block()
-    refusal, share_refusal = caps.packing_refusal, caps.custom_mask_refusal  # flash: packs, does not share
-    split = packing_takes_split(causal.get_decoder(), causal.config)  # packing without a mask: pays sooner
-    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, refusal, share_refusal, split)
+    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, unwrap(lm))
