@@ -259,12 +259,18 @@ _TEX_FUNCTIONS = ("log", "exp", "max", "min")  # a space after them when a name 
 _TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "geq", "leq", "le", "gt", "lt")
 
 
+def _command_end(tex: str, i: int) -> int:
+    """The index after the letters of the command whose backslash is at ``i`` (``i + 1`` for ``\\{`` and the like)."""
+    j = i + 1
+    while j < len(tex) and tex[j].isalpha():
+        j += 1
+    return j
+
+
 def _tex_group(tex: str, i: int) -> tuple[str, int]:
     """The brace group (or single character) of ``tex`` at ``i``, without its braces, and the index after it."""
     if tex[i] == "\\":  # a command: \\theta
-        j = i + 1
-        while j < len(tex) and tex[j].isalpha():
-            j += 1
+        j = _command_end(tex, i)
         return tex[i : max(j, i + 2)], max(j, i + 2)
     if tex[i] != "{":
         return tex[i], i + 1
@@ -323,9 +329,7 @@ def tex_to_text(tex: str) -> str:
                 else:
                     out.append("{" + text + "}")
             continue
-        j = i + 1
-        while j < len(tex) and tex[j].isalpha():
-            j += 1
+        j = _command_end(tex, i)
         name = tex[i + 1 : j]
         if name in ("text", "mathrm", "operatorname", "mathit"):
             arg, j = _tex_group(tex, j)
@@ -438,29 +442,11 @@ class LossSpec:
 
     def params(self, **kwargs: Any) -> LossParams:
         """Construct and validate the params; unknown keys name the valid ones."""
-        cls = self.params_cls
-        valid = {i.name for i in param_infos(cls)}
-        unknown = sorted(set(kwargs) - valid)
-        if unknown:
-            raise LossParamError(
-                f"loss {self.name!r} has no parameter {', '.join(repr(u) for u in unknown)}; "
-                f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
-            )
-        try:
-            return cls(**kwargs)
-        except LossParamError as e:
-            raise LossParamError(f"loss {self.name!r}: {e}") from None
-        except (TypeError, ValueError) as e:
-            raise LossParamError(f"loss {self.name!r}: invalid parameters {kwargs!r}: {e}") from e
+        return _build_params(self.params_cls, kwargs, f"loss {self.name!r}", LossParamError)
 
     def parse_param(self, key: str, text: str) -> Any:
         """Convert a CLI string ``text`` to the type of parameter ``key``."""
-        infos = {i.name: i for i in param_infos(self.params_cls)}
-        if key not in infos:
-            raise LossParamError(
-                f"loss {self.name!r} has no parameter {key!r}; valid parameters: {', '.join(sorted(infos)) or '(none)'}"
-            )
-        return coerce(infos[key], text, where=f"loss {self.name!r}: parameter {key!r}")
+        return _read_param(self.params_cls, key, text, f"loss {self.name!r}", LossParamError)
 
 
 def coerce(info: ParamInfo, text: Any, where: str) -> Any:
@@ -479,6 +465,39 @@ def coerce(info: ParamInfo, text: Any, where: str) -> Any:
     except ValueError:
         name = typ.__name__ + (" or none" if optional else "")  # only bool, int and float raise, all classes
         raise LossParamError(f"{where}: cannot read {text!r} as {name}") from None
+
+
+def _no_parameter(owner: str, keys: Iterable[str], valid: Iterable[str]) -> str:
+    return (
+        f"{owner} has no parameter {', '.join(repr(k) for k in keys)}; "
+        f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
+    )
+
+
+def _build_params(
+    cls: type[LossParams], kwargs: Mapping[str, Any], owner: str, error: type[LossParamError]
+) -> LossParams:
+    """``cls(**kwargs)`` for ``owner`` (``"loss 'dpo'"``, ``"modifier 'wpo'"``); an unknown key names the valid ones,
+    and every failure is one ``error`` naming ``owner``."""
+    valid = {i.name for i in param_infos(cls)}
+    unknown = sorted(set(kwargs) - valid)
+    if unknown:
+        raise error(_no_parameter(owner, unknown, valid))
+    try:
+        return cls(**kwargs)
+    except LossParamError as e:
+        raise error(f"{owner}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise error(f"{owner}: invalid parameters {kwargs!r}: {e}") from e
+
+
+def _read_param(cls: type[LossParams], key: str, text: Any, owner: str, error: type[LossParamError]) -> Any:
+    """``text`` (a CLI string or a YAML scalar) as the type of ``owner``'s parameter ``key``; an unknown ``key`` is
+    one ``error`` naming the valid ones."""
+    infos = {i.name: i for i in param_infos(cls)}
+    if key not in infos:
+        raise error(_no_parameter(owner, [key], infos))
+    return coerce(infos[key], text, where=f"{owner}: parameter {key!r}")
 
 
 class Loss:
@@ -709,28 +728,10 @@ class ModifierSpec:
 
     def params(self, **kwargs: Any) -> LossParams:
         """Construct and validate the params; unknown keys name the valid ones."""
-        valid = {i.name for i in param_infos(self.params_cls)}
-        unknown = sorted(set(kwargs) - valid)
-        if unknown:
-            raise ModifierError(
-                f"modifier {self.name!r} has no parameter {', '.join(repr(u) for u in unknown)}; "
-                f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
-            )
-        try:
-            return self.params_cls(**kwargs)
-        except LossParamError as e:
-            raise ModifierError(f"modifier {self.name!r}: {e}") from None
-        except (TypeError, ValueError) as e:
-            raise ModifierError(f"modifier {self.name!r}: invalid parameters {kwargs!r}: {e}") from e
+        return _build_params(self.params_cls, kwargs, f"modifier {self.name!r}", ModifierError)
 
     def parse_param(self, key: str, text: Any) -> Any:
-        infos = {i.name: i for i in param_infos(self.params_cls)}
-        if key not in infos:
-            raise ModifierError(
-                f"modifier {self.name!r} has no parameter {key!r}; "
-                f"valid parameters: {', '.join(sorted(infos)) or '(none)'}"
-            )
-        return coerce(infos[key], text, where=f"modifier {self.name!r}: parameter {key!r}")
+        return _read_param(self.params_cls, key, text, f"modifier {self.name!r}", ModifierError)
 
     def why_not(self, loss: LossSpec, loss_params: Any) -> str | None:
         """None when this modifier applies to ``loss`` with ``loss_params``, else a one-line reason naming both."""

@@ -97,19 +97,24 @@ def sweep_values(spec: LossSpec, info: ParamInfo) -> list[float]:
     return [d, *sorted(out)]
 
 
+def settings(spec: LossSpec) -> list[tuple[str, dict[str, float]]]:
+    """(label, parameters) of what a page shows: the defaults, then the two other values of the main parameter."""
+    info = main_param(spec)
+    if info is None:
+        return [("defaults", {})]
+    vals = sweep_values(spec, info)
+    return [(f"{info.name} = {vals[0]:g} (default)", {})] + [(f"{info.name} = {v:g}", {info.name: v}) for v in vals[1:]]
+
+
 def curves_of(spec: LossSpec) -> list[Curve]:
     """The fingerprints a page shows: default parameters first, then the two other values of the main parameter."""
     if not spec.accepts(Shape.PAIR):
         return []
     grid = dense_grid(MARGIN_MIN, MARGIN_MAX, POINTS)
-    info = main_param(spec)
-    settings: list[tuple[str, dict[str, float]]] = [("defaults", {})]
-    if info is not None:
-        vals = sweep_values(spec, info)
-        settings = [(f"{info.name} = {vals[0]:g} (default)", {})]
-        settings += [(f"{info.name} = {v:g}", {info.name: v}) for v in vals[1:]]
-    return [Curve(label, fingerprint(Loss(spec, spec.params(**kw)), grid, LOGP, LOGP, LENGTH, REJECTED_LENGTH))
-            for label, kw in settings]
+    return [
+        Curve(label, fingerprint(Loss(spec, spec.params(**kw)), grid, LOGP, LOGP, LENGTH, REJECTED_LENGTH))
+        for label, kw in settings(spec)
+    ]
 
 
 @dataclass(frozen=True)
@@ -154,13 +159,7 @@ def unpaired_curves_of(spec: LossSpec) -> list[UnpairedCurve]:
     """An unpaired loss's gradient at its defaults and at two other values of its main parameter."""
     if not spec.accepts(Shape.UNPAIRED) or spec.accepts(Shape.PAIR):
         return []
-    info = main_param(spec)
-    settings: list[tuple[str, dict[str, float]]] = [("defaults", {})]
-    if info is not None:
-        vals = sweep_values(spec, info)
-        settings = [(f"{info.name} = {vals[0]:g} (default)", {})]
-        settings += [(f"{info.name} = {v:g}", {info.name: v}) for v in vals[1:]]
-    return [unpaired_gradient(Loss(spec, spec.params(**kw)), label) for label, kw in settings]
+    return [unpaired_gradient(Loss(spec, spec.params(**kw)), label) for label, kw in settings(spec)]
 
 
 def covering_properties(spec: LossSpec) -> list[str]:
@@ -252,10 +251,7 @@ def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve]
         f"`prefzoo inspect {spec.name} --min {MARGIN_MIN:g} --max {MARGIN_MAX:g} --points {POINTS} --logp {LOGP:g} "
         f"--ref-logp {LOGP:g}` prints the same fingerprint.",
         "",
-        f"![{spec.name}: gradient fingerprint, w_w and w_l against the margin](img/{spec.name}.svg)",
-        "",
-        f"[PNG, 2×](img/{spec.name}.png)",
-        "",
+        *_figure(spec.name, f"{spec.name}: gradient fingerprint, w_w and w_l against the margin"),
     ]
     if Shape.LIST in spec.shapes and Shape.PAIR not in spec.shapes:
         out += ["A list loss: the pair is a group of K = 2, best first (`prefzoo inspect NAME --k K` shows ranks).",
@@ -263,6 +259,11 @@ def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve]
     for c in _merge_equal(curves):
         out += _curve_lines(c)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _figure(stem: str, alt: str) -> list[str]:
+    """A page's lines for the figure ``img/<stem>.svg`` (described by ``alt``) and a link to its 2× PNG."""
+    return [f"![{alt}](img/{stem}.svg)", "", f"[PNG, 2×](img/{stem}.png)", ""]
 
 
 _MATH_RULES: tuple[tuple[str, str], ...] = (  # the CLI's plain-text sentences about weights, as LaTeX for a page
@@ -321,11 +322,9 @@ def _unpaired_lines(spec: LossSpec, curves: list[UnpairedCurve]) -> list[str]:
         "reads them) and of the batch's own; reference log-probs "
         f"${LOGP:g}$, $\\lvert y\\rvert = {LENGTH}$. Positive raises the completion's likelihood.",
         "",
-        f"![{spec.name}: gradient per completion against its implicit reward, desirable and undesirable]"
-        f"(img/{spec.name}.svg)",
-        "",
-        f"[PNG, 2×](img/{spec.name}.png)",
-        "",
+        *_figure(
+            spec.name, f"{spec.name}: gradient per completion against its implicit reward, desirable and undesirable"
+        ),
     ]
     at = {round(x, 9): i for i, x in enumerate(curves[0].rewards)}
     idx = [at[x] for x in REWARD_TABLE]
@@ -397,8 +396,9 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint],
         if not members:
             continue
         out += [f"## {group}", "", GROUPS[group], ""]
-        out += [f"![{group}: one panel per loss, gradient weights at default parameters]"
-                f"(img/overview-{_slug(group)}.svg)", "", f"[PNG, 2×](img/overview-{_slug(group)}.png)", ""]
+        out += _figure(
+            f"overview-{_slug(group)}", f"{group}: one panel per loss, gradient weights at default parameters"
+        )
         if group == "unpaired":
             out += ["| loss | desirable at reward −10, 0, +10 | undesirable at reward −10, 0, +10 |", "|---|---|---|"]
             for s in members:
@@ -505,8 +505,10 @@ def modifiers_page(items: list[ModifierCurves]) -> str:
                     "token itself), so a weight exp(mean_t[log π(y_t) − log Σ_v π(v)²]) is exp(−mean_t log π(y_t)): "
                     f"e^{-LOGP / LENGTH:g} at m = 0. The shape against the margin is the modifier's; the scale is "
                     "that of this made-up distribution, not of a real model's.", ""]
-        out += [f"![{m.name} on {it.base}: w_w and w_l against the margin, with and without the modifier]"
-                f"(img/modifier-{m.name}.svg)", "", f"[PNG, 2×](img/modifier-{m.name}.png)", ""]
+        out += _figure(
+            f"modifier-{m.name}",
+            f"{m.name} on {it.base}: w_w and w_l against the margin, with and without the modifier",
+        )
         at = {x: i for i, x in enumerate(it.plain.margins)}
         idx = [at[x] for x in TABLE_MARGINS]
         out += ["| $m$ | " + " | ".join(f"{x:g}" for x in TABLE_MARGINS) + " |", "|---|" + "---|" * len(idx)]

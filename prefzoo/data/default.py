@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefzoo._filelock import file_lock
 from prefzoo.data import synthetic
 from prefzoo.data.tiny import CHARS, char_tokenizer, tiny_causal_lm
 
@@ -243,23 +244,6 @@ def _cache_key(cfg: WarmupConfig, seed: int) -> str:
     return f"default-task-{DEFAULT_TASK_VERSION}-seed{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock so that concurrent first calls build the model once (POSIX; a no-op elsewhere)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _build_model_dir(final: Path, splits: synthetic.Splits, cfg: WarmupConfig, seed: int, progress: bool) -> None:
     tokenizer = build_tokenizer()
     model = build_model(cfg, tokenizer, seed)
@@ -311,7 +295,7 @@ def _cached_model_dir(
     root.mkdir(parents=True, exist_ok=True)
     final = root / _cache_key(cfg, seed)
     if not final.is_dir() or _cache_problem(final):
-        with _file_lock(root / (final.name + ".lock")):
+        with file_lock(root / (final.name + ".lock")):  # concurrent first calls build it once
             problem = _cache_problem(final) if final.is_dir() else "absent"
             if problem is not None:
                 if problem != "absent":  # half-written by an older build, or damaged since: never trained on

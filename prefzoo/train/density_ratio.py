@@ -34,7 +34,7 @@ from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
 from prefzoo.train.checkpoint.save import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.reference import AdapterDisabledReference, FrozenReference
+from prefzoo.train.reference import AdapterDisabledReference, FrozenReference, read_safetensors
 
 __all__ = [
     "CLASSIFIER_FILE",
@@ -165,12 +165,8 @@ def read_density_ratio(cfg: TrainConfig, folder: Path | None) -> DensityRatioCla
         raise ResumeError(f"--resume {folder}: this checkpoint holds no density-ratio classifier ({CLASSIFIER_FILE}): "
                           "it was trained without --density-ratio; resume without --density-ratio, or start a new "
                           "--output-dir")  # fmt: skip
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
+        meta, (weight, bias) = read_safetensors(path, ("weight", "bias"))
     except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
         raise ResumeError(f"--resume {folder}: {CLASSIFIER_FILE} is unreadable ({type(e).__name__}); resume from "
                           "another checkpoint") from None  # fmt: skip

@@ -149,11 +149,16 @@ class JsonlWriter:
         return len(lines) - len(kept)
 
 
-def _kept(line: str, step: int) -> bool:
+def _record(line: str) -> Any:
+    """One metrics.jsonl line read back; None for a line torn by a kill mid-write."""
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except ValueError:
-        return False  # torn by a kill mid-write
+        return None
+
+
+def _kept(line: str, step: int) -> bool:
+    record = _record(line)  # a torn line is dropped
     if not isinstance(record, dict) or not isinstance(record.get("step"), int | float):
         return isinstance(record, dict)
     return record["step"] <= step if step > 0 else False
@@ -167,10 +172,7 @@ def last_logged(path: str | Path, step: int) -> dict[str, float]:
     except OSError:
         return {}
     for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+        record = _record(line)
         if isinstance(record, dict) and "loss" in record and "lr" in record and record.get("step", step + 1) <= step:
             return record
     return {}

@@ -35,6 +35,7 @@ __all__ = [
     "load_or_compute_reference_table",
     "model_identity",
     "precompute_reference",
+    "read_safetensors",
 ]
 
 log = logging.getLogger(__name__)
@@ -180,15 +181,19 @@ def _digest(logps: Tensor) -> str:
     return hashlib.sha256(logps.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-def _read_cache(path: Path, key: str, ids: list[str], width: int = 2) -> dict[str, tuple[float, ...]] | None:
+def read_safetensors(path: Path, names: tuple[str, ...]) -> tuple[dict[str, str], list[Tensor]]:
+    """A safetensors file's metadata and its tensors ``names`` (safetensors' own errors for a bad file)."""
     from safetensors import safe_open
 
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}, [f.get_tensor(n) for n in names]
+
+
+def _read_cache(path: Path, key: str, ids: list[str], width: int = 2) -> dict[str, tuple[float, ...]] | None:
     if not path.exists():
         return None
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            logps = f.get_tensor("logps")  # (n, width)
+        meta, (logps,) = read_safetensors(path, ("logps",))  # (n, width)
         cached_ids = json.loads(meta.get("ids", "[]"))
     except Exception as e:  # a corrupt file is recomputed, never trusted
         log.warning("reference cache %s unreadable (%s): recomputing", path, e)

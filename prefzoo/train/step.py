@@ -19,7 +19,7 @@ from prefzoo.train.checkpoint import checkpoint_step, find_latest_checkpoint
 from prefzoo.train.guard import NonFiniteStepsError, nonfinite_ids
 from prefzoo.train.metrics import step_metrics
 
-__all__ = ["StepPhase"]
+__all__ = ["RunFields", "StepPhase"]
 
 
 @dataclass
@@ -37,16 +37,21 @@ class _Step:
     by_request: bool = False  # skipped by --skip-batches (not a fault: not counted towards max_consecutive_skips)
 
 
-class StepPhase:
-    """The training half of a run's phases (mixed into :class:`prefzoo.train.run.Run`, which builds the state)."""
+class RunFields:
+    """What every phase mixed into :class:`prefzoo.train.run.Run` reads (``Run.setup`` builds them)."""
 
     parts: Any  # prefzoo.train.setup.Parts
     cfg: Any
     callbacks: Any
     state: Any  # RunState
     guard: Any  # NonFiniteGuard
-    metrics: Any  # MetricsAccumulator
     bar: Any  # Progress
+
+
+class StepPhase(RunFields):
+    """The training half of a run's phases (mixed into :class:`prefzoo.train.run.Run`, which builds the state)."""
+
+    metrics: Any  # MetricsAccumulator
     step_state: _Step
     skip_left: int  # --skip-batches micro-batches still to pass over
     check_grads: bool  # non-finite gradient norms skip the step (under fp16 the GradScaler does it)

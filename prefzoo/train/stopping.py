@@ -12,20 +12,15 @@ from typing import Any
 
 from prefzoo.train.checkpoint import save_checkpoint, save_model_folder
 from prefzoo.train.guard import NonFiniteStepsError
+from prefzoo.train.step import RunFields
 
 __all__ = ["BoundaryPhase"]
 
 
-class BoundaryPhase:
+class BoundaryPhase(RunFields):
     """Saving and stopping (mixed into :class:`prefzoo.train.run.Run`, which builds the state)."""
 
-    parts: Any  # prefzoo.train.setup.Parts
-    cfg: Any
-    callbacks: Any
-    state: Any  # RunState
-    guard: Any  # NonFiniteGuard
     result: Any  # TrainResult
-    bar: Any  # Progress
     preemption: Any  # PreemptionHandler
     saved: Path | None  # the checkpoint written at the current step boundary
     stopped_by_callback: bool

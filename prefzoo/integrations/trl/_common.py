@@ -1,9 +1,11 @@
-"""What the DPO and KTO adapters share: a TRL config's fields bound to a prefzoo loss, divergence, loss metrics."""
+"""What the DPO and KTO adapters share: a TRL config's fields bound to a prefzoo loss, divergence, the forward's
+arguments, TRL's token metrics and the loss's own."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -14,7 +16,20 @@ from prefzoo.modifiers.compose import ModifiedLoss
 from prefzoo.registry import get_loss, loss_spec
 from prefzoo.spec import Loss, LossParamError
 
-__all__ = ["PolicyDivergedError", "bind_loss", "check_policy_finite", "config_defaults", "is_default", "terms"]
+__all__ = [
+    "PolicyDivergedError",
+    "bind_loss",
+    "check_policy_finite",
+    "config_defaults",
+    "finish_loss",
+    "forward_kwargs",
+    "is_default",
+    "log_loss_metrics",
+    "log_token_metrics",
+    "resolve_at_init",
+    "terms",
+    "trl_init_signature",
+]
 
 
 class PolicyDivergedError(FloatingPointError):
@@ -122,6 +137,53 @@ def bind_loss(loss: str | Loss, loss_params: Mapping[str, Any] | None, config: A
         elif pname in have and not given:
             params[pname] = value
     return loss if isinstance(loss, Loss) else get_loss(loss, **params)
+
+
+def trl_init_signature(trainer_cls: type) -> inspect.Signature:
+    """The signature of TRL's own ``__init__`` behind ``trainer_cls``: a script that applies the drop-in everywhere
+    (``trl.DPOTrainer = DPOTrainer``) must not make the adapter read its own signature where it means TRL's."""
+    return inspect.signature(next(c for c in trainer_cls.__mro__ if c.__module__.startswith("trl.")))
+
+
+def resolve_at_init(
+    trl_init: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    loss: str | Loss | None,
+    loss_params: Mapping[str, Any] | None,
+    resolve: Callable[[str | Loss, Mapping[str, Any] | None, Any], Loss],
+) -> Loss | None:
+    """The start of both adapters' ``__init__``: the bound loss (``resolve(loss, loss_params, config)`` with the TRL
+    config the call passes as ``args``), or None without ``loss=``; ``loss_params=`` without ``loss=`` is an error.
+
+    It runs before TRL loads anything, so a bad name or parameter fails in a second.
+    """
+    config = trl_init.bind(*args, **kwargs).arguments.get("args")
+    if loss is None and loss_params:
+        raise LossParamError("loss_params= needs loss=: name the prefzoo loss they belong to")
+    return None if loss is None else resolve(loss, loss_params, config)
+
+
+def forward_kwargs(trainer: Any, inputs: Mapping[str, Any], non_model_keys: Collection[str]) -> dict[str, Any]:
+    """The policy forward's keyword arguments as TRL's ``_compute_loss`` builds them: the batch less
+    ``non_model_keys``, no KV cache, and the MoE router logits when TRL adds their auxiliary loss."""
+    kwargs = {k: v for k, v in inputs.items() if k not in non_model_keys}
+    kwargs["use_cache"] = False
+    if trainer.aux_loss_enabled:
+        kwargs["output_router_logits"] = True
+    return kwargs
+
+
+def log_token_metrics(trainer: Any, mode: str, entropy: Tensor, mask: Tensor, attention_mask: Tensor) -> None:
+    """TRL's ``entropy`` (the mean over every process's completion tokens) and ``num_tokens`` (tokens trained on so
+    far) metrics; ``entropy`` and ``mask`` are (N, T−1), position t scoring token t+1."""
+    acc, metrics = trainer.accelerator, trainer._metrics[mode]
+    tokens = acc.gather_for_metrics(mask.sum()).sum()
+    total = acc.gather_for_metrics((entropy.detach() * mask).sum()).sum()
+    metrics["entropy"].append((total / tokens).item() if tokens > 0 else 0.0)
+    if mode == "train":
+        trainer._total_train_tokens += acc.gather_for_metrics(attention_mask.sum()).sum().item() // trainer._tp_size
+    metrics["num_tokens"] = [trainer._total_train_tokens]
 
 
 def log_loss_metrics(metrics: Any, loss: Loss, out: Any, gather: Any) -> None:

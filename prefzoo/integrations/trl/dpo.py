@@ -17,7 +17,6 @@ TRL's own loss options that prefzoo has as modifiers (WPO, LD-DPO, TR-DPO) becom
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,7 +25,17 @@ import trl
 from torch import Tensor
 from trl.trainer import dpo_trainer as _trl_dpo
 
-from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, finish_loss, log_loss_metrics, terms
+from prefzoo.integrations.trl._common import (
+    bind_loss,
+    check_policy_finite,
+    finish_loss,
+    forward_kwargs,
+    log_loss_metrics,
+    log_token_metrics,
+    resolve_at_init,
+    terms,
+    trl_init_signature,
+)
 from prefzoo.losses.combine import CombinedLoss
 from prefzoo.modifiers.compose import ModifiedLoss
 from prefzoo.registry import combine, modifier_spec, modify
@@ -36,9 +45,7 @@ from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = ["CONFIG_MODIFIERS", "CONFIG_PARAMS", "DPOTrainer", "resolve_loss"]
 
-# TRL's trainer as imported: a script that applies the drop-in everywhere (``trl.DPOTrainer = DPOTrainer``) must not
-# make the adapter read its own signature where it means TRL's
-_TRL_DPO_INIT = inspect.signature(next(c for c in trl.DPOTrainer.__mro__ if c.__module__.startswith("trl.")))
+_TRL_DPO_INIT = trl_init_signature(trl.DPOTrainer)
 
 # DPOConfig fields that mean the same as a prefzoo loss parameter: DPOConfig field -> parameter name
 CONFIG_PARAMS: dict[str, str] = {
@@ -169,11 +176,7 @@ class DPOTrainer(trl.DPOTrainer):
     def __init__(
         self, *args: Any, loss: str | Loss | None = None, loss_params: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        config = _TRL_DPO_INIT.bind(*args, **kwargs).arguments.get("args")
-        if loss is None and loss_params:
-            raise LossParamError("loss_params= needs loss=: name the prefzoo loss they belong to")
-        # resolved before TRL loads anything, so a bad name or parameter fails in a second
-        self.prefzoo_loss: Loss | None = None if loss is None else resolve_loss(loss, loss_params, config)
+        self.prefzoo_loss = resolve_at_init(_TRL_DPO_INIT, args, kwargs, loss, loss_params, resolve_loss)
         super().__init__(*args, **kwargs)
         self._prefzoo_gather: Callable[[Tensor], Tensor] = make_gather(self.accelerator)
 
@@ -182,10 +185,7 @@ class DPOTrainer(trl.DPOTrainer):
         if self.prefzoo_loss is None:
             return super()._compute_loss(model, inputs, return_outputs)
         mode = "train" if model.training else "eval"
-        model_kwargs = {k: v for k, v in inputs.items() if k not in _NON_MODEL_KEYS}
-        model_kwargs["use_cache"] = False
-        if self.aux_loss_enabled:
-            model_kwargs["output_router_logits"] = True
+        model_kwargs = forward_kwargs(self, inputs, _NON_MODEL_KEYS)
         completion_mask = inputs["completion_mask"]
         mask = completion_mask[..., 1:]  # (2B, T−1): position t scores token t+1
         labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
@@ -264,14 +264,7 @@ class DPOTrainer(trl.DPOTrainer):
         """TRL 1.16's metrics under TRL's names; the rewards are the loss's own scores (``LossOutput``)."""
         acc, metrics = self.accelerator, self._metrics[mode]
         seq_len = mask.size(1)
-        tokens = acc.gather_for_metrics(mask.sum()).sum()
-        entropy = acc.gather_for_metrics((outputs.entropy[:, -seq_len:].detach() * mask).sum()).sum()
-        metrics["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
-        if mode == "train":
-            self._total_train_tokens += (
-                acc.gather_for_metrics(inputs["attention_mask"].sum()).sum().item() // self._tp_size
-            )
-        metrics["num_tokens"] = [self._total_train_tokens]
+        log_token_metrics(self, mode, outputs.entropy[:, -seq_len:], mask, inputs["attention_mask"])
         chosen_mask, rejected_mask = mask.bool().chunk(2, dim=0)
         chosen_logits, rejected_logits = outputs.mean_logits[:, -seq_len:].chunk(2, dim=0)
         for key, logits, m in (

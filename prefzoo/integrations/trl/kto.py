@@ -14,7 +14,6 @@ and TRL's metrics are logged under TRL's names.  Every loss that declares ``Shap
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,14 +22,24 @@ import trl
 from torch import Tensor
 from trl.trainer import kto_trainer as _trl_kto
 
-from prefzoo.integrations.trl._common import bind_loss, check_policy_finite, finish_loss, log_loss_metrics, terms
+from prefzoo.integrations.trl._common import (
+    bind_loss,
+    check_policy_finite,
+    finish_loss,
+    forward_kwargs,
+    log_loss_metrics,
+    log_token_metrics,
+    resolve_at_init,
+    terms,
+    trl_init_signature,
+)
 from prefzoo.spec import Loss, LossParamError
 from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, Shape, UnpairedBatch
 
 __all__ = ["KTO_CONFIG_PARAMS", "KTOTrainer", "resolve_unpaired_loss"]
 
-_TRL_KTO_INIT = inspect.signature(next(c for c in trl.KTOTrainer.__mro__ if c.__module__.startswith("trl.")))
+_TRL_KTO_INIT = trl_init_signature(trl.KTOTrainer)
 
 # KTOConfig fields that mean the same as a prefzoo loss parameter: KTOConfig field -> parameter name
 KTO_CONFIG_PARAMS: dict[str, str] = {
@@ -88,11 +97,7 @@ class KTOTrainer(trl.KTOTrainer):
     def __init__(
         self, *args: Any, loss: str | Loss | None = None, loss_params: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        config = _TRL_KTO_INIT.bind(*args, **kwargs).arguments.get("args")
-        if loss is None and loss_params:
-            raise LossParamError("loss_params= needs loss=: name the prefzoo loss they belong to")
-        # resolved before TRL loads anything, so a bad name or parameter fails in a second
-        self.prefzoo_loss: Loss | None = None if loss is None else resolve_unpaired_loss(loss, loss_params, config)
+        self.prefzoo_loss = resolve_at_init(_TRL_KTO_INIT, args, kwargs, loss, loss_params, resolve_unpaired_loss)
         if self.prefzoo_loss is not None:
             args, kwargs = _trl_args(args, kwargs, self.prefzoo_loss)
         super().__init__(*args, **kwargs)
@@ -107,10 +112,7 @@ class KTOTrainer(trl.KTOTrainer):
         batch = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in inputs.items()}
         kl = self.calculate_KL and Need.KL_REFERENCE in self.prefzoo_loss.needs
         kl_logps = self._compute_kl_logps(model, batch) if kl else None  # (N,) no grad, before the forward as TRL
-        model_kwargs = {k: v for k, v in batch.items() if k not in _NON_MODEL_KEYS}
-        model_kwargs["use_cache"] = False
-        if self.aux_loss_enabled:
-            model_kwargs["output_router_logits"] = True
+        model_kwargs = forward_kwargs(self, batch, _NON_MODEL_KEYS)
         labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
         outputs = model(**model_kwargs, labels=labels, fused_lm_head=True)
         seq_len = batch["input_ids"].size(1) - 1
@@ -180,13 +182,7 @@ class KTOTrainer(trl.KTOTrainer):
             kl = acc.gather_for_metrics((ub.kl_policy_logps - ub.kl_ref_logps).mean().detach()).mean().clamp(min=0)
         metrics["kl"].append(kl.item())
         mask = batch["completion_mask"][:, 1:]
-        tokens = acc.gather_for_metrics(mask.sum()).sum()
-        entropy = acc.gather_for_metrics((outputs.entropy[:, -seq_len:].detach() * mask).sum()).sum()
-        metrics["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
-        if mode == "train":
-            tokens_in_batch = acc.gather_for_metrics(batch["attention_mask"].sum()).sum().item()
-            self._total_train_tokens += tokens_in_batch // self._tp_size
-        metrics["num_tokens"] = [self._total_train_tokens]
+        log_token_metrics(self, mode, outputs.entropy[:, -seq_len:], mask, batch["attention_mask"])
         rewards = (out.rewards if out.rewards is not None else out.chosen_rewards).detach()  # (N,)
         logits, logps = outputs.mean_logits[:, -seq_len:], ub.policy_logps.detach()
         present = []  # the sides with an example on some process (a key is only touched when it gets a value)

@@ -109,7 +109,7 @@ def write_final_model(
     A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
     the last checkpoint (the run's last step) is left as it was, so ``--resume auto`` writes the model afterwards.
     """
-    from prefzoo.train.checkpoint.save import _any_process, _enospc
+    from prefzoo.train.checkpoint.save import _any_process, _enospc, _move_into_place
 
     final = Path(cfg.output_dir) / "final"
     tmp = Path(cfg.output_dir) / ".tmp-final"
@@ -130,9 +130,7 @@ def write_final_model(
     if _any_process(accelerator, full is not None):
         raise _final_disk_full(accelerator, cfg, tmp, full)
     if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        _move_into_place(tmp, final)
     accelerator.wait_for_everyone()
     return final
 

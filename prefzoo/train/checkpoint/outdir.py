@@ -15,8 +15,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NoReturn
 
+from prefzoo._filelock import file_lock
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
 from prefzoo.train.guard import TrainingAborted
 
@@ -37,35 +38,27 @@ def _local_rank() -> int:
 @contextlib.contextmanager
 def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
     """Hold the output dir's lock for the block on each node's local rank 0 (other ranks and non-POSIX: no-op)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
     if _local_rank() != 0:
         yield
         return
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            raise OutputDirLockedError(
-                f"--output-dir {out} is in use by another prefzoo train ({holder}; lock {path}): wait for it to "
-                "finish, or give this run a different --output-dir"
-            ) from None
+
+    def in_use(f: IO[str]) -> NoReturn:
         f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        holder = f.read().strip() or "unknown"
+        raise OutputDirLockedError(
+            f"--output-dir {out} is in use by another prefzoo train ({holder}; lock {path}): wait for it to "
+            "finish, or give this run a different --output-dir"
+        ) from None
+
+    with file_lock(path, on_busy=in_use) as f:
+        if f is not None:  # who holds it, for the message of a second run
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+            f.flush()
+        yield
 
 
 def finished_run(cfg: Any) -> dict[str, Any] | None:

@@ -179,10 +179,15 @@ def _seal(tmp: Path, step: int, info: dict[str, Any], before_marker: Callable[[P
 
 def _rename(tmp: Path, final: Path, root: Path) -> None:
     """A writer: move the sealed folder into place (atomic on one filesystem: 'final' is either absent or complete)."""
+    _move_into_place(tmp, final)
+    _fsync(root)
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``final``, removing an older ``final`` first."""
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    _fsync(root)
 
 
 def _enospc(write: Callable[[], None]) -> OSError | None:
