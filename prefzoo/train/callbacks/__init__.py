@@ -20,7 +20,8 @@ that raises stops the run with a one-line :class:`CallbackError` naming it and t
 from __future__ import annotations
 
 from prefzoo.train.callbacks.base import Callback, CallbackError, CallbackList, RunState
+from prefzoo.train.callbacks.early_stopping import EarlyStopping
 from prefzoo.train.callbacks.loading import BUILTIN_CALLBACKS, ENTRY_POINT_GROUP, load_callback, load_callbacks
 
-__all__ = ["BUILTIN_CALLBACKS", "ENTRY_POINT_GROUP", "Callback", "CallbackError", "CallbackList", "RunState",
-           "load_callback", "load_callbacks"]  # fmt: skip
+__all__ = ["BUILTIN_CALLBACKS", "ENTRY_POINT_GROUP", "Callback", "CallbackError", "CallbackList", "EarlyStopping",
+           "RunState", "load_callback", "load_callbacks"]  # fmt: skip

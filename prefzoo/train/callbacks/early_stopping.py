@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefzoo.train.callbacks import Callback, RunState
+from prefzoo.train.callbacks.base import Callback, RunState
 
 __all__ = ["EarlyStopping"]
 

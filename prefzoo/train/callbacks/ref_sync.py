@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from prefzoo.train.callbacks import Callback, RunState
+from prefzoo.train.callbacks.base import Callback, RunState
 from prefzoo.train.config import ConfigError
 from prefzoo.train.reference import FrozenReference
 
