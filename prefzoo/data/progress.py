@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TextIO
 
+from prefzoo._attrs import temporarily
+
 __all__ = ["Progress", "counted", "length", "showing", "tick"]
 
 
@@ -36,12 +38,8 @@ class _State:
 @contextlib.contextmanager
 def showing(enabled: bool) -> Iterator[None]:
     """Within the block, :class:`Progress` shows a bar (or lines) only if ``enabled``."""
-    before = _State.enabled
-    _State.enabled = enabled
-    try:
+    with temporarily(_State, "enabled", enabled):
         yield
-    finally:
-        _State.enabled = before
 
 
 def tick(n: int = 1) -> None:
