@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integrations.trl_support import make_pairs, max_rel_diff, train
+from tests.integrations.trl_support import assert_same_training, make_pairs, train
 
 # (prefzoo loss, TRL loss_type, DPOConfig extras, pairs whose chosen completions all have one length)
 CASES = {
@@ -45,12 +45,7 @@ def test_three_sgd_steps_equal_trls_loss_type(case, trl_model_dir, start_params,
         start = {k: v for k, v in train_start(trl_model_dir, tmp_path, lora=True).items() if k in theirs}
     else:
         start = {k: v for k, v in start_params.items() if k in theirs}
-    assert ours.keys() == theirs.keys() and theirs
-    assert max_rel_diff(ours, theirs, start) <= 1e-5
-    moved = max(float((theirs[k] - start[k]).abs().max()) for k in theirs)
-    assert moved > 1e-3  # the steps did something: an equal no-op would prove nothing
-    steps = [(a["loss"], b["loss"]) for a, b in zip(ours_log, trl_log, strict=True) if "loss" in a]
-    assert len(steps) == 3 and all(a == pytest.approx(b, rel=1e-5) for a, b in steps), steps
+    assert_same_training(ours, ours_log, theirs, trl_log, start)
     keys = ["entropy", "mean_token_accuracy", "logits/chosen", "num_tokens"]
     if "ld_alpha" not in extra:  # TRL logs LD-DPO's weighted log-probs, the adapter the plain sums
         keys += ["logps/chosen", "logps/rejected"]

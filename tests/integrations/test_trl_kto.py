@@ -11,7 +11,7 @@ import torch
 
 import prefzoo
 from prefzoo.spec import LossParamError
-from tests.integrations.trl_support import config, make_unpaired, max_rel_diff, train
+from tests.integrations.trl_support import assert_same_training, config, make_unpaired, max_rel_diff, train
 
 # (prefzoo loss, TRL loss_type, KTOConfig extras)
 CASES = {
@@ -23,15 +23,6 @@ CASES = {
 }
 METRICS = ["kl", "entropy", "num_tokens", "logits/chosen", "logits/rejected", "rewards/chosen", "rewards/rejected",
            "logps/chosen", "logps/rejected", "rewards/margins"]  # fmt: skip
-
-
-def _assert_same_training(ours, ours_log, theirs, trl_log, start):
-    assert ours.keys() == theirs.keys() and theirs
-    assert max_rel_diff(ours, theirs, start) <= 1e-5
-    moved = max(float((theirs[k] - start[k]).abs().max()) for k in theirs)
-    assert moved > 1e-3  # the steps did something: an equal no-op would prove nothing
-    steps = [(a["loss"], b["loss"]) for a, b in zip(ours_log, trl_log, strict=True) if "loss" in a]
-    assert len(steps) == 3 and all(a == pytest.approx(b, rel=1e-5) for a, b in steps), steps
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -46,7 +37,7 @@ def test_three_sgd_steps_equal_trls_kto_trainer(case, trl_model_dir, start_param
         start, _, _ = train(trl_model_dir, tmp_path / "start", rows, adapter=False, kind="kto", lora=True, max_steps=0)
     else:
         start = {k: v for k, v in start_params.items() if k in theirs}
-    _assert_same_training(ours, ours_log, theirs, trl_log, start)
+    assert_same_training(ours, ours_log, theirs, trl_log, start)
     assert trainer.calculate_KL == (loss_type == "kto")  # KL completions only for a loss that needs them
     for key in METRICS:
         assert ours_log[-2][key] == pytest.approx(trl_log[-2][key], rel=1e-4, abs=1e-6), key
@@ -74,7 +65,7 @@ def test_a_plugin_unpaired_loss_trains_by_name(trl_model_dir, start_params, tmp_
     assert trainer.prefzoo_loss.spec.plugin == "acme" and not trainer.calculate_KL
     theirs, trl_log, _ = train(trl_model_dir, tmp_path / "trl", rows, adapter=False, kind="kto",
                                loss_type="apo_zero_unpaired")  # fmt: skip
-    _assert_same_training(ours, ours_log, theirs, trl_log, {k: v for k, v in start_params.items() if k in theirs})
+    assert_same_training(ours, ours_log, theirs, trl_log, {k: v for k, v in start_params.items() if k in theirs})
 
 
 def test_a_weighted_sum_of_unpaired_losses_is_the_sum_of_its_terms(trl_model_dir, tmp_path):

@@ -135,3 +135,17 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], start: 
         else:
             assert float(da.abs().max()) == 0.0, k
     return worst
+
+
+def assert_same_training(ours: dict, ours_log: list, theirs: dict, trl_log: list, start: dict) -> None:
+    """Three SGD steps through the adapter and through TRL's trainer: the same updates (relative 1e-5), updates that
+    moved the weights, and the same three logged losses."""
+    import pytest
+
+    assert ours.keys() == theirs.keys() and theirs
+    assert max_rel_diff(ours, theirs, start) <= 1e-5
+    moved = max(float((theirs[k] - start[k]).abs().max()) for k in theirs)
+    assert moved > 1e-3  # the steps did something: an equal no-op would prove nothing
+    steps = [(a["loss"], b["loss"]) for a, b in zip(ours_log, trl_log, strict=True) if "loss" in a]
+    assert len(steps) == 3 and all(a == pytest.approx(b, rel=1e-5) for a, b in steps), steps
+
