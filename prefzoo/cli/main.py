@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "train", "eval", "export", "checkpoint")
+SUBCOMMANDS = ("losses", "modifiers", "inspect", "atlas", "check", "new-loss", "train", "eval", "export", "checkpoint")
 
 
 class CLIError(Exception):
@@ -37,9 +37,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS if only is None else (only,):
         try:
-            mod = importlib.import_module(f"prefzoo.cli.{name}")
+            mod = importlib.import_module(f"prefzoo.cli.{name.replace('-', '_')}")  # new-loss: new_loss.py
         except ModuleNotFoundError as e:  # a subcommand not shipped in this build
-            if e.name == f"prefzoo.cli.{name}":
+            if e.name == f"prefzoo.cli.{name.replace('-', '_')}":
                 continue
             raise
         p = mod.add_parser(sub)
