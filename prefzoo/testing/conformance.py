@@ -80,10 +80,16 @@ class ConformanceReport:
                  f"{'-' * w}  {'-' * 7}  {'-' * 8}  {'-' * 6}  {'-' * 40}"]
         for r in self.results:
             lines.append(f"{r.name:<{w}}  {r.status.upper():<7}  {r.examples:>8}  {r.seconds:>5.1f}s  {r.guarantee}")
-        n_fail = len(self.failures())
-        lines.append(f"{'PASSED' if self.passed else 'FAILED'}: {len(self.results) - n_fail} of {len(self.results)} "
-                     "properties hold" + ("" if self.passed else f", {n_fail} failed"))
+        lines.append(f"{'PASSED' if self.passed else 'FAILED'}: {self.tally()}")
         return "\n".join(lines)
+
+    def tally(self) -> str:
+        """``"9 passed, 21 not applicable"``: the properties that held, failed (or raised) and did not apply, each
+        count shown when it is not 0 (passed always)."""
+        n_na = sum(r.status == "n/a" for r in self.results)
+        n_fail = len(self.failures())
+        counts = [(len(self.results) - n_fail - n_na, "passed"), (n_fail, "failed"), (n_na, "not applicable")]
+        return ", ".join(f"{n} {what}" for i, (n, what) in enumerate(counts) if n or i == 0)
 
     def failures_text(self) -> str:
         out = []

@@ -13,6 +13,9 @@ def test_check_passes_for_a_builtin(capsys):
     assert main(["check", "dpo", "--max-examples", "5"]) == 0
     out = capsys.readouterr().out
     assert "conformance of loss 'dpo'" in out and "PASSED" in out and "sharded-gather" in out
+    rows = [line.split()[1] for line in out.splitlines()[3:] if line.split()[1:2] in (["PASSED"], ["N/A"])]
+    tally = f"PASSED: {rows.count('PASSED')} passed, {rows.count('N/A')} not applicable"  # counted apart
+    assert rows.count("N/A") > 0 and tally in out.splitlines(), out
 
 
 def test_check_fails_for_a_broken_loss(capsys):

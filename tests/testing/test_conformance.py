@@ -313,10 +313,15 @@ def test_the_report_table_is_fixed_width_with_the_tally():
         "shape               PASSED         30    1.2s  L has shape (B,)",
         "a-much-longer-name  FAILED          7    0.5s  scores carry the gradient",
         "monotone            N/A             0    0.0s  declared monotone",
-        "FAILED: 2 of 3 properties hold, 1 failed",
+        "FAILED: 1 passed, 1 failed, 1 not applicable",
     ]
     passing = ConformanceReport("toy", "me", [PropertyResult("shape", "L has shape (B,)", "passed", examples=3)])
-    assert passing.table().splitlines()[-1] == "PASSED: 1 of 1 properties hold"  # no ", 0 failed"
+    assert passing.table().splitlines()[-1] == "PASSED: 1 passed"  # no "0 failed", no "0 not applicable"
+    passing.results += [PropertyResult("list-shape", "one loss per group", "n/a"),
+                        PropertyResult("unpaired-shape", "one loss per completion", "n/a")]
+    assert passing.table().splitlines()[-1] == "PASSED: 1 passed, 2 not applicable"
+    errored = ConformanceReport("toy", "me", [PropertyResult("finite", "finite", "error")])
+    assert errored.table().splitlines()[-1] == "FAILED: 0 passed, 1 failed"  # a property whose loss raised failed
 
 
 def test_a_falsifying_batch_is_described_in_full_and_a_long_field_says_how_many_values_it_cut():
