@@ -22,6 +22,7 @@ from prefzoo.cli.inspect import Fingerprint, dense_grid, fingerprint, landmarks,
 from prefzoo.cli.losses import coupling, formula_markdown, paper_links, parameter_table, source_of, takes
 from prefzoo.cli.main import CLIError
 from prefzoo.cli.modifiers import transforms_markdown
+from prefzoo.errors import install_hint
 from prefzoo.registry import MODIFIERS, get_registry, modify, registry_of
 from prefzoo.spec import Loss, LossParamError, LossSpec, ModifierSpec, ParamInfo, param_infos
 from prefzoo.types import Need, Shape, UnpairedBatch
@@ -167,7 +168,7 @@ def covering_properties(spec: LossSpec) -> list[str]:
     try:
         from prefzoo.testing.conformance import ALL_PROPERTIES
     except ImportError as e:  # hypothesis missing
-        raise CLIError(f"prefzoo atlas lists the conformance properties: pip install 'prefzoo[testing]' ({e})") from e
+        raise CLIError(f"prefzoo atlas lists the conformance properties: {install_hint('testing')} ({e})") from e
     out = []
     for prop in ALL_PROPERTIES:
         if prop.applies_to(spec):

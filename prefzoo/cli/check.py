@@ -7,6 +7,7 @@ import json
 import sys
 
 from prefzoo.cli.main import CLIError
+from prefzoo.errors import install_hint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise CLIError("prefzoo check needs hypothesis: pip install 'prefzoo[testing]'") from None
+        raise CLIError(f"prefzoo check needs hypothesis: {install_hint('testing')}") from None
     from prefzoo.registry import get_registry, list_losses, loss_spec
     from prefzoo.testing.conformance import check_loss
     from prefzoo.testing.strategies import DTYPES

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.cli.main import CLIError
+from prefzoo.errors import install_hint
 
 _COUNTS = frozenset({"wins", "ties", "losses", "n", "pairs", "dropped", "max_prompt_length", "max_completion_length",
                      "context_truncated", "prompts_truncated"})  # fmt: skip  # printed as integers
@@ -206,7 +207,7 @@ def _modes(args: argparse.Namespace) -> list[str]:
         try:
             import lm_eval  # noqa: F401
         except ImportError:
-            raise CLIError("--lm-eval needs lm-eval, which is not installed: pip install 'prefzoo[eval]'") from None
+            raise CLIError(f"--lm-eval needs lm-eval, which is not installed: {install_hint('eval')}") from None
     return modes
 
 

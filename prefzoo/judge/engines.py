@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from prefzoo.data.chat import Prompt
+from prefzoo.errors import install_hint
 
 __all__ = ["ENGINES", "GenerationEngine", "HFEngine", "Samples", "SamplingParams", "VLLMEngine", "make_engine"]
 
@@ -111,7 +112,7 @@ class HFEngine:
 class VLLMEngine:
     """vLLM in colocate mode (one engine in the training process, weights pushed before each round).
 
-    Needs ``pip install prefzoo[vllm]`` and a CUDA device; elsewhere construction is a one-line error.  The policy's
+    Needs the ``vllm`` extra and a CUDA device; elsewhere construction is a one-line error.  The policy's
     current weights are loaded into the engine by :meth:`sync_weights` (called by the online phase before sampling).
     """
 
@@ -123,7 +124,7 @@ class VLLMEngine:
         import torch
 
         if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError("--engine vllm: vLLM is not installed; pip install 'prefzoo[vllm]' (GPU only)")
+            raise RuntimeError(f"--engine vllm: vLLM is not installed; {install_hint('vllm')} (GPU only)")
         if not torch.cuda.is_available():
             raise RuntimeError("--engine vllm: vLLM needs a CUDA device; use --engine hf on this machine")
         from vllm import LLM  # pragma: no cover - GPU only

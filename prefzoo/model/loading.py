@@ -7,6 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from prefzoo.errors import install_hint
+
 __all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora", "check_model_source",
            "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer", "load_tokenizer",
            "prepare_quantized"]  # fmt: skip
@@ -95,7 +97,7 @@ def load_kwargs(
             from transformers import BitsAndBytesConfig
         except ImportError:
             raise LoadOptionError(
-                "--load-in-4bit/--load-in-8bit need bitsandbytes: pip install 'prefzoo[qlora]'"
+                f"--load-in-4bit/--load-in-8bit need bitsandbytes: {install_hint('qlora')}"
             ) from None
         compute = torch.float32 if torch_dtype in ("float32", "auto") else getattr(torch, torch_dtype)
         kw["quantization_config"] = (

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from prefzoo.errors import install_hint
 from prefzoo.model import LoadOptionError
 
 __all__ = ["build_optimizer", "build_schedule"]
@@ -20,7 +21,7 @@ def build_optimizer(
         try:
             import bitsandbytes as bnb
         except ImportError:
-            raise LoadOptionError("--optim adamw8bit needs bitsandbytes: pip install 'prefzoo[qlora]'") from None
+            raise LoadOptionError(f"--optim adamw8bit needs bitsandbytes: {install_hint('qlora')}") from None
         return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, weight_decay=weight_decay)
     import torch
 

@@ -13,7 +13,7 @@ def test_lm_eval_without_the_extra_names_it(monkeypatch, capsys, tmp_path):
     rc = main(["eval", "--lm-eval", "--model", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
-    assert "pip install 'prefzoo[eval]'" in err and "ModuleNotFoundError" not in err
+    assert 'pip install -e ".[eval]" from the prefzoo clone' in err and "ModuleNotFoundError" not in err
 
 
 def test_win_rate_lengths_are_the_generated_tokens():

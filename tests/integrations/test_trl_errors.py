@@ -160,7 +160,7 @@ def test_a_trl_outside_the_range_is_one_line_naming_it(monkeypatch):
             integration.check_trl_version(version)
         assert _one_line(excinfo) == (
             f"prefzoo.integrations.trl supports trl{rng}, found trl {version}: "
-            f"pip install 'prefzoo[trl]' (or 'trl{rng}')"
+            f"pip install -e \".[trl]\" from the prefzoo clone, or pip install 'prefzoo[trl]' (or 'trl{rng}')"
         )
     integration.check_trl_version(trl.__version__)
     monkeypatch.setattr(trl, "__version__", "1.17.0")  # the import itself checks

@@ -61,7 +61,8 @@ def test_deepspeed_missing_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # importing it raises ImportError
     with pytest.raises(DeepSpeedMissingError) as e:
         build_accelerator(_cfg(deepspeed="zero2"), None, str(tmp_path))
-    assert str(e.value) == "--deepspeed zero2 needs deepspeed: pip install 'prefzoo[deepspeed]'"
+    assert str(e.value) == ("--deepspeed zero2 needs deepspeed: pip install -e \".[deepspeed]\" from the prefzoo "
+                            "clone, or pip install 'prefzoo[deepspeed]'")
 
 
 def test_a_missing_deepspeed_file_names_the_presets(tmp_path):

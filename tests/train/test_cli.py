@@ -156,5 +156,5 @@ def test_deepspeed_missing_is_a_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed -> ImportError
     cfg = TrainConfig(model="x", dataset="y", deepspeed="zero2", output_dir=str(tmp_path))
-    with pytest.raises(DeepSpeedMissingError, match=r"pip install 'prefzoo\[deepspeed\]'"):
+    with pytest.raises(DeepSpeedMissingError, match=r'pip install -e "\.\[deepspeed\]" from the prefzoo clone'):
         build_accelerator(cfg, None, str(tmp_path))

@@ -28,4 +28,4 @@ def test_without_bitsandbytes_each_feature_names_the_qlora_extra(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "needs bitsandbytes" in err or "need bitsandbytes" in err, err
-    assert "pip install 'prefzoo[qlora]'" in err and "Traceback" not in err, err
+    assert 'pip install -e ".[qlora]"' in err and "pip install 'prefzoo[qlora]'" in err and "Traceback" not in err, err

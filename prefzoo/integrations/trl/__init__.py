@@ -13,12 +13,13 @@ TRL's internals change between releases, so the supported range is checked at im
 
 from __future__ import annotations
 
+from prefzoo.errors import install_hint
 from prefzoo.integrations.trl._version import TRL_RANGE, TRLVersionError, check_trl_version
 
 try:
     import trl
 except ImportError:
-    raise ImportError("prefzoo.integrations.trl needs TRL: pip install 'prefzoo[trl]'") from None
+    raise ImportError(f"prefzoo.integrations.trl needs TRL: {install_hint('trl')}") from None
 check_trl_version(trl.__version__)  # here, so that every fresh import of the package checks
 
 from prefzoo.integrations.trl._common import PolicyDivergedError, check_policy_finite  # noqa: E402

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prefzoo.errors import install_hint
+
 __all__ = ["TRL_RANGE", "TRLVersionError", "check_trl_version"]
 
 TRL_RANGE = ">=1.16,<1.17"  # the `trl` extra of pyproject.toml pins the same range (a test compares them)
@@ -23,5 +25,5 @@ def check_trl_version(version: str) -> None:
     if not ok:
         raise TRLVersionError(
             f"prefzoo.integrations.trl supports trl{TRL_RANGE}, found trl {version}: "
-            f"pip install 'prefzoo[trl]' (or 'trl{TRL_RANGE}')"
+            f"{install_hint('trl')} (or 'trl{TRL_RANGE}')"
         )

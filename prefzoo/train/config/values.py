@@ -7,7 +7,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from prefzoo.errors import ConfigError
+from prefzoo.errors import ConfigError, install_hint
 
 __all__ = ["coerce", "load_yaml_config", "resolve_aliases", "unknown_keys_message"]
 
@@ -92,7 +92,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     try:
         import yaml
     except ImportError:
-        raise ConfigError(f"--config {path}: reading YAML needs pyyaml; pip install 'prefzoo[train]'") from None
+        raise ConfigError(f"--config {path}: reading YAML needs pyyaml; {install_hint('train')}") from None
     data = yaml.safe_load(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of keys to values, got {type(data).__name__}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from prefzoo.errors import ConfigError
+from prefzoo.errors import ConfigError, install_hint
 from prefzoo.train.engines.base import Engine
 
 __all__ = ["DeepSpeedEngine", "DeepSpeedMissingError", "deepspeed_config", "end_zero3_switch"]
@@ -68,7 +68,7 @@ class DeepSpeedEngine(Engine):
         try:
             import deepspeed  # noqa: F401
         except ImportError:
-            raise DeepSpeedMissingError(f"{self.option} needs deepspeed: pip install 'prefzoo[deepspeed]'") from None
+            raise DeepSpeedMissingError(f"{self.option} needs deepspeed: {install_hint('deepspeed')}") from None
         kwargs: dict[str, Any] = {}
         if no_gpu:
             _prepare_deepspeed_on_cpu()
