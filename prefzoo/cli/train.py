@@ -364,6 +364,9 @@ def _print_report(task: Any, tokenizer: Any, before: dict[str, float], result: A
     acc = [e["eval/reward_accuracy"] for e in result.evals]
     print(f"{'':24}{'before':>10}{'after':>10}")
     print(f"{'eval reward accuracy':24}{acc[0]:>10.3f}{acc[-1]:>10.3f}")
+    ties = [e.get("eval/ties", 0.0) for e in result.evals]
+    if ties[0] > 0 or ties[-1] > 0:  # a tie counts as wrong: before training every pair ties under a reference
+        print(f"{'  pairs tied (wrong)':24}{ties[0]:>10.3f}{ties[-1]:>10.3f}")
     print(f"{'win-rate vs start':24}{before.get('win_rate', 0.5):>10.3f}{after.get('win_rate', float('nan')):>10.3f}")
     print(
         f"{'retention (skill B)':24}{before.get('retention', float('nan')):>10.3f}"

@@ -20,7 +20,7 @@ from prefzoo.train.checkpoint.final import write_final_model
 from prefzoo.train.checkpoint.hub import push_folder
 from prefzoo.train.checkpoint.outdir import mark_finished
 from prefzoo.train.engines import end_accelerator
-from prefzoo.train.evaluation import evaluate
+from prefzoo.train.evaluation import evaluate, tie_note
 from prefzoo.train.guard import NonFiniteGuard
 from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, last_logged
 from prefzoo.train.setup import Parts, setup, skip_batches_left
@@ -195,7 +195,7 @@ class Run(StepPhase, BoundaryPhase):
             where = f"epoch {state.epoch}" if at_end else f"step {state.global_step}"
         if p.accelerator.is_main_process:  # written around the progress bar (stderr) so the two do not mix
             self.bar.write(
-                f"prefzoo train: {where}: eval reward accuracy {ev['eval/reward_accuracy']:.3f}, "
+                f"prefzoo train: {where}: eval reward accuracy {ev['eval/reward_accuracy']:.3f}{tie_note(ev)}, "
                 f"eval loss {ev['eval/loss']:.4f}"
             )
         self.callbacks.call("on_evaluate", state, ev)

@@ -22,7 +22,7 @@ def test_a_run_is_quiet_and_its_last_line_names_everything_it_wrote(tmp_path, ti
     out = tmp_path / "out"
     proc = _run(
         ["--loss", "dpo", "--model", str(tiny_dir), "--dataset", str(pairs_file), "--max-steps", "2",
-         "--output-dir", str(out), "--threads", "1"],
+         "--output-dir", str(out), "--threads", "1", "--eval-at-start"],
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -40,6 +40,10 @@ def test_a_run_is_quiet_and_its_last_line_names_everything_it_wrote(tmp_path, ti
     assert ("TensorBoard" in last) == (importlib.util.find_spec("tensorboard") is not None)
     assert any("eval reward accuracy" in line for line in lines)  # evaluations go to stdout, the bar to stderr
     assert "eval reward accuracy" not in proc.stderr
+    # DPO scores the starting policy against itself: every held-out pair ties, and the line says why it reads 0.000
+    before = next(line for line in lines if "before training: eval reward accuracy" in line)
+    assert before.startswith("prefzoo train: before training: eval reward accuracy 0.000 (100% of pairs tie; a tie "
+                             "counts as wrong), eval loss 0.6931"), before
     # the detected format and one decoded pair, the prompt/completion boundary marked, before training starts
     assert any(line.startswith("prefzoo train: data format plain; chat template: none") for line in lines)
     chosen = next(line for line in lines if line.startswith("prefzoo train:   chosen:"))
