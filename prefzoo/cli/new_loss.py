@@ -81,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     if values["name"] in list_losses():  # the registry imports torch: after the checks that need nothing
         owner = loss_spec(values["name"]).plugin
         raise CLIError(f"NAME {values['name']!r} is already a registered loss (plugin {owner}); choose another name")
-    written = write(root, render(values))
+    try:
+        written = write(root, render(values))
+    except OSError as e:  # a file appeared since the check, or the folder cannot be written
+        raise CLIError(f"DIR {root}: cannot write {e.filename}: {e.strerror}; give a new folder") from None
     print(f"prefzoo new-loss: wrote the plugin package {values['dist']} for the loss {values['name']!r} in {root}/")
     for path in sorted(written):
         print(f"  {path.relative_to(root).as_posix()}")

@@ -114,6 +114,7 @@ def test_the_reference_by_hand(modules):
     (["fine", "full"], "DIR full exists and is not an empty folder"),
     (["fine", "afile"], "DIR afile exists and is not an empty folder"),
     (["fine", "link"], "DIR link is a symbolic link"),
+    (["fine", "afile/sub"], "DIR afile/sub: cannot write afile/sub: Not a directory"),
 ])  # fmt: skip
 def test_refusals_are_one_line_and_write_nothing(tmp_path, args, message):
     (tmp_path / "full").mkdir()
