@@ -1,6 +1,6 @@
 """MMPO with TRL's DPOTrainer: TRL's DPO example script with one changed import and one more argument.
 
-    pip install 'prefzoo[trl]'
+    pip install -e ".[trl]"                                           # in the prefzoo clone
     python examples/trl_dpo_mmpo.py                                   # Qwen2.5-0.5B-Instruct on UltraFeedback
     python examples/trl_dpo_mmpo.py --loss "0.8*dpo + 0.2*sft"        # any prefzoo loss or weighted sum
     python examples/trl_dpo_mmpo.py --tiny                            # offline: a tiny random model, 8 pairs

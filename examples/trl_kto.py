@@ -1,7 +1,7 @@
 """BCO (or any prefzoo unpaired loss) with TRL's KTOTrainer: TRL's KTO example with one changed import and one
 more argument.
 
-    pip install 'prefzoo[trl]'
+    pip install -e ".[trl]"                                       # in the prefzoo clone
     python examples/trl_kto.py                                    # Qwen2.5-0.5B-Instruct on trl-lib/kto-mix-14k, BCO
     python examples/trl_kto.py --loss kto                         # KTO, as TRL's own loss_type="kto"
     python examples/trl_kto.py --loss "0.5*kto + 0.5*bco"         # a weighted sum of unpaired losses
