@@ -20,6 +20,17 @@ DOCS = ROOT / "docs"
 KATEX = DOCS / "assets" / "katex"
 # words of a lab notebook, not of documentation: history belongs in git
 HISTORY = re.compile(r"\b(issue #?\d+|issues? \d+|session \d+|rebased|measured again|since rebased)\b", re.I)
+# phrases of a work log: a page states what is true; how it came to be goes to the changelog (changelog.md, history/)
+WORK_LOG_PHRASES = (
+    r"fresh clone of this branch", r"this branch\b", r"one commit earlier", r"(?:before|after) this change",
+    r"(?:the )?goals? (?:is|are|was|were) (?:not )?met", r"goal's edge", r"\b(?:it|they|which|that|this) used to\b",
+    r"(?:before|after|with|without) the fix\b", r"\bthe done-when", r"\bsuperseded\b", r"other engineers",
+    r"measured afterwards", r"\b(?:is|are) now\b",
+    r"\bnow (?:sets|runs|keeps|meets|ships|declares|reaches|reach|catches|costs|takes|prints|looks)\b",
+    r"\bsince the table above", r"\bthe old command", r"\bthe new command",
+)
+WORK_LOG = re.compile("|".join(f"(?:{p})" for p in WORK_LOG_PHRASES), re.I)
+HISTORY_PAGES = ("changelog.md", "history/")  # where history belongs: not checked for work-log phrasing
 MATH = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 
 
@@ -86,6 +97,31 @@ def test_no_work_log_words_in_the_docs():
             if m := HISTORY.search(line):
                 hits.append(f"{md.relative_to(ROOT)}:{i}: {m.group(0)!r}")
     assert not hits, "work-log words in the docs:\n" + "\n".join(hits[:20])
+
+
+def test_no_work_log_phrasing_outside_the_changelog():
+    """A user page states current facts ("the step takes 3 s"), not what a change did ("before this change it took
+    5 s", "The goal is met."): that story goes to the changelog or the history pages beside it."""
+    hits = []
+    for md in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        rel = md.relative_to(DOCS).as_posix() if md.is_relative_to(DOCS) else md.name
+        if rel.startswith(HISTORY_PAGES):
+            continue
+        for i, line in enumerate(md.read_text(encoding="utf-8").splitlines(), 1):
+            hits += [f"{md.relative_to(ROOT)}:{i}: {m.group(0)!r}" for m in WORK_LOG.finditer(line)]
+    assert not hits, "work-log phrasing on user pages (state the fact; history goes to the changelog):\n" + "\n".join(
+        hits[:30])
+
+
+def test_the_work_log_check_finds_what_it_must():
+    for text in ("README command 1 on a fresh clone of this branch", "from a fresh clone one commit earlier",
+                 "`prefzoo train` before this change spent", "**The goal is met.**", "It used to run the model",
+                 "(before the fix, the test failed)", "other engineers' jobs", "it was measured afterwards",
+                 "It now declares", "the default flags now reach 0.23", "speed at the goal's edge"):
+        assert WORK_LOG.search(text), text
+    for text in ("the command used to run the tests", "naming the fix", "no longer finite", "for now on",
+                 "the verdict per prompt", "a fresh clone of the repository", "the goals of a loss"):
+        assert not WORK_LOG.search(text), text
 
 
 def test_the_history_check_finds_what_it_must():
