@@ -16,21 +16,38 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK_PREFIXES = {"docs/": "", "plugins/": "plugin-guide.md"}
 
 
-CODE_WIDTH = 80  # characters a code box shows on the site without scrolling (desktop)
+CODE_WIDTH = 78  # characters a code box shows on the site without scrolling (desktop, 1280 px)
+
+
+def _options(line: str, width: int) -> str:
+    """A long command broken before its ``--options`` with backslashes, each line at most ``width`` where it can."""
+    words = re.split(r" (?=--)", line)
+    out = [words[0]]
+    for w in words[1:]:
+        if len(out[-1]) + 1 + len(w) + 2 > width:
+            out.append("    " + w)
+        else:
+            out[-1] += " " + w
+    return " \\\n".join(out)
 
 
 def wrap_commands(markdown: str, width: int = CODE_WIDTH) -> str:
-    """Shell lines in ```bash blocks longer than ``width`` broken before each `` && `` with a backslash (comments
-    wrapped): the same command, read without scrolling sideways (README keeps its one-line commands, which
-    copy-paste as they are)."""
+    """Shell lines in ```bash blocks longer than ``width`` read without scrolling sideways: a trailing comment goes on
+    the line above, comments wrap, and a command breaks before each `` && `` (else before its ``--options``) with a
+    backslash: the same command (README keeps its one-line commands, which copy-paste as they are)."""
 
     def fix(m: re.Match[str]) -> str:
         lines = []
         for line in m.group(2).split("\n"):
+            if len(line) > width and (c := re.match(r"^(\S.*?\S)\s{2,}(# .*)$", line)):
+                lines.append("\n".join(textwrap.wrap(c.group(2), width, subsequent_indent="# ")))
+                line = c.group(1)
             if len(line) > width and line.startswith("# "):
                 line = "\n".join(textwrap.wrap(line, width, subsequent_indent="# "))
             elif len(line) > width and " && " in line:
                 line = " \\\n    && ".join(line.split(" && "))
+            elif len(line) > width and " --" in line:
+                line = _options(line, width)
             lines.append(line)
         return m.group(1) + "\n".join(lines) + m.group(3)
 
@@ -92,7 +109,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if page.file.generated_by or page.file.src_uri == "index.md":
         return markdown
     src = Path(page.file.abs_src_path)
-    return outside_links(markdown, src.parent, Path(config["docs_dir"]))
+    return wrap_commands(outside_links(markdown, src.parent, Path(config["docs_dir"])))
 
 
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):(?=<code>)")

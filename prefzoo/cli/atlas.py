@@ -261,9 +261,11 @@ def loss_page(spec: LossSpec, curves: list[Curve], unpaired: list[UnpairedCurve]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _figure(stem: str, alt: str) -> list[str]:
-    """A page's lines for the figure ``img/<stem>.svg`` (described by ``alt``) and a link to its 2× PNG."""
-    return [f"![{alt}](img/{stem}.svg)", "", f"[PNG, 2×](img/{stem}.png)", ""]
+def _figure(stem: str, alt: str, wide: bool = False) -> list[str]:
+    """A page's lines for the figure ``img/<stem>.svg`` (described by ``alt``) and a link to its 2× PNG. A ``wide``
+    one (small multiples) keeps a readable size on a phone and scrolls sideways in its own box (extra.css)."""
+    attrs = "{ .wide-figure }" if wide else ""
+    return [f"![{alt}](img/{stem}.svg){attrs}", "", f"[PNG, 2×](img/{stem}.png)", ""]
 
 
 _MATH_RULES: tuple[tuple[str, str], ...] = (  # the CLI's plain-text sentences about weights, as LaTeX for a page
@@ -397,7 +399,8 @@ def overview_page(specs: list[LossSpec], defaults: dict[str, Fingerprint],
             continue
         out += [f"## {group}", "", GROUPS[group], ""]
         out += _figure(
-            f"overview-{_slug(group)}", f"{group}: one panel per loss, gradient weights at default parameters"
+            f"overview-{_slug(group)}", f"{group}: one panel per loss, gradient weights at default parameters",
+            wide=True,
         )
         if group == "unpaired":
             out += ["| loss | desirable at reward −10, 0, +10 | undesirable at reward −10, 0, +10 |", "|---|---|---|"]

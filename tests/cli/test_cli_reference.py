@@ -22,3 +22,14 @@ def test_cli_reference_is_generated_from_the_parsers():
     for command in ("train", "eval", "losses", "inspect", "atlas", "check"):
         assert f"## prefzoo {command}\n" in text
     assert "| `--loss` `LOSS` |" in text and "| `--loss-param` `KEY=VALUE` |" in text
+
+
+def test_cli_reference_keeps_asterisks_and_names_both_output_dirs():
+    """A weighted sum reads as typed on the site (``*`` escaped outside code spans), and --output-dir names the
+    default task's own folder (`prefzoo train --loss mmpo` writes runs/prefzoo-default, not runs/prefzoo)."""
+    mod = _reference()
+    text = mod.markdown()
+    assert "0.8\\*dpo + 0.2\\*sft" in text
+    assert mod._cell("a `0.8*dpo` b*c") == "a `0.8*dpo` b\\*c"
+    row = next(line for line in text.splitlines() if line.startswith("| `--output-dir`"))
+    assert "'runs/prefzoo-default' for the embedded default task" in row, row

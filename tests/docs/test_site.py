@@ -191,3 +191,23 @@ def test_pages_stay_under_the_word_limit():
     done = sorted(page for page in OVER_LIMIT if counts.get(page, 0) <= WORD_LIMIT)
     assert not done, f"now under the limit: take them off OVER_LIMIT: {done}"
     assert words("one two\n```\nnot counted here\n```\nthree") == 3
+
+
+PATH_TEXT = re.compile(r"\[`?((?:docs|plugins|prefzoo|tests|benchmarks)/[^\]`]*|[\w./-]+\.(?:md|py|toml|yml))`?\]\(")
+
+
+def test_the_home_page_names_pages_not_files():
+    """README.md is the site's home page: its links read as the pages' names ("the theory page"), not as repository
+    paths ("docs/theory.md"), and it holds no list of pages that repeats the site's menu."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bad = PATH_TEXT.findall(readme)
+    assert not bad, f"README links whose text is a file path: {bad}"
+    assert "| page | what it holds |" not in readme, "README repeats the site's menu as a table"
+    assert PATH_TEXT.search("in [docs/theory.md](docs/theory.md)") and PATH_TEXT.search("[`plugins/x`](plugins/x)")
+    assert not PATH_TEXT.search("the [theory page](docs/theory.md)")
+
+
+def test_the_cli_reference_keeps_its_asterisks(site):
+    """A weighted sum of losses (`0.8*dpo + 0.2*sft`) reads as typed: Markdown emphasis must not eat the asterisks."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", (site / "cli" / "index.html").read_text(encoding="utf-8")))
+    assert "0.8*dpo + 0.2*sft" in text, "the CLI reference shows the weighted-sum example without its asterisks"
