@@ -211,3 +211,12 @@ def test_the_cli_reference_keeps_its_asterisks(site):
     """A weighted sum of losses (`0.8*dpo + 0.2*sft`) reads as typed: Markdown emphasis must not eat the asterisks."""
     text = html.unescape(re.sub(r"<[^>]+>", "", (site / "cli" / "index.html").read_text(encoding="utf-8")))
     assert "0.8*dpo + 0.2*sft" in text, "the CLI reference shows the weighted-sum example without its asterisks"
+
+
+def test_search_results_show_no_raw_tex(site):
+    """The search index (what the results list shows) holds formulas as plain text: no ``\\(`` or ``\\[``."""
+    index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    raw = re.compile(r"\\[()[\]]")
+    bad = [f"{d['location']}: {d['title'][:60]!r}" for d in index["docs"] if raw.search(d["title"] + d["text"])]
+    assert not bad, f"{len(bad)} search entries with raw TeX, e.g. {bad[:5]}"
+    assert any("ρ" in d["text"] for d in index["docs"]), "the catalogue's notation, as text"
