@@ -220,3 +220,27 @@ def test_search_results_show_no_raw_tex(site):
     bad = [f"{d['location']}: {d['title'][:60]!r}" for d in index["docs"] if raw.search(d["title"] + d["text"])]
     assert not bad, f"{len(bad)} search entries with raw TeX, e.g. {bad[:5]}"
     assert any("ρ" in d["text"] for d in index["docs"]), "the catalogue's notation, as text"
+
+
+def _atlas_groups() -> dict[str, list[str]]:
+    """The atlas overview's families (its ``## group`` sections) and the atlas pages each one's table links."""
+    groups = {}
+    for section in re.split(r"\n## ", (DOCS / "atlas" / "index.md").read_text(encoding="utf-8"))[1:]:
+        names = re.findall(r"^\| \[`[\w-]+`\]\(([\w-]+\.md)\)", section, re.M)
+        if names:
+            groups[section.split("\n", 1)[0].strip()] = [f"atlas/{n}" for n in names]
+    return groups
+
+
+def test_the_menu_groups_the_atlas_by_family():
+    """The menu lists the atlas's pages under the families of its overview, in the same order, not as one list of 41."""
+    import yaml
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    reference = next(item["Reference"] for item in nav if isinstance(item, dict) and "Reference" in item)
+    atlas = next(item["Loss atlas"] for item in reference if isinstance(item, dict) and "Loss atlas" in item)
+    menu = {k: [next(iter(p.values())) for p in v] for item in atlas if isinstance(item, dict)
+            for k, v in item.items() if isinstance(v, list)}
+    groups = _atlas_groups()
+    assert len(groups) >= 5 and sum(map(len, groups.values())) >= 40, groups
+    assert menu == groups, f"mkdocs.yml's atlas menu differs from the overview's families: {menu} vs {groups}"
