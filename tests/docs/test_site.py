@@ -244,3 +244,31 @@ def test_the_menu_groups_the_atlas_by_family():
     groups = _atlas_groups()
     assert len(groups) >= 5 and sum(map(len, groups.values())) >= 40, groups
     assert menu == groups, f"mkdocs.yml's atlas menu differs from the overview's families: {menu} vs {groups}"
+
+
+def _png_size_inches(path: Path) -> tuple[float, float]:
+    """(width in inches, dpi) of a PNG from its IHDR and pHYs chunks (matplotlib writes the figure's dpi there)."""
+    data, i, width, dpi = path.read_bytes(), 8, 0, 0.0
+    while i < len(data):
+        n = int.from_bytes(data[i : i + 4], "big")
+        kind, body = data[i + 4 : i + 8], data[i + 8 : i + 8 + n]
+        if kind == b"IHDR":
+            width = int.from_bytes(body[:4], "big")
+        elif kind == b"pHYs" and body[8] == 1:  # unit: metre
+            dpi = int.from_bytes(body[:4], "big") * 0.0254
+        i += 12 + n
+    return (width / dpi if dpi else float("inf")), dpi
+
+
+RESULT_FIGURE_INCHES = 8.5  # the docs' column shows ~690 px at 1280 px: 9-pt text of an 8.5-in figure is >= 9 px
+
+
+def test_result_plots_are_drawn_for_the_column():
+    """A results figure drawn wider than the column is shrunk to fit it, and its text with it (nsample.png was 14 in
+    wide at 100 dpi: 7-pt text at about 6 px): each is at most 8.5 in wide, at 2 × 96 dpi or more for sharp text."""
+    bad = []
+    for png in sorted((DOCS / "results").glob("*.png")):
+        inches, dpi = _png_size_inches(png)
+        if inches > RESULT_FIGURE_INCHES or dpi < 150:
+            bad.append(f"{png.name}: {inches:.1f} in at {dpi:.0f} dpi")
+    assert not bad, f"results figures too wide for the column or too coarse: {bad}"
