@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 PAGES = ("", "atlas/", "atlas/dpo/", "atlas/kto/", "losses/", "theory/", "results/performance/")
 # pages whose layout is measured at each width: long formulas, wide tables and code, generated pages
-LAYOUT_PAGES = ("", "modifiers/", "theory/", "architecture/", "cli/", "losses/", "properties/", "atlas/",
+LAYOUT_PAGES = ("", "modifiers/", "theory/", "architecture/", "cli/", "losses/length-aware/", "properties/", "atlas/",
                 "atlas/mmpo/", "results/performance/", "results/beta-sweep/", "api/prefzoo/")
 WIDTHS = {"desktop": 1280, "phone": 390}
 LAYOUT_JS = Path(__file__).with_name("layout.js").read_text(encoding="utf-8")
