@@ -265,16 +265,15 @@ def plot_trajectories(
     plt = _pyplot()
     cols = min(len(methods), 3)
     rows = -(-len(methods) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 0.9 + 2.9 * rows), sharex=True, sharey=True,
-                             squeeze=False, layout="constrained")
+    # each panel its own scales: a shared axis squeezes a method whose curves span little (dpo, simpo) into a blob
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 0.9 + 2.9 * rows), squeeze=False, layout="constrained")
     for k, ax in enumerate(axes.flat):
         if k >= len(methods):
             ax.set_visible(False)
             continue
         _draw(ax, agg, [(methods[k], b, f"β = {b:g}") for b in betas], x, "retention")
         ax.set_title(methods[k], fontweight="bold")
-        if k % cols == 0:
-            ax.set_ylabel("retention of skill B")
+        ax.set_ylabel("retention of skill B")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
     fig.suptitle("β sweep in miniature: mean over seeds ± std, arrows epoch → epoch, last epoch labelled")

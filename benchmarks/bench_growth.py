@@ -234,13 +234,18 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         return False
     plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
     colors = {"prefzoo": "#0072B2", "trl": "#D55E00", "steps": "#009E73"}  # Okabe-Ito: colour-blind-safe
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    # label the minor ticks 2-5 of a decade only where a decade holds few major ticks (a short axis)
+    minor = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 and f"{v:.1e}"[0] in "25" else "")
     cols = min(len(panels), 3)  # three panels a row: each ~2.6 in wide at page width (8 in)
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(8.0, 0.6 + 2.6 * rows), squeeze=False, layout="constrained")
     for ax, (curve, x, y, label) in zip(axes.flat, panels, strict=False):
         for side, style in (("prefzoo", "o-"), ("trl", "s--")):
             pts = sorted((r[x], r[y]) for r in results[curve] if r["side"] == side and "error" not in r)
-            name = "TRL 1.16" if side == "trl" else "prefzoo" + (", whole process" if y == "peak_mb" else "")
+            name = "TRL 1.16" if side == "trl" else "prefzoo"  # the whole process: one entry with the time curves
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, color=colors[side], label=name)
             steps = sorted(
@@ -250,6 +255,9 @@ def plot(results: dict[str, Any], path: Path) -> bool:
                 ax.plot(*zip(*steps, strict=True), "o:", color=colors["steps"], label="prefzoo, steps only")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers (4, 10, 60; 256, 1024), not 4×10⁰ or 2⁸
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(minor)
         ax.set_xlabel({"completion": "completion tokens", "batch": "pairs per step", "pairs": "pairs"}[x])
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)

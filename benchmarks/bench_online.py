@@ -251,6 +251,65 @@ def _ci(vals: list[float]) -> str:
     return f"{statistics.mean(vals):.3f}"
 
 
+# one point of a curve: (step, win-rate mean, its 95% CI half-width or None, retention mean, its half-width or None)
+Point = tuple[int, float, float | None, float, float | None]
+
+
+def series_from_rows(rows: list[dict[str, Any]], arms: tuple[str, ...]) -> dict[str, list[Point]]:
+    """Each arm's curve: per evaluation step, the mean over seeds and the 95% Student-t half-width."""
+    from _nsample_report import ci95
+
+    out: dict[str, list[Point]] = {}
+    for arm in arms:
+        pts = []
+        for s in sorted({r["step"] for r in rows if r["arm"] == arm}):
+            win = ci95([r["win_rate"] for r in rows if r["arm"] == arm and r["step"] == s])
+            ret = ci95([r["retention"] for r in rows if r["arm"] == arm and r["step"] == s])
+            pts.append((s, win["mean"], win["ci"] if win["n"] > 1 else None, ret["mean"],
+                        ret["ci"] if ret["n"] > 1 else None))  # fmt: skip
+        if pts:
+            out[arm] = pts
+    return out
+
+
+def plot(series: dict[str, list[Point]], path: Path, title: str) -> bool:
+    """Win-rate and retention against the step, one line per arm with its 95% CI band (or bars where only some
+    points have one); page width (8 in) at 2 × 96 dpi, the legend below the panels. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
+    fig, axes = plt.subplots(1, 2, figsize=(8.0, 4.6), layout="constrained")
+    colors = matplotlib.colormaps["tab10"]
+    for i, (arm, pts) in enumerate(series.items()):
+        style = "--" if arm.startswith("offline") else ":" if arm.startswith("trl") else "-"
+        steps = [p[0] for p in pts]
+        for ax, (m, c) in zip(axes, ((1, 2), (3, 4)), strict=True):
+            ys, cis = [p[m] for p in pts], [p[c] for p in pts]
+            ax.plot(steps, ys, style, marker="o", ms=3, color=colors(i % 10), label=arm)
+            if all(ci is not None for ci in cis):
+                ax.fill_between(steps, [y - ci for y, ci in zip(ys, cis, strict=True)],
+                                [y + ci for y, ci in zip(ys, cis, strict=True)], color=colors(i % 10), alpha=0.12)
+            elif any(ci is not None for ci in cis):
+                sel = [(s, y, ci) for s, y, ci in zip(steps, ys, cis, strict=True) if ci is not None]
+                dodge = (i - (len(series) - 1) / 2) * 0.6  # bars at one step side by side, not on top of each other
+                ax.errorbar([s + dodge for s, _, _ in sel], [y for _, y, _ in sel], yerr=[ci for _, _, ci in sel],
+                            fmt="none", ecolor=colors(i % 10), capsize=2, elinewidth=1)  # fmt: skip
+    for ax, name in zip(axes, ("win-rate", "retention"), strict=True):
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"{name} vs starting policy")
+        ax.grid(alpha=0.3)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=192)
+    plt.close(fig)
+    return True
+
+
 def write_page(rows: list[dict[str, Any]], st: Study, path: Path, cmd: str) -> None:
     """The generated block of the page (last-step table with 95% CIs, per-round table, time split) and the plot."""
     import statistics
@@ -302,29 +361,9 @@ def write_page(rows: list[dict[str, Any]], st: Study, path: Path, cmd: str) -> N
                          f"{statistics.mean(r['retention'] for r in rs):.3f}" if rs else "")  # fmt: skip
         if any(cells):
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for arm in st.arms:
-            arm_steps = sorted({r["step"] for r in rows if r["arm"] == arm})
-            for ax, key in zip(axes, ("win_rate", "retention"), strict=True):
-                ys = [statistics.mean(r[key] for r in rows if r["arm"] == arm and r["step"] == s) for s in arm_steps]
-                style = "--" if arm.startswith("offline") else ":" if arm.startswith("trl") else "-"
-                ax.plot(arm_steps, ys, style, marker="o", ms=3, label=arm)
-                ax.set_xlabel("optimizer step")
-                ax.set_ylabel(key.replace("_", " ") + " vs starting policy")
-                ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"mean over {len(seeds)} seed(s)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path.with_suffix(".png"), dpi=90)
-        plt.close(fig)
-        lines += ["", f"![win-rate and retention per step]({path.with_suffix('.png').name})"]
-    except ImportError:
+    if plot(series_from_rows(rows, st.arms), path.with_suffix(".png"), f"mean over {len(seeds)} seed(s) ± 95% CI"):
+        lines += ["", f"![win-rate and retention per step, mean over seeds ± 95% CI]({path.with_suffix('.png').name})"]
+    else:
         lines += ["", "(matplotlib is not installed: no plot)"]
     text = path.read_text() if path.exists() else SKELETON
     if BEGIN not in text or END not in text:

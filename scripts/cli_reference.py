@@ -13,7 +13,10 @@ from prefzoo.cli.main import build_parser
 
 
 def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Help text for a Markdown table cell: one line, ``|`` escaped, and ``*`` escaped outside code spans so that a
+    weighted sum (``'0.8*dpo + 0.2*sft'``) keeps its asterisks instead of turning into emphasis."""
+    parts = " ".join(str(text).split()).replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else p.replace("*", "\\*") for i, p in enumerate(parts))
 
 
 def _option(a: argparse.Action) -> str:

@@ -23,6 +23,13 @@ W_W_LABEL = "w_w = −∂L/∂log π(y_w)"
 W_L_LABEL = "w_l = −∂L/∂log π(y_l)"
 REWARD_LABEL = "implicit reward − reference point"
 WEIGHT_LABEL = "−∂L/∂log π(y)"
+NOISE = 1e-12  # |weight| below this is float rounding of an exact 0 (mmpo's w_l is ±1.5e-15): drawn as 0
+
+
+def exact(values: Sequence[float]) -> list[float]:
+    """``values`` with float rounding of zero drawn as 0: otherwise matplotlib scales the axis to ±1e-15 and plots
+    the noise as a wild zig-zag beside a text that says the weight is 0."""
+    return [0.0 if abs(v) < NOISE else float(v) for v in values]
 
 
 def _style(plt: Any) -> None:
@@ -61,8 +68,8 @@ def two_panels(series: Sequence[tuple[str, Sequence[float], Sequence[float], Seq
     fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2), sharex=True, layout="constrained")
     for i, (label, x, a, b) in enumerate(series):
         color = OKABE_ITO[i % len(OKABE_ITO)]
-        axes[0].plot(x, a, color=color, linewidth=1.6, label=label)
-        axes[1].plot(x, b, color=color, linewidth=1.6)
+        axes[0].plot(x, exact(a), color=color, linewidth=1.6, label=label)
+        axes[1].plot(x, exact(b), color=color, linewidth=1.6)
     for ax, name in zip(axes, (left, right), strict=True):
         _zero(ax)
         ax.set_title(name)
@@ -94,8 +101,8 @@ def small_multiples(panels: Sequence[tuple[str, Sequence[float], Sequence[float]
             continue
         name, x, a, b = panels[k]
         _zero(ax)
-        ax.plot(x, a, color=OKABE_ITO[0], linewidth=1.5, label=first)
-        ax.plot(x, b, color=OKABE_ITO[1], linewidth=1.5, linestyle="--", label=second)
+        ax.plot(x, exact(a), color=OKABE_ITO[0], linewidth=1.5, label=first)
+        ax.plot(x, exact(b), color=OKABE_ITO[1], linewidth=1.5, linestyle="--", label=second)
         ax.set_title(name, fontweight="bold")
         ax.tick_params(labelsize=8)
         if k % COLUMNS == 0:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from prefzoo.cli.losses import (
+    DISPLAY_WIDTH,
     add_markdown_flag,
     describe_tail,
+    display_lines,
     format_table,
     notes_and_parameters,
     paper_links,
@@ -66,8 +68,14 @@ def describe(s: ModifierSpec) -> str:
 
 def transforms_markdown(spec: ModifierSpec) -> str:
     """What a modifier changes, for a docs page: ``transforms_tex`` as inline math (the LaTeX `prefzoo modifiers
-    NAME` prints as text), or the plain-text ``transforms`` when a plugin gives no LaTeX."""
-    return f"**Transforms:** ${spec.transforms_tex}$" if spec.transforms_tex else f"**Transforms:** {spec.transforms}"
+    NAME` prints as text), or the plain-text ``transforms`` when a plugin gives no LaTeX. A long one is display math,
+    its clauses one below the other (:func:`display_lines`): inline, it would widen a phone's page."""
+    tex = spec.transforms_tex
+    if not tex:
+        return f"**Transforms:** {spec.transforms}"
+    if len(tex) > DISPLAY_WIDTH:
+        return f"**Transforms:**\n\n$$\n{display_lines(tex)}\n$$"
+    return f"**Transforms:** ${tex}$"
 
 
 def catalogue_markdown() -> str:

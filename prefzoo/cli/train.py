@@ -59,7 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         group = p.add_argument_group(title, (section.__doc__ or "").strip())
         for f in dataclasses.fields(section):
             default = f.default_factory() if callable(f.default_factory) else f.default
-            help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+            shown = DEFAULT_SHOWN.get(f.name, repr(default))
+            help_text = f"{docs.get(f.name, '')} (default: {shown})".replace("%", "%%")
             _add_key(group, f.name, [_flag(f.name), *aliases.get(f.name, [])], types[f.name], help_text, docs)
     return p
 
@@ -78,6 +79,11 @@ def _trl_spellings(p: argparse.ArgumentParser) -> dict[str, list[str]]:
         aliases.setdefault(opt.key, []).extend(sorted(spellings))
     return aliases
 
+
+# keys whose default depends on the run: key -> what --help (and docs/cli.md) says instead of the field's default
+DEFAULT_SHOWN = {
+    "output_dir": "'runs/prefzoo' with --model, 'runs/prefzoo-default' for the embedded default task",
+}
 
 # keys given several times on the command line: key -> (metavar, what to add to the key's own doc)
 _REPEATED = {

@@ -240,8 +240,8 @@ def prefzoo_register_losses() -> list[LossSpec]:
             fn=mpo_loss,
             params_cls=MPOParams,
             family="combination",
-            formula_tex=r"0.8\cdot\bigl[-\log\sigma(\beta\Delta)\bigr] + 0.2\cdot\bigl[-\log\sigma(\beta\rho_w) - "
-                        r"\log\sigma(-\beta\rho_l)\bigr] + 1.0\cdot\left[-\frac{\log\pi(y_w\mid x)}{\lvert "
+            formula_tex=r"0.8\,\bigl[-\log\sigma(\beta\Delta)\bigr] + 0.2\,\bigl[-\log\sigma(\beta\rho_w) - "
+                        r"\log\sigma(-\beta\rho_l)\bigr] + 1.0\,\left[-\frac{\log\pi(y_w\mid x)}{\lvert "
                         r"y_w\rvert}\right]",
             paper="Wang et al. 2024, arXiv:2411.10442 (MPO), as TRL's loss_type=['sigmoid','bco_pair','sft']",
             scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",

@@ -128,7 +128,8 @@ def test_tiny_sweep_mmpo_identical_across_beta_dpo_not(sweep, tmp_path, monkeypa
     assert recs["mmpo"]["metrics_identical"]
     assert recs["mmpo"]["max_abs_dtheta"] < 1e-5  # float32 rounding of σ(a) + σ(−a), not a β effect
     assert recs["dpo"]["max_abs_dtheta"] > 1e-4  # DPO's update scales with β
-    for name in ("beta-sweep.md", "beta-sweep-trajectories.png", "beta-sweep-trajectories-lc.png"):
+    pages = ("beta-sweep.md", "beta-sweep-tables.md")
+    for name in (*pages, "beta-sweep-trajectories.png", "beta-sweep-trajectories-lc.png"):
         assert (res / name).stat().st_size > 0
     # a rerun finds every run finished and trains nothing
     assert bench.main(argv) == 0

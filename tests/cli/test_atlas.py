@@ -145,6 +145,18 @@ def test_long_shell_lines_wrap_on_the_home_page_and_stay_one_command():
                .splitlines())
 
 
+def test_long_commands_on_docs_pages_wrap_before_options_and_comments_go_above():
+    """A docs page's long shell line with a trailing comment: the comment on its own line above, the command broken
+    before its --options; joined back it is the same command."""
+    hooks = _hooks()
+    cmd = "python benchmarks/bench_train_throughput.py --cases dpo --prefzoo-option share_prompt=true --repeats 3"
+    wrapped = hooks.wrap_commands(f"```bash\n{cmd}   # one case, one option\n```\n")
+    code = wrapped.split("```bash\n")[1].split("\n```")[0]
+    assert code.splitlines()[0] == "# one case, one option"
+    assert max(len(line) for line in code.splitlines()) <= hooks.CODE_WIDTH
+    assert " ".join(code.split("\n", 1)[1].replace(" \\\n", " ").split()) == cmd
+
+
 def test_links_outside_docs_are_named_not_linked(tmp_path):
     hooks = _hooks()
     md = "see [the example](../examples/trl_dpo_mmpo.py) and [gone](../examples/nope.py) and [p](losses.md)"
@@ -157,3 +169,22 @@ def test_sphinx_roles_are_dropped_from_rendered_docstrings():
     html = "pairs, :class:<code>PreferenceBatch</code> and :func:<code>get_loss</code>; a ratio 1:2"
     assert _hooks().on_page_content(html, None, None, None) == "pairs, <code>PreferenceBatch</code> and " \
         "<code>get_loss</code>; a ratio 1:2"
+
+
+def test_rounding_noise_of_a_zero_weight_is_drawn_flat():
+    """mmpo's w_l is 0 up to ±1.5e-15 of rounding: the atlas draws it as the flat 0 the page's text states, not as a
+    zig-zag on an axis scaled to 1e-15; a real small weight is drawn as it is."""
+    from prefzoo.cli import atlas_plots
+    from prefzoo.cli.inspect import Fingerprint
+
+    m = [-1.0, 0.0, 1.0]
+    fp = Fingerprint(margins=m, score_margins=m, w_w=[1.0, 1.0, 1.0], w_l=[1.5e-15, -1.5e-15, 2e-16])
+    fig = atlas_plots.fingerprint_figure("mmpo", [("beta = 0.1", fp)])
+    try:
+        right = fig.axes[1]
+        assert [list(line.get_ydata()) for line in right.lines if len(line.get_xdata()) == 3] == [[0.0, 0.0, 0.0]]
+        low, high = right.get_ylim()
+        assert high - low > 1e-3, (low, high)
+    finally:
+        atlas_plots.pyplot().close(fig)
+    assert atlas_plots.exact([1e-9, -2e-15, 0.5]) == [1e-9, 0.0, 0.5]

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from prefzoo.cli.atlas import loss_page
-from prefzoo.cli.losses import catalogue_markdown, describe, display_lines, formula_markdown
+from prefzoo.cli.losses import DISPLAY_WIDTH, catalogue_markdown, describe, display_lines, formula_markdown
 from prefzoo.registry import get_registry
 from prefzoo.spec import tex_to_text
 
@@ -93,6 +93,7 @@ def test_modifiers_transforms_come_from_their_latex():
     """`prefzoo modifiers NAME` prints ``transforms``, the reading of the ``transforms_tex`` the docs typeset."""
     from prefzoo.cli.modifiers import catalogue_markdown as modifiers_markdown
     from prefzoo.cli.modifiers import describe as describe_modifier
+    from prefzoo.cli.modifiers import transforms_markdown
     from prefzoo.registry import MODIFIERS, registry_of
 
     reg = registry_of(MODIFIERS)
@@ -101,7 +102,9 @@ def test_modifiers_transforms_come_from_their_latex():
         m = reg.specs[name]
         assert m.transforms_tex and m.transforms == tex_to_text(m.transforms_tex), name
         assert "\\" not in m.transforms, f"{name}: {m.transforms}"
-        assert f"**Transforms:** ${m.transforms_tex}$" in text, name
+        assert transforms_markdown(m) in text, name
+        long = len(m.transforms_tex) > DISPLAY_WIDTH  # display math, its clauses on lines of their own
+        assert transforms_markdown(m).startswith("**Transforms:**\n\n$$\n" if long else "**Transforms:** $"), name
         assert m.transforms in describe_modifier(m), name
     changed = dataclasses.replace(reg.specs["wpo"], transforms_tex=r"L_i \leftarrow 2\cdot L_i")
     assert changed.transforms == "L_i ← 2·L_i" and changed.transforms in describe_modifier(changed)
