@@ -100,12 +100,11 @@ def _check_batch(path: Path, was: list[int] | None, now: list[int], batch_couple
     (p0, b0, a0), (p1, b1, a1) = was, now
     fits = batch_fits(was, p1, batch_coupled)
     if p0 * b0 * a0 != p1 * b1 * a1:
-        way = (f"set {_flags(fits)}" if fits else f"no whole per-device batch and accumulation on {p1} processes "
-               f"make {p0 * b0 * a0}: resume on {p0} processes")  # fmt: skip
+        way = f"set {_flags(fits)}" if fits else f"resume on {p0} processes (no whole per-device batch fits)"
         raise ResumeError(
             f"--resume {path}: checkpoint trained {p0 * b0 * a0} examples per step ({p0} processes × {b0} per device "
-            f"× {a0} accumulation), this run {p1 * b1 * a1} ({p1} × {b1} × {a1}); {way} "
-            f"(processes × per-device batch × accumulation = {p0 * b0 * a0})"
+            f"× {a0} accumulation), this run {p1 * b1 * a1} ({p1} × {b1} × {a1}); {way}, so that processes × "
+            f"per-device batch × accumulation = {p0 * b0 * a0}"
         )
     if batch_coupled and p0 * b0 != p1 * b1:
         way = f"set {_flags(fits)}" if fits else f"resume on {p0} processes"
