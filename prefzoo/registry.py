@@ -188,9 +188,12 @@ def _load_entry_points(pm: pluggy.PluginManager, failed: list[PluginLoadError]) 
         try:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
-        except Exception as e:  # a broken plugin must not take the CLI down
-            failed.append(PluginLoadError(ep.name, f"{type(e).__name__}: {e}"))
-            warnings.warn(f"prefzoo plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
+        except (Exception, SystemExit) as e:  # a broken plugin (even one calling sys.exit) must not take the CLI down
+            what = f"sys.exit({e.code!r}) at import" if isinstance(e, SystemExit) else str(e)
+            failed.append(PluginLoadError(ep.name, f"{type(e).__name__}: {what}"))
+            warnings.warn(
+                f"prefzoo plugin {ep.name!r} ({ep.value}) failed to load: {what}; going on without it", stacklevel=2
+            )
 
 
 def _register_builtins(pm: pluggy.PluginManager, modules: Sequence[str]) -> None:

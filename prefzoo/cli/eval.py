@@ -91,10 +91,12 @@ def _load_prompts(path: str) -> list[str]:
 
 
 def _load(path: str) -> tuple[Any, Any]:
-    from prefzoo.model import load_model_and_tokenizer
+    from prefzoo.model import ModelSourceError, load_model_and_tokenizer
 
     try:
         model, tok, _ = load_model_and_tokenizer(path)
+    except ModelSourceError as e:  # it names the folder or file and the fix
+        raise CLIError(str(e)) from None
     except OSError as e:
         raise CLIError(f"cannot load model {path!r}: {e}") from None
     return model.eval(), tok

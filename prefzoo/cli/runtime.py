@@ -130,9 +130,19 @@ def check_launcher(env: Mapping[str, str] | None = None) -> None:
     """Refuse ``accelerate launch --cpu --num_processes N>1``: accelerate then starts ONE process, silently.
 
     Its ``--cpu`` path uses the single-process launcher, which still sets ``ACCELERATE_USE_CPU`` and (because
-    ``--num_processes`` > 1) ``MASTER_ADDR``/``MASTER_PORT``, but no ``WORLD_SIZE`` or ``RANK``.
+    ``--num_processes`` > 1) ``MASTER_ADDR``/``MASTER_PORT``, but no ``WORLD_SIZE`` or ``RANK``.  Also refuse a
+    ``LOCAL_RANK`` or ``RANK`` left in the shell without a launcher (no ``WORLD_SIZE``/``MASTER_ADDR``): torch would
+    wait for a process group that nobody starts, or fail in its rendezvous.
     """
     env = os.environ if env is None else env
+    stray = [name for name in ("LOCAL_RANK", "RANK") if name in env]
+    if stray and not ("WORLD_SIZE" in env and "MASTER_ADDR" in env):
+        given = ", ".join(f"{name}={env[name]}" for name in stray)
+        raise CLIError(
+            f"{given} is set, but no launcher started this process (WORLD_SIZE and MASTER_ADDR are not set): unset "
+            f"it for one process (env -u {' -u '.join(stray)} prefzoo ...), or start several processes with "
+            "`torchrun --nproc_per_node N -m prefzoo train ...` or `accelerate launch`"
+        )
     launched_by_accelerate = "ACCELERATE_USE_CPU" in env or "ACCELERATE_MIXED_PRECISION" in env
     asked_for_several = "MASTER_ADDR" in env and "MASTER_PORT" in env
     one_process = int(env.get("WORLD_SIZE", "1") or 1) == 1 and "RANK" not in env and "LOCAL_RANK" not in env

@@ -301,12 +301,30 @@ def load_preference_dataset(source: str, split: str = "train", fmt: str | None =
             ds = datasets.load_dataset(source, split=split)
         except ValueError as e:
             raise DataFormatError(f"--dataset {source}: cannot load split {split!r}: {e}") from None
+        except OSError as e:  # ConnectionError offline, DatasetNotFoundError: one line, not datasets' traceback
+            raise DataFormatError(_hub_failure(source, e)) from None
     try:
         return normalize(ds, fmt)
     except UnicodeDecodeError as e:  # arrow stores undecodable bytes and fails only when a row is read
         located = locate_file_error(path) if path.is_file() else None
         why = f"--dataset {source}: text that is not valid UTF-8 ({e}); re-encode the data as UTF-8"
         raise (located or DataFormatError(why)) from e
+
+
+def _hub_failure(source: str, e: OSError) -> str:
+    """Why the hub dataset ``source`` did not load, and what to do: offline, or a name the hub does not have."""
+    import datasets
+
+    if datasets.config.HF_HUB_OFFLINE or "OfflineModeIsEnabled" in str(e):
+        return (
+            f"--dataset {source}: a hub dataset name, and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is "
+            f"set) with no copy in the cache; download it where there is network (hf download {source} "
+            "--repo-type dataset), or give a local file or folder"
+        )
+    return (
+        f"--dataset {source}: cannot be loaded from the hub ({_first_line(e)}); check the name and your network, "
+        "or give a local file or folder"
+    )
 
 
 def _first_line(e: BaseException) -> str:

@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
         load_model_and_tokenizer,
         load_tokenizer,
         prepare_quantized,
+        remote_code_note,
     )
     from prefzoo.model.logps import CompletionLogps, PolicyLogps, sequence_logps, token_log_sq_probs, unwrap
     from prefzoo.model.moe import RouterAuxError, add_router_loss, router_metrics
@@ -86,7 +87,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.model.fast.split": ("split_refusal",),
     "prefzoo.model.loading": ("LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora",
                               "check_model_source", "enable_gradient_checkpointing", "load_kwargs",
-                              "load_model_and_tokenizer", "load_tokenizer", "prepare_quantized"),
+                              "load_model_and_tokenizer", "load_tokenizer", "prepare_quantized",
+                              "remote_code_note"),
     "prefzoo.model.logps": ("CompletionLogps", "PolicyLogps", "sequence_logps", "token_log_sq_probs", "unwrap"),
     "prefzoo.model.moe": ("RouterAuxError", "add_router_loss", "router_metrics"),
     "prefzoo.model.selfcheck": ("LogpsSelfCheckError", "check_logps", "first_pairs", "run_self_check"),
@@ -137,6 +139,7 @@ __all__ = [
     "model_context",
     "packing_takes_split",
     "prepare_quantized",
+    "remote_code_note",
     "router_metrics",
     "run_self_check",
     "sequence_logps",

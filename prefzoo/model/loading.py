@@ -11,7 +11,7 @@ from prefzoo.errors import install_hint
 
 __all__ = ["LoRATargetError", "LoadOptionError", "ModelSourceError", "apply_lora", "check_model_source",
            "enable_gradient_checkpointing", "load_kwargs", "load_model_and_tokenizer", "load_tokenizer",
-           "prepare_quantized"]  # fmt: skip
+           "prepare_quantized", "remote_code_note"]  # fmt: skip
 
 # what from_pretrained loads weights from: safetensors or PyTorch files, single or sharded (an index and its shards)
 _WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*-of-*.bin",
@@ -28,14 +28,14 @@ class LoadOptionError(ValueError):
 
 
 class ModelSourceError(FileNotFoundError):
-    """``--model`` names a local folder that is missing, or one without a model config or a tokenizer."""
+    """``--model`` names a local folder that is missing, one without a model config or a tokenizer, one whose
+    safetensors weights are truncated or not safetensors at all, or a hub name that cannot be fetched (offline)."""
 
 
 def check_model_source(name: str) -> None:
     """Fail before anything loads when ``name`` is a local path that cannot be a model folder (hub names pass)."""
     path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
-    if not looks_local:
+    if _is_hub_name(name):
         return  # org/name on the hub
     if not path.is_dir():
         raise ModelSourceError(
@@ -55,6 +55,58 @@ def check_model_source(name: str) -> None:
             f"--model {name}: the folder has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}, ...); save it there "
             "with tokenizer.save_pretrained(folder)"
         )
+    _check_safetensors(name, path)
+
+
+def _check_safetensors(name: str, folder: Path) -> None:
+    """Each ``*.safetensors`` file's header read (cheap: no tensor loads): a truncated or garbage file is one line
+    naming it, before transformers fails on it with a traceback."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ModelSourceError(
+                f"--model {name}: {file.name} is not a complete safetensors file ({first}): it is truncated or "
+                "corrupt; copy or save the model again (model.save_pretrained(folder))"
+            ) from None
+
+
+def _hub_error(name: str, e: OSError) -> ModelSourceError:
+    """A hub name that did not load (offline, no such repo, no network) as one line with the way out."""
+    from huggingface_hub import constants
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    if constants.HF_HUB_OFFLINE:
+        return ModelSourceError(
+            f"--model {name}: a hub model name, and the hub is offline (HF_HUB_OFFLINE is set) with no copy in the "
+            f"cache; download it where there is network (hf download {name}), or give a local save_pretrained folder"
+        )
+    return ModelSourceError(
+        f"--model {name}: cannot be loaded from the hub ({first}); check the name, your network and token "
+        "(hf auth login), or give a local save_pretrained folder"
+    )
+
+
+def _is_hub_name(name: str) -> bool:
+    return not (name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).expanduser().exists())
+
+
+def remote_code_note(name: str, trust_remote_code: bool) -> str | None:
+    """With ``--trust-remote-code``, the line saying whose Python will run: the model folder's ``.py`` files by name
+    (a hub name: the repo's code, fetched at load); None without the flag."""
+    if not trust_remote_code:
+        return None
+    path = Path(name).expanduser()
+    if _is_hub_name(name):
+        return f"--trust-remote-code: Python code from the hub repo {name} (its .py files) will run in this process"
+    files = sorted(str(p.relative_to(path)) for p in path.rglob("*.py")) if path.is_dir() else []
+    if not files:
+        return f"--trust-remote-code: {name} holds no .py files, so no code from it runs (the flag can be dropped)"
+    return f"--trust-remote-code: Python code from {name} will run in this process: {', '.join(files)}"
 
 
 def load_kwargs(
@@ -164,7 +216,12 @@ def load_model_and_tokenizer(
             str(path), is_trainable=True, dtype=dtype, **remote, **load
         )
         return model, tokenizer, True
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote, **load)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **remote, **load)
+    except OSError as e:
+        if not _is_hub_name(name) or isinstance(e, ModelSourceError):
+            raise
+        raise _hub_error(name, e) from None
     return model, tokenizer, False
 
 
@@ -181,7 +238,12 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
     source = name
     if (path / "adapter_config.json").is_file() and not (path / "tokenizer_config.json").is_file():
         source = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
-    return AutoTokenizer.from_pretrained(source, **remote)
+    try:
+        return AutoTokenizer.from_pretrained(source, **remote)
+    except OSError as e:
+        if not _is_hub_name(source):
+            raise
+        raise _hub_error(source, e) from None
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:

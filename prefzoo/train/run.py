@@ -17,7 +17,7 @@ from typing import Any
 from prefzoo.data.progress import Progress, showing
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint.final import write_final_model
-from prefzoo.train.checkpoint.hub import push_folder
+from prefzoo.train.checkpoint.hub import push_folder, visibility_line
 from prefzoo.train.checkpoint.outdir import mark_finished
 from prefzoo.train.engines import end_accelerator
 from prefzoo.train.evaluation import evaluate, tie_note
@@ -213,8 +213,11 @@ class Run(StepPhase, BoundaryPhase):
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
                 mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
             if self.cfg.push_to_hub and p.accelerator.is_main_process:
-                url = push_folder(result.final_dir, self.cfg.push_to_hub, f"prefzoo {self.cfg.loss} run")
-                p.accelerator.print(f"prefzoo train: pushed {result.final_dir} to {url}")
+                private = True if self.cfg.hub_private_repo else None  # None: the hub's default visibility
+                url, is_private = push_folder(result.final_dir, self.cfg.push_to_hub, f"prefzoo {self.cfg.loss} run",
+                                              private)  # fmt: skip
+                seen = visibility_line(self.cfg.push_to_hub, is_private, self.cfg.hub_private_repo)
+                p.accelerator.print(f"prefzoo train: pushed {result.final_dir} to {url}; {seen}")
         result.model = p.accelerator.unwrap_model(p.policy).lm
         self.callbacks.call("on_train_end", self.state)
         end_accelerator(p.accelerator, p.engine)  # also what the engine turned on process-wide

@@ -1,4 +1,5 @@
-"""A local stand-in for the Hugging Face hub's HTTP API: enough of it for ``HfApi.create_repo`` + ``upload_folder``.
+"""A local stand-in for the Hugging Face hub's HTTP API: enough of it for ``HfApi.create_repo`` + ``upload_folder``
+(+ ``model_info``'s visibility).
 
 It answers the routes huggingface_hub calls for a small upload (repo creation, the pre-upload check that sends every
 file inline as a "regular" file, the NDJSON commit, the model-card YAML check) and stores the committed files in
@@ -26,6 +27,7 @@ class HubStub:
         self.unknown: list[str] = []
         self.auth: list[str | None] = []
         self.validated: list[str] = []  # model-card YAML sent to /api/validate-yaml
+        self.private: dict[str, bool] = {}  # repo_id -> created private (create_repo's "private")
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,6 +53,9 @@ class HubStub:
                 if parts[:3] == ["api", "repos", "create"]:
                     req = json.loads(body)
                     repo = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
+                    if repo not in stub.repos:  # an existing repo keeps its visibility, as on the hub
+                        asked = req.get("visibility", "private" if req.get("private") else "public")  # new/old field
+                        stub.private[repo] = asked != "public"
                     stub.repos.setdefault(repo, {})
                     return self._reply(200, {"url": f"{stub.url}/{repo}", "name": repo, "id": repo})
                 if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("preupload", "commit"):
@@ -75,6 +80,10 @@ class HubStub:
                 return self._reply(404, {"error": "unknown route"})
 
             def do_GET(self) -> None:
+                parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:2] == ["api", "models"] and len(parts) >= 4 and f"{parts[2]}/{parts[3]}" in stub.repos:
+                    repo = f"{parts[2]}/{parts[3]}"  # model_info: enough of it for .private
+                    return self._reply(200, {"id": repo, "modelId": repo, "private": stub.private[repo]})
                 stub.unknown.append(f"GET {self.path}")
                 self._reply(404, {"error": "unknown route"})
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prefzoo.train.checkpoint import ResumeError, check_resumable
+from prefzoo.train.checkpoint import ResumeError, check_resumable, fit_batch_to_checkpoint
+from prefzoo.train.checkpoint.resume import batch_fits
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.engines import Engine, engine_for, resume_refusal
 from prefzoo.train.engines.fsdp import FsdpEngine
@@ -35,8 +36,30 @@ def test_the_examples_per_step_must_match_and_the_layout_may_change():
 
 def test_a_batch_coupled_loss_keeps_the_micro_batch():
     check_resumable(CKPT, marker(DDP, 2, 2, 1), marker(DDP, 1, 4, 1), batch_coupled=True)
-    with pytest.raises(ResumeError, match=r"keep processes × per-device batch = 4 \(--grad-accum 1\)"):
+    with pytest.raises(ResumeError, match=r"keep processes × per-device batch = 4: set --per-device-batch-size 4 "
+                       r"--grad-accum 1$"):  # fmt: skip
         check_resumable(CKPT, marker(DDP, 2, 2, 1), marker(DDP, 1, 2, 2), batch_coupled=True)
+
+
+def test_the_pairs_that_keep_the_examples_per_step_on_other_processes():
+    assert batch_fits([2, 2, 1], 1, batch_coupled=False) == [(2, 2), (4, 1)]  # the checkpoint's batch kept first
+    assert batch_fits([2, 2, 1], 4, batch_coupled=False) == [(1, 1)]
+    assert batch_fits([2, 2, 1], 3, batch_coupled=False) == []  # 4 examples on 3 processes: nothing whole
+    assert batch_fits([2, 2, 3], 1, batch_coupled=True) == [(4, 3)]  # the micro-batch of 4 kept
+    assert batch_fits([2, 1, 2], 4, batch_coupled=True) == []
+
+
+def test_the_batch_is_fitted_only_when_neither_flag_was_given():
+    saved = marker(DDP, 2, 2, 1)
+    cfg = TrainConfig.from_dict({"model": "m"})
+    assert "--per-device-batch-size 2 --grad-accum 2 keep them" in fit_batch_to_checkpoint(cfg, saved, 1, False)
+    assert (cfg.per_device_batch_size, cfg.grad_accum) == (2, 2)
+    for given in ({"grad_accum": 1}, {"per_device_batch_size": 2}):
+        cfg = TrainConfig.from_dict({"model": "m", **given})
+        assert fit_batch_to_checkpoint(cfg, saved, 1, False) is None and cfg.was_set(next(iter(given)))
+    assert fit_batch_to_checkpoint(TrainConfig(model="m"), saved, 1, False) is None  # built in Python: all given
+    same = TrainConfig.from_dict({"model": "m"})
+    assert fit_batch_to_checkpoint(same, marker(DDP, 1, 2, 16), 1, False) is None  # nothing to change
 
 
 def test_deepspeed_and_per_rank_checkpoints_resume_only_where_written():

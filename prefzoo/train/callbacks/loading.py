@@ -62,6 +62,7 @@ def _resolve(target: str) -> Any:
 
 def load_callback(spec: Any) -> Any:
     """A callback instance from 'module:Class[:K=V,...]', a name, a mapping {callback: SPEC, K: V}, or an instance."""
+    from prefzoo._secrets import redact
     from prefzoo.train.config import ConfigError
 
     if not isinstance(spec, str | dict):
@@ -70,12 +71,12 @@ def load_callback(spec: Any) -> Any:
         rest = dict(spec)
         target, kwargs = rest.pop("callback", None), rest
         if not isinstance(target, str):
-            raise ConfigError(f"callbacks: {spec!r} needs a 'callback: module:Class' (or name) key")
+            raise ConfigError(f"callbacks: {redact(spec)!r} needs a 'callback: module:Class' (or name) key")
     else:
         try:
             target, kwargs = _split_spec(spec)
         except ValueError as e:
-            raise ConfigError(f"--callback {spec!r}: {e}") from None
+            raise ConfigError(f"--callback {redact(spec)!r}: {e}") from None
     try:
         factory = _resolve(target)
         return factory(**kwargs)

@@ -15,7 +15,12 @@ from prefzoo.train.checkpoint.final import load_final_model, save_model_folder, 
 from prefzoo.train.checkpoint.hub import HubPushError, push_folder
 from prefzoo.train.checkpoint.nodes import Storage, detect_storage, lost_ranks
 from prefzoo.train.checkpoint.outdir import OutputDirLockedError, finished_run, mark_finished, output_dir_lock
-from prefzoo.train.checkpoint.resume import check_resumable, load_resumed_state, resume_point
+from prefzoo.train.checkpoint.resume import (
+    check_resumable,
+    fit_batch_to_checkpoint,
+    load_resumed_state,
+    resume_point,
+)
 from prefzoo.train.checkpoint.save import (
     COMPLETE_MARKER,
     DiskFullError,
@@ -41,6 +46,7 @@ __all__ = [
     "detect_storage",
     "find_latest_checkpoint",
     "finished_run",
+    "fit_batch_to_checkpoint",
     "is_complete",
     "load_final_model",
     "load_resumed_state",

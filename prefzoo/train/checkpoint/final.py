@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from prefzoo._secrets import redact
+
 __all__ = [
     "final_state_dict",
     "load_final_model",
@@ -184,8 +186,8 @@ def _write_cards(
     card = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "saved": saved,
-        "config": cfg.to_dict(),
-        "loss_params": params,  # effective: the config's loss_params holds only what was set
+        "config": redact(cfg.to_dict()),  # a secret (--judge-params api_key=...) never reaches a card
+        "loss_params": redact(params),  # effective: the config's loss_params holds only what was set
         "processes": accelerator.num_processes,
         "global_batch_pairs": accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum,
         "steps": result.global_step,
@@ -222,7 +224,7 @@ def model_card_front_matter(cfg: Any, saved: str, card: dict[str, Any]) -> str:
         datasets=[str(d) for d in datasets] or ["prefzoo-default-task"],
         prefzoo={
             "loss": cfg.loss,
-            "loss_params": card.get("loss_params", dict(cfg.loss_params)),
+            "loss_params": card.get("loss_params", redact(dict(cfg.loss_params))),
             "steps": card["steps"],
             "global_batch_pairs": card["global_batch_pairs"],
             "metrics": {k: v for k, v in card["final_metrics"].items() if isinstance(v, int | float)},

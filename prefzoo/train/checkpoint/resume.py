@@ -10,7 +10,7 @@ from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
 
-__all__ = ["check_resumable", "load_resumed_state", "resume_point"]
+__all__ = ["batch_fits", "check_resumable", "fit_batch_to_checkpoint", "load_resumed_state", "resume_point"]
 
 
 def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | None, dict[str, Any]]:
@@ -54,21 +54,64 @@ def check_resumable(path: Path, saved: dict[str, Any], run: dict[str, Any], batc
         raise ResumeError(f"--resume {path}: {refusal}")
 
 
+def batch_fits(was: list[int], processes: int, batch_coupled: bool) -> list[tuple[int, int]]:
+    """The (per-device batch, accumulation) pairs that keep a checkpoint's examples per step (``was``: its
+    [processes, per-device batch, accumulation]) on ``processes`` processes, its per-device batch kept first; a
+    batch-coupled loss also keeps the examples per micro-batch, so it has at most one."""
+    p0, b0, a0 = was
+    total = p0 * b0 * a0
+    if batch_coupled:
+        return [(p0 * b0 // processes, a0)] if (p0 * b0) % processes == 0 else []
+    fits = [(b0, total // (processes * b0))] if total % (processes * b0) == 0 else []
+    if total % (processes * a0) == 0 and (total // (processes * a0), a0) not in fits:
+        fits.append((total // (processes * a0), a0))
+    return fits
+
+
+def fit_batch_to_checkpoint(cfg: Any, saved: dict[str, Any], processes: int, batch_coupled: bool) -> str | None:
+    """A checkpoint resumed on another number of processes, with neither --per-device-batch-size nor --grad-accum
+    given: set the pair that keeps its examples per step (:func:`batch_fits`, the first one) and return the line
+    that says so; None when nothing changed (the same examples per step, a flag given, or no pair fits)."""
+    was = saved.get("batch")
+    if not was or cfg.was_set("per_device_batch_size") or cfg.was_set("grad_accum"):
+        return None
+    p0, b0, a0 = was
+    now = (processes, cfg.per_device_batch_size, cfg.grad_accum)
+    if p0 * b0 * a0 == processes * now[1] * now[2] and (not batch_coupled or p0 * b0 == processes * now[1]):
+        return None
+    fits = batch_fits(was, processes, batch_coupled)
+    if not fits:
+        return None
+    cfg.per_device_batch_size, cfg.grad_accum = fits[0]
+    return (
+        f"resuming a checkpoint of {p0} processes × {b0} per device × {a0} accumulation = {p0 * b0 * a0} examples "
+        f"per step on {processes} process{'es' if processes > 1 else ''}: --per-device-batch-size "
+        f"{cfg.per_device_batch_size} --grad-accum {cfg.grad_accum} keep them (set either flag to choose otherwise)"
+    )
+
+
+def _flags(fits: list[tuple[int, int]]) -> str:
+    return " or ".join(f"--per-device-batch-size {b} --grad-accum {a}" for b, a in fits)
+
+
 def _check_batch(path: Path, was: list[int] | None, now: list[int], batch_coupled: bool) -> None:
     if not was or was == now:
         return
     (p0, b0, a0), (p1, b1, a1) = was, now
+    fits = batch_fits(was, p1, batch_coupled)
     if p0 * b0 * a0 != p1 * b1 * a1:
+        way = f"set {_flags(fits)}" if fits else f"resume on {p0} processes (no whole per-device batch fits)"
         raise ResumeError(
             f"--resume {path}: checkpoint trained {p0 * b0 * a0} examples per step ({p0} processes × {b0} per device "
-            f"× {a0} accumulation), this run {p1 * b1 * a1} ({p1} × {b1} × {a1}); choose --per-device-batch-size and "
-            f"--grad-accum so that processes × per-device batch × accumulation = {p0 * b0 * a0}"
+            f"× {a0} accumulation), this run {p1 * b1 * a1} ({p1} × {b1} × {a1}); {way}, so that processes × "
+            f"per-device batch × accumulation = {p0 * b0 * a0}"
         )
     if batch_coupled and p0 * b0 != p1 * b1:
+        way = f"set {_flags(fits)}" if fits else f"resume on {p0} processes"
         raise ResumeError(
             f"--resume {path}: this loss couples the examples of a micro-batch across processes, and the checkpoint's "
             f"had {p0 * b0} ({p0} × {b0}), this run's {p1 * b1} ({p1} × {b1}); keep processes × per-device batch = "
-            f"{p0 * b0} (--grad-accum {a0})"
+            f"{p0 * b0}: {way}"
         )
 
 

@@ -92,7 +92,15 @@ class TrainConfig(
         types_ = typing.get_type_hints(cls)
         names = names or {}
         coerced = {k: coerce(k, v, types_[k], names.get(k, f"{where}: {k}")) for k, v in values.items()}
-        return cls(**coerced)
+        cfg = cls(**coerced)
+        cfg.__dict__["_given"] = frozenset(values)  # not a field: kept out of to_dict(), the card and --help
+        return cfg
+
+    def was_set(self, key: str) -> bool:
+        """Whether ``key`` was given (in YAML or a flag) rather than left at its default.  A config built in Python
+        (not by :meth:`from_dict`) counts every key as given, so nothing is changed behind its author's back."""
+        given = self.__dict__.get("_given")
+        return True if given is None else key in given
 
 
 def section_keys(name: str) -> list[str]:

@@ -54,6 +54,7 @@ TRL_OPTIONS: dict[str, TRLOption] = {
     "lora_dropout": TRLOption("lora_dropout"),
     "lora_target_modules": TRLOption("lora_target_modules"),
     "trust_remote_code": TRLOption("trust_remote_code"),
+    "hub_private_repo": TRLOption("hub_private_repo"),
     "torch_dtype": TRLOption("torch_dtype"),
     "attn_implementation": TRLOption("attn_implementation"),
     "gradient_checkpointing": TRLOption("gradient_checkpointing"),

@@ -220,6 +220,7 @@ class CheckpointSection:
     save_only_model: bool = False  # checkpoints are model folders (no optimizer/scheduler/RNG): smaller, not resumable
     merge_lora: bool = False  # save the merged model instead of the adapter
     push_to_hub: str | None = None  # a hub repo id (org/name): upload the final model folder there (huggingface_hub)
+    hub_private_repo: bool = False  # --push-to-hub creates the repo private; off: the hub's default (public for users)
     resume: str | None = None  # a checkpoint folder, or 'auto' = the latest complete one in output_dir
     stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
 

@@ -93,7 +93,18 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         import yaml
     except ImportError:
         raise ConfigError(f"--config {path}: reading YAML needs pyyaml; {install_hint('train')}") from None
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save the file as "
+            "UTF-8"
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"--config {path}: not valid YAML{where} ({problem}); fix the file there") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of keys to values, got {type(data).__name__}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from prefzoo._secrets import redact
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.shapes import LISTS, PAIRS, PROMPTS, UNPAIRED, data_shape
@@ -195,7 +196,7 @@ def skip_record(cfg: TrainConfig, resume_info: dict[str, Any], start_step: int) 
 
 def start_trackers(cfg: TrainConfig, accelerator: Any) -> None:
     if resolve_trackers(cfg.report_to):
-        simple = {k: v for k, v in cfg.to_dict().items() if isinstance(v, int | float | str | bool)}
+        simple = {k: v for k, v in redact(cfg.to_dict()).items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers("prefzoo", config=simple)
 
 

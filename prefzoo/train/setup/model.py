@@ -20,11 +20,11 @@ from prefzoo.model import (
 )
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError
-from prefzoo.train.config import TrainConfig
+from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.reference import model_identity
 from prefzoo.train.shapes import ShapePlan
 
-__all__ = ["fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]
+__all__ = ["check_token_ids", "fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]
 
 
 def tokenizer_and_template(cfg: TrainConfig, train_dataset: Any, prompts: list[Any] | None) -> tuple[Any, str]:
@@ -112,3 +112,38 @@ def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm
     elif engine is not None and not engine.fast_paths_measured:
         unavailable = f"not measured under {engine.option}: force with on"
     return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, unwrap(lm))
+
+
+def check_token_ids(cfg: TrainConfig, lm: Any, tokenizer: Any, *splits: Any) -> None:
+    """Every token id of the tokenized ``splits`` (and the pad id) is a row of the model's embedding: a tokenizer
+    that is not the model's is one line here, not an IndexError in the self-check (a device-side assert on CUDA)."""
+    embedding = lm.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is None:
+        return
+    pad = tokenizer.pad_token_id
+    highest = max([-1 if pad is None else int(pad), *(max_token_id(s) for s in splits if s is not None)])
+    if highest >= rows:
+        raise ConfigError(
+            f"--model {cfg.model}: the tokenizer gives token id {highest} but the model's embedding has {rows} rows "
+            f"(ids 0..{rows - 1}); use the tokenizer saved with this model (tokenizer.save_pretrained into the model "
+            "folder), or resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)))"
+        )
+
+
+def max_token_id(ds: Any) -> int:
+    """The largest id in the ``*_ids`` columns of a tokenized dataset (read from its arrow columns: no row loop)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    highest = -1
+    for name in ds.column_names:
+        if not name.endswith("_ids"):
+            continue
+        column: Any = ds.data.column(name)
+        while pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            column = pc.list_flatten(column)
+        if pa.types.is_integer(column.type) and len(column):
+            top = pc.max(column).as_py()
+            highest = max(highest, -1 if top is None else int(top))
+    return highest

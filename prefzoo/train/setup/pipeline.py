@@ -17,12 +17,20 @@ from typing import Any
 
 from prefzoo.data.preview import describe_data
 from prefzoo.data.shapes import PAIRS, data_shape
-from prefzoo.model import PolicyLogps, apply_lora, apply_model_defaults, first_pairs, run_self_check
+from prefzoo.model import (
+    PolicyLogps,
+    apply_lora,
+    apply_model_defaults,
+    first_pairs,
+    remote_code_note,
+    run_self_check,
+)
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import (
     Storage,
     check_resumable,
     detect_storage,
+    fit_batch_to_checkpoint,
     load_resumed_state,
     resume_point,
 )
@@ -130,6 +138,9 @@ def _start_processes(b: _Build) -> None:
     b.resume_path, b.resume_info = resume_point(cfg, b.accelerator, b.storage)
     if b.resume_path is not None:  # processes and engine may change where the checkpoint allows: checked here
         n = b.accelerator.num_processes
+        fitted = fit_batch_to_checkpoint(cfg, b.resume_info, n, bool(b.loss.spec.batch_coupled))
+        if fitted:
+            b.say(fitted)
         run = {"seed": cfg.seed, "batch": [n, cfg.per_device_batch_size, cfg.grad_accum], **b.engine.marker(n)}
         check_resumable(b.resume_path, b.resume_info, run, bool(b.loss.spec.batch_coupled))
     set_seed(cfg.seed)
@@ -159,6 +170,9 @@ def _read_data(b: _Build) -> None:
 
 def _load_model(b: _Build) -> None:
     """Tokenizer (its chat template rendered once: a broken one fails before the model loads), then the model."""
+    note = remote_code_note(b.cfg.model or "", b.cfg.trust_remote_code)  # before the tokenizer: it may run code too
+    if note:
+        b.say(note)
     b.tokenizer, b.template = m.tokenizer_and_template(b.cfg, b.train_dataset, b.prompts)
     b.lm, b.tokenizer, b.has_adapter, b.identity = m.load_model(
         b.cfg, b.accelerator, b.resume_path, b.resume_info, b.tokenizer
@@ -182,6 +196,7 @@ def _tokenize(b: _Build) -> None:
                 whole, b.tokenizer, b.eval_dataset, None, b.defaults.limits, b.eval_plan
             )
             b.data_stats["eval"] = stats["train"]
+    m.check_token_ids(cfg, b.lm, b.tokenizer, b.train_tok, b.eval_tok)
     for line in describe_data(b.tokenizer, b.train_tok, b.data_stats, b.template) if b.train_tok is not None else ():
         b.say(line)
     d.print_data_stats(b.accelerator, b.data_stats, d.unit(b.plan))
