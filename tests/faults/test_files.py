@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -50,7 +51,8 @@ def test_pickle_bomb_in_a_checkpoint_is_refused_not_executed(tmp_path, tiny_dir,
     opt = ckpt / "optimizer.bin"
     torch.save({"state": _Bomb(proof)}, opt)
     marker = json.loads((ckpt / "prefzoo_checkpoint.json").read_text())
-    marker["files"]["optimizer.bin"] = opt.stat().st_size  # the attacker also fixes the manifest
+    marker["files"]["optimizer.bin"] = opt.stat().st_size  # the attacker also fixes the manifest: size and sha256
+    marker["sha256"]["optimizer.bin"] = hashlib.sha256(opt.read_bytes()).hexdigest()
     (ckpt / "prefzoo_checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ResumeError, match=r"cannot be loaded.*weights_only"):
         run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=4, save_steps=1, resume="auto"))
