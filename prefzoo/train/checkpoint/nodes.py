@@ -174,6 +174,7 @@ def agree_on_resume(accelerator: Any, storage: Storage, output_dir: str | Path, 
     if accelerator.num_processes == 1:
         if resume != "auto":
             read_marker(resume)  # the single-process message: missing, incomplete or corrupt
+            return _newest_verified(accelerator, storage, output_dir, resume, [0], {0: Path(resume)})
         return _newest_verified(accelerator, storage, output_dir, resume, held, mine)
     common = set(views[0][3]).intersection(*(set(v[3]) for v in views[1:]))
     if resume != "auto":
@@ -212,7 +213,7 @@ def _newest_verified(
 
     Each node's writer hashes its node's folder (a shared folder once, node-local ones each on their node) and every
     rank learns the verdicts, so all resume the same step.  None: nothing to resume (a fresh start), only when no
-    checkpoint folder exists at all; checkpoints that exist and fail are refused rather than trained over.
+    checkpoint is damaged; checkpoints that exist and fail are refused rather than trained over.
     """
     failed: list[str] = []
     for step in reversed(steps):
@@ -230,7 +231,8 @@ def _newest_verified(
                 "newest one that verifies)"
             )
     root = Path(output_dir) / "checkpoints"
-    damaged = [p.name for p in sorted(root.glob("step-*")) if p.is_dir()] if storage.writer and root.is_dir() else []
+    folders = sorted(root.glob("step-*")) if storage.writer and root.is_dir() else []
+    damaged = [p.name for p in folders if p.is_dir() and not is_complete(p)]  # complete ones were verified above
     damaged = sorted(set().union(*(set(d) for d in _gather(accelerator, damaged))))
     if failed or damaged:
         why = "; ".join(failed) or f"{', '.join(damaged)}: incomplete (a file the marker lists is missing or truncated)"
