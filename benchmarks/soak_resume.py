@@ -47,7 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: prefzoo and tests/ from this checkout
     sys.path.insert(0, str(ROOT))
 
-from prefzoo.train.checkpoint import COMPLETE_MARKER, checkpoint_step, complete_checkpoints  # noqa: E402
+from prefzoo.train.checkpoint import (  # noqa: E402
+    COMPLETE_MARKER,
+    checkpoint_step,
+    complete_checkpoints,
+    verify_checkpoint,
+)
 from tests.support.launch import kill_run  # noqa: E402
 
 # Final weights of the soaked run against the uninterrupted one, max |Δ| over every tensor.  A resume restores the
@@ -192,14 +197,18 @@ def _size(p: Path) -> int:
 
 
 def checkpoint_problems(out: Path, nproc: int = 2) -> list[str]:
-    """Why a checkpoint that looks complete (``--resume auto`` may pick it) would not resume: a file that does not
-    load, a rank's RNG state missing, a marker naming another step."""
+    """Why a checkpoint that looks complete (``--resume auto`` may pick it) would not resume: its files do not verify
+    (a sha256 differs from its marker, or the marker records none), a file that does not load, a rank's RNG state
+    missing, a marker naming another step."""
     import torch
     from safetensors.torch import load_file
 
     problems = []
     for ckpt in complete_checkpoints(out):
         marker = json.loads((ckpt / COMPLETE_MARKER).read_text())
+        verdict = verify_checkpoint(ckpt)
+        if not (verdict.ok and verdict.hashed):
+            problems.append(f"{ckpt.name} does not verify: {verdict.why or 'its marker records no sha256'}")
         if marker.get("step") != checkpoint_step(ckpt):
             problems.append(f"{ckpt.name}: its marker says step {marker.get('step')}")
         for rank in range(nproc):

@@ -45,8 +45,9 @@ def checkpoint_folder(path: str) -> Path:
 
 
 def describe(folder: Path) -> dict[str, Any]:
-    """The checkpoint's marker read into what a user asks: step, run, layout, files, completeness, resumable on."""
-    from prefzoo.train.checkpoint import COMPLETE_MARKER, ResumeError, read_marker
+    """The checkpoint's marker read into what a user asks: step, run, layout, files, completeness, whether its files
+    verify (their sha256 against the marker's), resumable on."""
+    from prefzoo.train.checkpoint import COMPLETE_MARKER, ResumeError, read_marker, verify_checkpoint
 
     try:
         marker = read_marker(folder)
@@ -55,6 +56,7 @@ def describe(folder: Path) -> dict[str, Any]:
         raw = folder / COMPLETE_MARKER
         marker = json.loads(raw.read_text()) if raw.is_file() else {}
         complete, why = False, str(e).split(": ", 1)[-1]
+    verdict = verify_checkpoint(folder)
     files = marker.get("files") or {}
     p, b, a = (marker.get("batch") or [None, None, None])[:3]
     fmt = marker.get("checkpoint_format", "accelerate")
@@ -63,10 +65,14 @@ def describe(folder: Path) -> dict[str, Any]:
         "loss": marker.get("loss"), "loss_params": marker.get("loss_params"), "model": marker.get("model"),
         "engine": marker.get("engine", "not recorded"), "format": fmt, "processes": p, "per_device_batch_size": b,
         "grad_accum": a, "examples_per_step": p * b * a if None not in (p, b, a) else None,
-        "files": len(files), "bytes": sum(files.values()), "weights_only": bool(marker.get("model_only")),
+        "files": len(files), "bytes": sum(v for v in files.values() if isinstance(v, int)),
+        "weights_only": bool(marker.get("model_only")),
+        "verified": verdict.ok if verdict.hashed else None, "verification": _verification(verdict),
     }  # fmt: skip
     if not complete:
         out["resumes_on"] = f"nothing: {why}"
+    elif not verdict.ok:
+        out["resumes_on"] = f"nothing: it fails verification ({verdict.why})"
     elif marker.get("model_only"):
         out["resumes_on"] = "nothing (weights only, saved with --save-only-model): start a new run with --model"
     else:
@@ -75,6 +81,15 @@ def describe(folder: Path) -> dict[str, Any]:
             if out["examples_per_step"] else ""
         )
     return out
+
+
+def _verification(verdict: Any) -> str:
+    """The verdict in words: 'yes (...)', 'NO: why', or why it cannot be told."""
+    if verdict.ok and verdict.hashed:
+        return f"yes (the sha256 of each of its {verdict.files} files matches its marker)"
+    if not verdict.ok:
+        return f"NO: {verdict.why}"
+    return "unknown: its marker records no sha256 (written by an older prefzoo); file sizes match"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         ("model", info["model"]),
         ("written by", f"{info['engine']} on {layout} ({info['examples_per_step']} examples per step)"),
         ("model/optimizer", f"{info['format']} form; {info['files']} files, {info['bytes'] / 1e6:.1f} MB"),
+        ("verified", info["verification"]),
         ("resumes on", info["resumes_on"]),
     ]
     for key, value in lines:

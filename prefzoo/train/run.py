@@ -121,6 +121,7 @@ class Run(StepPhase, BoundaryPhase):
         self.state = RunState(
             cfg, acc, p.policy, p.tokenizer, p.eval_dl is not None, p.total_steps, p.steps_per_epoch, p.start_step,
             timings=dict(p.timings), writer=self.writer, reference=p.reference, engine=p.engine,
+            resumed_from=p.resume_path,
         )  # fmt: skip
         if cfg.resume:  # the records a killed run logged after the checkpoint this one resumes from are logged again
             self.drop_logged_after(p.start_step)

@@ -7,7 +7,8 @@ are NaN in optimizer step 3), ``nan_grad@2``, ``exit@2:1`` (rank 1 exits with st
 of checkpoint 4 sleeps ``PREFZOO_FAULT_SLEEP`` seconds after the state is written and before its completion marker);
 ``enospc@4`` makes the accelerate writer of checkpoint 4 fail with ENOSPC (No space left on device) after writing
 half of ``model.safetensors`` (rank 0) or of its RNG-state file (other ranks): the callback wraps
-``state.accelerator.save_state`` in ``on_train_begin``;
+``state.accelerator.save_state`` in ``on_train_begin``; ``enospc_rt@4`` is the same with the error torch and
+safetensors raise for a full disk, a ``RuntimeError`` (``... No space left on device (os error 28)``), not an OSError;
 ``save_sleep@0:1`` makes rank 1 sleep ``PREFZOO_FAULT_SLEEP`` seconds before it writes its part of a checkpoint
 (the callback wraps ``state.accelerator.save_state`` in ``on_train_begin``): meanwhile the other ranks' files are in
 the temp folder and its own are not (the soak, ``benchmarks/soak_resume.py``, kills the run there);
@@ -38,7 +39,7 @@ from prefzoo.train import Callback
 FAULTS_ENV = "PREFZOO_FAULTS"
 SLEEP_ENV = "PREFZOO_FAULT_SLEEP"
 KINDS = ("nan_logps", "nan_grad", "exit", "hang", "raise", "sigterm", "sleep_step", "ckpt_sleep", "enospc", "nan_eval",
-         "enospc_final", "nan_last_micro", "save_sleep")  # fmt: skip
+         "enospc_final", "nan_last_micro", "save_sleep", "enospc_rt")  # fmt: skip
 SPEC = "tests.faults.injector:FaultInjector"  # what a config's ``callbacks`` names
 
 
@@ -84,19 +85,22 @@ class FaultInjector(Callback):
                 return out
 
             norm.register_forward_hook(poison)
-        if any(f.kind == "enospc" for f in self.faults):
+        if any(f.kind in ("enospc", "enospc_rt") for f in self.faults):
             acc = state.accelerator
             save_state = acc.save_state
 
             def full_disk_save_state(output_dir: str, *args: Any, **kwargs: Any) -> Any:
                 result = save_state(output_dir, *args, **kwargs)
-                if self.fires("enospc", state, step=state.global_step):  # the step being saved
+                as_library = self.fires("enospc_rt", state, step=state.global_step)  # torch's/safetensors' error
+                if as_library or self.fires("enospc", state, step=state.global_step):  # the step being saved
                     rank = state.accelerator.process_index  # each process truncates a file it wrote itself
                     name = "model.safetensors" if rank == 0 else f"random_states_{rank}.pkl"
                     victim = os.path.join(output_dir, name)
                     if os.path.exists(victim):
                         os.truncate(victim, os.path.getsize(victim) // 2)  # the write stopped halfway
                     print(f"prefzoo fault injection: ENOSPC writing {victim}", file=sys.stderr, flush=True)
+                    if as_library:
+                        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), victim)
                 return result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 
 import pytest
@@ -135,12 +136,18 @@ def test_corrupt_or_absent_marker_is_skipped(tmp_path):
         read_marker(tmp_path / "checkpoints" / "step-00000099")
 
 
-def test_resume_auto_with_only_incomplete_checkpoints_starts_fresh(tmp_path, tiny_dir, pairs_file, capsys):
+def test_resume_auto_with_only_incomplete_checkpoints_is_refused(tmp_path, tiny_dir, pairs_file):
+    """A step-N folder without its marker is damaged (the rename comes after the marker): starting afresh would
+    overwrite the run's metrics and final model, so --resume auto refuses and says how to start afresh."""
     out = tmp_path / "run"
     _fake_checkpoint(out, 4, marker=False)
+    (out / ".tmp-step-00000006").mkdir()  # a write killed before its marker: not a checkpoint, not damage
+    with pytest.raises(ResumeError, match=r"no checkpoint in .* verifies \(step-00000004: incomplete.*move the dama"):
+        run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "max_steps": 2}, resume="auto"))
+    assert not (out / "metrics.jsonl").exists()
+    shutil.rmtree(out / "checkpoints" / "step-00000004")  # the way out the message names: afresh
     res = run_inprocess(base_config(tiny_dir, pairs_file, out, **{**KW, "max_steps": 2}, resume="auto"))
     assert res.global_step == 2
-    assert "resumed from" not in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -113,7 +113,7 @@ def _final_model_on_thread_ranks(out, monkeypatch):
 
     from prefzoo.train.checkpoint import final as runcard
 
-    def save_model_folder(acc, policy, tokenizer, tmp, defaults, merge, engine):
+    def save_model_folder(acc, policy, tokenizer, tmp, defaults, merge, engine, finite=None):
         tmp.mkdir(parents=True, exist_ok=True)
         if acc.is_main_process:
             (tmp / "model.safetensors").write_bytes(b"x" * 300_000)

@@ -12,6 +12,7 @@ import torch
 import prefzoo
 from prefzoo.train.checkpoint.save import ResumeError, find_latest_checkpoint
 from prefzoo.train.reference import Reference, _cache_file, load_or_compute_reference_table
+from tests.faults._run import reseal
 from tests.train.helpers import base_config, run_inprocess
 
 PKG = Path(prefzoo.__file__).parent
@@ -49,9 +50,7 @@ def test_pickle_bomb_in_a_checkpoint_is_refused_not_executed(tmp_path, tiny_dir,
     proof = tmp_path / "pwned"
     opt = ckpt / "optimizer.bin"
     torch.save({"state": _Bomb(proof)}, opt)
-    marker = json.loads((ckpt / "prefzoo_checkpoint.json").read_text())
-    marker["files"]["optimizer.bin"] = opt.stat().st_size  # the attacker also fixes the manifest
-    (ckpt / "prefzoo_checkpoint.json").write_text(json.dumps(marker))
+    reseal(ckpt)  # the attacker also fixes the marker: sizes and sha256
     with pytest.raises(ResumeError, match=r"cannot be loaded.*weights_only"):
         run_inprocess(base_config(tiny_dir, pairs_file, out, max_steps=4, save_steps=1, resume="auto"))
     assert not proof.exists()

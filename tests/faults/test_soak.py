@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from prefzoo.train.checkpoint import COMPLETE_MARKER, complete_checkpoints, is_complete
+from prefzoo.train.checkpoint import COMPLETE_MARKER, complete_checkpoints, is_complete, verify_checkpoint
 from tests.faults._run import ROOT
 from tests.support.launch import alive, descendants, kill_run
 
@@ -47,6 +47,8 @@ def test_three_random_kills_then_resume_equals_the_uninterrupted_run(soak, soake
     assert r.ok, soak.summary(r)
     assert len(r.kills) == 3 and {k.moment for k in r.kills} == {"step", "checkpoint", "between-ranks"}
     assert r.steps_lost == 0 and r.steps_repeated == 0 and r.litter_bytes == 0 and not r.bad_checkpoints
+    kept = complete_checkpoints(root / "soaked")
+    assert kept and all(verify_checkpoint(c).ok and verify_checkpoint(c).hashed for c in kept)  # sha256 of every file
     assert r.max_diff is not None and r.max_diff <= soak.TOLERANCE
     assert soak.logged_steps(root / "soaked") == list(range(1, r.max_steps + 1))
 
@@ -105,9 +107,10 @@ def test_a_checkpoint_that_looks_complete_but_does_not_load_fails(soak, scratch)
     newest = complete_checkpoints(out)[-1]
     model = newest / "model.safetensors"
     model.write_bytes(b"\xff" * model.stat().st_size)  # the manifest's size, garbage inside
-    assert is_complete(newest)  # the marker's manifest alone cannot tell
+    assert is_complete(newest)  # the marker's sizes alone cannot tell; its sha256 can
     r = soak.check(out, ref, n)
     assert any(f"{newest.name}/model.safetensors does not load" in f for f in r.failures), r.failures
+    assert any(f"{newest.name} does not verify: model.safetensors: its sha256" in f for f in r.failures), r.failures
 
 
 def test_a_checkpoint_without_a_ranks_rng_state_fails(soak, scratch):
@@ -115,7 +118,7 @@ def test_a_checkpoint_without_a_ranks_rng_state_fails(soak, scratch):
     newest = complete_checkpoints(out)[-1]
     (newest / "random_states_1.pkl").unlink()  # sealed before rank 1 wrote: the manifest would not list it
     marker = json.loads((newest / COMPLETE_MARKER).read_text())
-    del marker["files"]["random_states_1.pkl"]
+    del marker["files"]["random_states_1.pkl"], marker["sha256"]["random_states_1.pkl"]
     (newest / COMPLETE_MARKER).write_text(json.dumps(marker))
     assert is_complete(newest)
     r = soak.check(out, ref, n)

@@ -35,6 +35,7 @@ class RunState:
     writer: Any = None  # the run's metrics.jsonl writer (main process)
     reference: Any = None  # the run's Reference (prefzoo.train.reference), None for a reference-free loss
     engine: Any = None  # the run's Engine (prefzoo.train.engines): e.g. engine.partitions_params
+    resumed_from: Path | None = None  # the checkpoint this run resumed from (verified), None for a fresh start
 
     @property
     def is_main_process(self) -> bool:

@@ -97,13 +97,5 @@ def _untied(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _resumed_checkpoint(state: RunState) -> Path | None:
-    """The checkpoint this run resumed from, if any."""
-    resume = getattr(state.cfg, "resume", None)
-    if not resume or state.global_step == 0:
-        return None
-    if resume != "auto":
-        return Path(resume)
-    from prefzoo.train.checkpoint.save import find_latest_checkpoint
-
-    latest = find_latest_checkpoint(state.cfg.output_dir)
-    return Path(latest) if latest is not None else None
+    """The checkpoint this run resumed from (the one whose files were verified, not merely the newest), if any."""
+    return state.resumed_from if state.global_step else None

@@ -2,6 +2,7 @@
 
 - :mod:`.save`: a checkpoint folder per saved step, written in a temp folder, fsynced, then sealed by a marker
   and renamed (never half-written); the newest complete one; retention.
+- :mod:`.verify`: the sha256 of every file of a checkpoint, recorded in its marker and checked before loading.
 - :mod:`.resume`: the checkpoint every rank resumes from, checked against the run, its state loaded.
 - :mod:`.nodes`: shared or node-local output dirs, and what the ranks agree on before training.
 - :mod:`.outdir`: one run per output dir (a lock), and the marker of a finished run.
@@ -31,6 +32,7 @@ from prefzoo.train.checkpoint.save import (
     is_complete,
     read_marker,
     save_checkpoint,
+    verify_checkpoint,
 )
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "resume_point",
     "save_checkpoint",
     "save_model_folder",
+    "verify_checkpoint",
     "versions",
     "write_final_model",
 ]

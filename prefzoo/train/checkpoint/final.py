@@ -7,14 +7,17 @@ import dataclasses
 import json
 import platform
 import shutil
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from prefzoo._secrets import redact
+from prefzoo.train.guard import TrainingAborted
 
 __all__ = [
+    "NonFiniteWeightsError",
     "final_state_dict",
     "load_final_model",
     "loss_params",
@@ -23,6 +26,10 @@ __all__ = [
     "versions",
     "write_final_model",
 ]
+
+class NonFiniteWeightsError(TrainingAborted):
+    """The trained weights hold NaN or inf: the final model is not written (an earlier one is kept)."""
+
 
 _PACKAGES = ("prefzoo", "torch", "transformers", "accelerate", "peft", "datasets", "bitsandbytes")
 
@@ -51,13 +58,17 @@ def save_model_folder(
     defaults: Any = None,
     merge: bool = False,
     engine: Any = None,
+    finite: Callable[[dict[str, Any]], None] | None = None,
 ) -> str:
     """``save_pretrained`` of the trained model (or adapter, or merged model) and tokenizer into ``folder``.
 
     Call on every process (the ``engine`` gathers its shards, :class:`prefzoo.train.engines.Engine`); the main
-    process writes.  Returns what was saved.
+    process writes.  ``finite(state_dict)``, called on every process before anything is written, may refuse the
+    weights (the state dict is whole on the main process, empty elsewhere).  Returns what was saved.
     """
     sd = final_state_dict(accelerator, policy, engine)
+    if finite is not None:
+        finite(sd)
     lm = accelerator.unwrap_model(policy).lm
     is_peft = hasattr(lm, "peft_config")
     if accelerator.is_main_process:
@@ -110,6 +121,8 @@ def write_final_model(
 
     A full disk (ENOSPC/EDQUOT) on the way removes the partial folder and raises DiskFullError on every process;
     the last checkpoint (the run's last step) is left as it was, so ``--resume auto`` writes the model afterwards.
+    Weights that hold NaN or inf are never written: :class:`NonFiniteWeightsError` on every process, and an earlier
+    ``final`` stays as it was.
     """
     from prefzoo.train.checkpoint.save import _any_process, _enospc, _move_into_place
 
@@ -124,17 +137,35 @@ def write_final_model(
 
     def write() -> None:
         saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora,
-                                        engine=engine))
+                                        engine=engine, finite=lambda sd: _refuse_nonfinite(accelerator, sd, final)))
         if accelerator.is_main_process:
             _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, loss_params(loss, cfg))
 
-    full = _enospc(write)
+    full = _enospc(write, Path(cfg.output_dir))
     if _any_process(accelerator, full is not None):
         raise _final_disk_full(accelerator, cfg, tmp, full)
     if accelerator.is_main_process:
         _move_into_place(tmp, final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _refuse_nonfinite(accelerator: Any, sd: dict[str, Any], final: Path) -> None:
+    """Every process: NonFiniteWeightsError when a floating-point tensor of ``sd`` holds NaN or inf (on any process)."""
+    import torch
+
+    from prefzoo.train.checkpoint.save import _any_process
+
+    bad = [k for k, v in sd.items() if torch.is_tensor(v) and v.is_floating_point() and not bool(v.isfinite().all())]
+    if not _any_process(accelerator, bool(bad)):
+        return
+    where = f"{len(bad)} of {len(sd)} tensors, e.g. {bad[0]}" if bad else "on another process"
+    kept = f"{final} keeps the model it held" if final.exists() else f"{final} was not written"
+    raise NonFiniteWeightsError(
+        f"the trained weights hold NaN or inf ({where}), so the final model is not saved: {kept}. The state the run "
+        "started from is probably damaged: check it with `prefzoo checkpoint info`, and resume from an earlier "
+        "checkpoint with --resume PATH (or start afresh with a new --output-dir)"
+    )
 
 
 def load_final_model(folder: Path) -> Any:

@@ -26,7 +26,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.checkpoint.save import COMPLETE_MARKER, ResumeError, complete_checkpoints, is_complete, read_marker
+from prefzoo.train.checkpoint.save import (
+    COMPLETE_MARKER,
+    ResumeError,
+    complete_checkpoints,
+    is_complete,
+    read_marker,
+    verify_checkpoint,
+)
 from prefzoo.train.config import ConfigError
 
 __all__ = [
@@ -149,25 +156,26 @@ def _marker_step(path: Path) -> int | None:
 def agree_on_resume(accelerator: Any, storage: Storage, output_dir: str | Path, resume: str | None) -> Path | None:
     """The checkpoint this rank resumes from (the same step on every rank), or None for a fresh start.
 
-    ``resume``: None (no resume), 'auto' (the newest step every rank holds) or a checkpoint path every rank must hold.
-    Raises :class:`ResumeError` on every rank, with the same message, when the ranks cannot agree.
+    ``resume``: None (no resume), 'auto' (the newest step every rank holds whose files verify) or a checkpoint path
+    every rank must hold.  Raises :class:`ResumeError` on every rank, with the same message, when the ranks cannot
+    agree, when the checkpoint asked for fails verification, or when checkpoints exist and none verifies.
     """
     if not resume:
         return None
     rank = accelerator.process_index
     if resume == "auto":
         mine = {int(p.name.split("-")[1]): p for p in complete_checkpoints(output_dir) if _holds(p, rank)}
-        held = sorted(mine)
     else:
         path = Path(resume)
         step = _marker_step(path) if path.is_dir() and _holds(path, rank) else None
-        held = [step] if step is not None else []
+        mine = {step: path} if step is not None else {}
+    held = sorted(mine)
     views = _gather(accelerator, (rank, storage.where(), str(output_dir), held))
     if accelerator.num_processes == 1:
-        if resume == "auto":
-            return mine[held[-1]] if held else None
-        read_marker(resume)  # the single-process message: missing, incomplete or corrupt
-        return Path(resume)
+        if resume != "auto":
+            read_marker(resume)  # the single-process message: missing, incomplete or corrupt
+            return _newest_verified(accelerator, storage, output_dir, resume, [0], {0: Path(resume)})
+        return _newest_verified(accelerator, storage, output_dir, resume, held, mine)
     common = set(views[0][3]).intersection(*(set(v[3]) for v in views[1:]))
     if resume != "auto":
         lacking = [v for v in views if not v[3]]
@@ -178,11 +186,9 @@ def agree_on_resume(accelerator: Any, storage: Storage, output_dir: str | Path, 
                 f"random_states_{r}.pkl and {COMPLETE_MARKER}); every rank must resume from the same checkpoint: "
                 "copy that folder to the same path on that node, or use an --output-dir every node shares"
             )
-        return Path(resume)
+        return _newest_verified(accelerator, storage, output_dir, resume, held, mine)
     anywhere = sorted(set().union(*(set(v[3]) for v in views)))
-    if not anywhere:
-        return None  # nothing saved yet: a fresh start everywhere
-    if not common:
+    if anywhere and not common:
         newest = anywhere[-1]
         holder = next(v for v in views if newest in v[3])
         r, where, out, _ = next(v for v in views if newest not in v[3])
@@ -192,13 +198,64 @@ def agree_on_resume(accelerator: Any, storage: Storage, output_dir: str | Path, 
             f"same step: use an --output-dir shared by every node, or copy checkpoints/step-{newest:08d} from "
             f"{holder[1]} to {out}/checkpoints on {where}, or start afresh with a new --output-dir"
         )
-    step = max(common)
-    if step < anywhere[-1]:
+    if common and max(common) < anywhere[-1]:
         accelerator.print(
-            f"prefzoo train: resuming step {step}, the newest one every rank holds (step {anywhere[-1]} is missing "
+            f"prefzoo train: the newest step every rank holds is {max(common)} (step {anywhere[-1]} is missing "
             "on some node)"
         )
-    return mine[step]
+    return _newest_verified(accelerator, storage, output_dir, resume, sorted(common), mine)
+
+
+def _newest_verified(
+    accelerator: Any, storage: Storage, output_dir: str | Path, resume: str, steps: list[int], mine: dict[int, Path]
+) -> Path | None:
+    """The newest of ``steps`` (held by every rank) whose files verify on every node, said when newer ones do not.
+
+    Each node's writer hashes its node's folder (a shared folder once, node-local ones each on their node) and every
+    rank learns the verdicts, so all resume the same step.  None: nothing to resume (a fresh start), only when no
+    checkpoint is damaged; checkpoints that exist and fail are refused rather than trained over.
+    """
+    failed: list[str] = []
+    for step in reversed(steps):
+        verdict = verify_checkpoint(mine[step]) if storage.writer else None
+        node = f" on {storage.where()}" if accelerator.num_processes > 1 else ""
+        whys = [w for w in _gather(accelerator, verdict.why + node if verdict and not verdict.ok else "") if w]
+        if not whys:
+            _say_verified(accelerator, verdict, mine[step], failed)
+            return mine[step]
+        failed.append(f"{mine[step].name}: {whys[0]}")
+        if resume != "auto":
+            raise ResumeError(
+                f"--resume {resume}: the checkpoint fails verification ({whys[0]}); its files are not the ones "
+                "written at that step, so it is not loaded. Resume from another checkpoint (--resume auto picks the "
+                "newest one that verifies)"
+            )
+    root = Path(output_dir) / "checkpoints"
+    folders = sorted(root.glob("step-*")) if storage.writer and root.is_dir() else []
+    damaged = [p.name for p in folders if p.is_dir() and not is_complete(p)]  # complete ones were verified above
+    damaged = sorted(set().union(*(set(d) for d in _gather(accelerator, damaged))))
+    if failed or damaged:
+        why = "; ".join(failed) or f"{', '.join(damaged)}: incomplete (a file the marker lists is missing or truncated)"
+        raise ResumeError(
+            f"--resume auto: no checkpoint in {root} verifies ({why}), so nothing is resumed and nothing in "
+            f"{output_dir} is overwritten; move the damaged step-* folders out of {root} to start afresh there, or "
+            "use a new --output-dir"
+        )
+    return None
+
+
+def _say_verified(accelerator: Any, verdict: Any, path: Path, failed: list[str]) -> None:
+    """One line when newer checkpoints failed (which, why) or when ``path``'s marker records no sha256."""
+    if failed:
+        accelerator.print(
+            f"prefzoo train: --resume auto: skipping {'; '.join(failed)}; resuming from {path.name}, the newest "
+            "checkpoint that verifies"
+        )
+    if verdict is not None and not verdict.hashed:
+        accelerator.print(
+            f"prefzoo train: warning: {path}'s {COMPLETE_MARKER} records no sha256 (written by an older prefzoo), "
+            "so its files are checked by size only, not verified; the next checkpoint this run saves is verified"
+        )
 
 
 # -- what must be identical ------------------------------------------------------------------------------------

@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.errors import ConfigError
+from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
 
 __all__ = ["batch_fits", "check_resumable", "fit_batch_to_checkpoint", "load_resumed_state", "resume_point"]
 
 
-def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | None, dict[str, Any]]:
+def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any = None) -> tuple[Path | None, dict[str, Any]]:
     """(the checkpoint every rank resumes from, its marker), the same step on all (see
-    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg``; (None, {}) for a fresh start."""
+    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg`` and the run's ``loss`` (its effective
+    parameters, defaults included, are compared); (None, {}) for a fresh start."""
     path = agree_on_resume(accelerator, storage, cfg.output_dir, cfg.resume)
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
@@ -26,13 +28,48 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | N
             f"scheduler or data position), so it cannot be resumed; start a new run from it with --model {path}"
         )
     same_mods = info.get("modifiers", []) == [str(m) for m in cfg.modifiers]
-    if (not same_mods or info.get("loss") != cfg.loss
-            or info.get("loss_params") != {k: str(v) for k, v in cfg.loss_params.items()}):  # fmt: skip
+    if not same_mods or info.get("loss") != cfg.loss:
         raise ResumeError(
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
         )
+    differ = _differing_params(info.get("loss_params") or {}, cfg, loss)
+    if differ:
+        was = ", ".join(f"{k}={v[0]}" for k, v in differ.items())
+        now = ", ".join(f"{k}={v[1]}" for k, v in differ.items())
+        raise ResumeError(
+            f"--resume {path}: checkpoint was trained with loss {cfg.loss!r} {was}, this run has {now} (defaults "
+            "included); give the same --loss-param values or use a new --output-dir"
+        )
     return path, info
+
+
+def _differing_params(saved: dict[str, Any], cfg: Any, loss: Any) -> dict[str, tuple[str, str]]:
+    """{name: (checkpoint's, this run's)} for each loss parameter whose effective value differs, compared as text.
+
+    A marker records every parameter with the value the run used; one written before that records only those set
+    on the command line (as text), the others being the loss's defaults.
+    """
+
+    if loss is None:  # no bound loss: the parameters as set
+        now = {k: str(v) for k, v in cfg.loss_params.items()}
+        defaults: dict[str, Any] = {}
+    else:
+        now = {k: str(v) for k, v in loss_params(loss, cfg).items()}
+        defaults = _default_params(cfg)
+    was = {**{k: str(v) for k, v in defaults.items()}, **{k: str(v) for k, v in saved.items()}}
+    names = sorted(set(was) | set(now))
+    return {k: (was.get(k, "unset"), now.get(k, "unset")) for k in names if was.get(k) != now.get(k)}
+
+
+def _default_params(cfg: Any) -> dict[str, Any]:
+    """The loss's parameters when none is set ({} where the loss needs one set)."""
+    from prefzoo.registry import get_loss
+
+    try:
+        return loss_params(get_loss(cfg.loss, modifiers=list(cfg.modifiers)), cfg)
+    except Exception:  # a loss with a required parameter: only what the marker lists is compared
+        return {}
 
 
 def check_resumable(path: Path, saved: dict[str, Any], run: dict[str, Any], batch_coupled: bool) -> None:

@@ -6,20 +6,25 @@ disks, :mod:`prefzoo.train.checkpoint.nodes`); the save is two-phase across node
 
 1. every process writes its state into ``checkpoints/.tmp-step-N`` on its node (a name ``--resume auto`` never looks
    at): on node-local disks each node's local rank 0 writes the model and optimizer, every rank its RNG state;
-2. each writer fsyncs those files, then writes the completion marker ``prefzoo_checkpoint.json`` last, holding the
-   run info and a manifest (relative path -> size) of every file of its folder;
+2. each writer reads every file of its folder once, hashing and fsyncing it, then writes the completion marker
+   ``prefzoo_checkpoint.json`` last, holding the run info and, for every file, its size and sha256
+   (:mod:`prefzoo.train.checkpoint.verify`);
 3. barrier: every node's folder is complete; each writer renames its folder to ``step-N`` (atomic on one
    filesystem) and fsyncs the parent folder; barrier;
 4. only then are checkpoints beyond ``--save-total-limit`` deleted (rank 0 picks the steps, every writer deletes the
    same ones), oldest first, and stale ``.tmp-*`` folders of killed writes removed.
 
-A checkpoint counts as complete only if its marker parses and every file of the manifest is present with its size.
+A checkpoint counts as complete only if its marker parses and every file of the manifest is present with its size;
+it is resumed only if, besides, every file's sha256 matches (:func:`verify_checkpoint`, run before anything loads).
 A full disk (ENOSPC) on any process during steps 1-3 removes the temp folder and stops the run on every process with
-:class:`DiskFullError` (path, space needed, space free); the previous checkpoint stays the newest complete one.
+:class:`DiskFullError` (path, space needed, space free); the previous checkpoint stays the newest complete one.  The
+disk is full also when torch or safetensors say so in their own errors (``RuntimeError: ... unexpected pos``,
+``SafetensorError: ... No space left on device``): such an error is checked against the disk itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefzoo.train.checkpoint.verify import Verdict, digest_folder, verify_files
 from prefzoo.train.guard import TrainingAborted
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "is_complete",
     "read_marker",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,14 +81,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _manifest(folder: Path) -> dict[str, int]:
-    return {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != COMPLETE_MARKER
-    }
-
-
 def save_checkpoint(
     accelerator: Any,
     output_dir: str | Path,
@@ -96,7 +95,8 @@ def save_checkpoint(
     """Save accelerate state for optimizer step ``step``; returns the final folder (never half-written).
 
     ``node_local``: every node has its own ``output_dir`` (each node's local rank 0 writes a complete folder).
-    ``before_marker(tmp_folder)`` runs on the main process once the state files are fsynced, before the marker.
+    ``before_marker(tmp_folder)`` runs on the main process once the state files are written, before they are hashed
+    and the marker is written (the files it adds are hashed with them).
     ``write(tmp_folder)`` (called on every process) replaces ``accelerator.save_state`` (``--save-only-model``).
     ``save_shards(tmp_folder)`` runs on every process after accelerate's state: what accelerate does not save (an
     engine's model and optimizer shards, :meth:`prefzoo.train.engines.Engine.save_shards`; the density-ratio
@@ -112,13 +112,13 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    full = _enospc(lambda: _save_state(accelerator, tmp, write, save_shards))
+    full = _enospc(lambda: _save_state(accelerator, tmp, write, save_shards), tmp)
     if _any_process(accelerator, full is not None):
         raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
     full = None
     if writer:
         hook = before_marker if accelerator.is_main_process else None
-        full = _enospc(lambda: _seal(tmp, step, info, hook))
+        full = _enospc(lambda: _seal(tmp, step, info, hook), tmp)
     if _any_process(accelerator, full is not None):  # phase 1 done: every node's folder is complete, or none renames
         raise _disk_full(accelerator, output_dir, step, tmp, full, writer)
     if writer:
@@ -165,14 +165,12 @@ def _save_state(
 
 
 def _seal(tmp: Path, step: int, info: dict[str, Any], before_marker: Callable[[Path], None] | None) -> None:
-    """A writer: fsync the state files, write the completion marker last."""
-    manifest = _manifest(tmp)
-    for rel in manifest:
-        _fsync(tmp / rel)
+    """A writer: the main process's extra files, then every file hashed and fsynced, the completion marker last."""
     if before_marker is not None:
         before_marker(tmp)  # the callbacks' on_save_files (tests kill -9 here: state written, no marker yet)
+    sizes, digests = digest_folder(tmp, COMPLETE_MARKER)  # each file read once: its sha256, then fsync
     marker = tmp / COMPLETE_MARKER
-    marker.write_text(json.dumps({**info, "step": step, "files": manifest}, indent=1, default=str))
+    marker.write_text(json.dumps({**info, "step": step, "files": sizes, "sha256": digests}, indent=1, default=str))
     _fsync(marker)
     _fsync(tmp)
 
@@ -190,15 +188,55 @@ def _move_into_place(tmp: Path, final: Path) -> None:
     tmp.rename(final)
 
 
-def _enospc(write: Callable[[], None]) -> OSError | None:
-    """Run ``write``; a full disk is returned (so every process can agree on it), any other error raises."""
+def _enospc(write: Callable[[], None], folder: Path | None = None) -> OSError | None:
+    """Run ``write``; a full disk is returned (so every process can agree on it), any other error raises.
+
+    torch and safetensors report a full disk in errors of their own (``RuntimeError: [enforce fail at
+    inline_container.cc] . unexpected pos ...``, ``SafetensorError: ... No space left on device (os error 28)``):
+    an error that is not an OSError counts as a full disk when it says so, or when ``folder`` (where ``write``
+    writes) then refuses a small write with ENOSPC or EDQUOT.
+    """
     try:
         write()
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         return e
+    except TrainingAborted:
+        raise  # a stop on purpose (e.g. non-finite weights refused), not a write that failed
+    except Exception as e:  # re-raised unless the disk is full
+        if not (_says_disk_full(e) or (folder is not None and _refuses_writes(folder))):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({type(e).__name__}: {first})")
     return None
+
+
+_FULL_DISK_WORDS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), "No space left on device",
+                    "Disk quota exceeded", f"os error {errno.ENOSPC}", f"os error {errno.EDQUOT}")  # fmt: skip
+
+
+def _says_disk_full(e: BaseException) -> bool:
+    text = str(e)
+    return any(w in text for w in _FULL_DISK_WORDS)
+
+
+def _refuses_writes(folder: Path, probe_bytes: int = 1 << 20) -> bool:
+    """Whether writing and fsyncing ``probe_bytes`` in ``folder`` fails with ENOSPC or EDQUOT (the probe is removed)."""
+    probe = folder / f".prefzoo-space-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, b"\0" * probe_bytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return False
 
 
 def _any_process(accelerator: Any, flag: bool) -> bool:
@@ -299,3 +337,18 @@ def read_marker(path: str | Path) -> dict[str, Any]:
             "missing or truncated); resume from an earlier one (--resume auto picks the newest complete one)"
         )
     return dict(json.loads(marker.read_text()))
+
+
+def verify_checkpoint(path: str | Path) -> Verdict:
+    """Whether checkpoint ``path`` holds exactly the files its marker lists, each with its recorded size and sha256
+    (:func:`prefzoo.train.checkpoint.verify.verify_files`); reads every file once."""
+    p = Path(path)
+    try:
+        marker = json.loads((p / COMPLETE_MARKER).read_text())
+    except OSError:
+        return Verdict(False, False, f"{COMPLETE_MARKER} is missing (the write never finished)")
+    except ValueError:
+        return Verdict(False, False, f"{COMPLETE_MARKER} is not valid JSON")
+    if not isinstance(marker, dict):
+        return Verdict(False, False, f"{COMPLETE_MARKER} is not a JSON object")
+    return verify_files(p, marker, COMPLETE_MARKER)

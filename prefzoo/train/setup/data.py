@@ -13,6 +13,7 @@ from prefzoo.data.groups import GroupCollator, UnpairedCollator
 from prefzoo.data.shapes import LISTS, PAIRS, PROMPTS, UNPAIRED, data_shape
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import Storage
+from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import agree_on_values, content_digest
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.shapes import ShapePlan, plan_shape
@@ -171,12 +172,13 @@ def step_counts(cfg: TrainConfig, examples: int, processes: int) -> tuple[int, i
     return steps_per_epoch, total_steps, math.ceil(total_steps / steps_per_epoch)
 
 
-def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any) -> dict[str, Any]:
-    """The run's identity, written into every checkpoint marker and checked on resume."""
+def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any, loss: Any = None) -> dict[str, Any]:
+    """The run's identity, written into every checkpoint marker and checked on resume; ``loss_params`` holds every
+    parameter of the run's ``loss`` with the value it trains with, defaults included."""
     return {
         **engine.marker(processes),
         "loss": cfg.loss,
-        "loss_params": {k: str(v) for k, v in cfg.loss_params.items()},
+        "loss_params": loss_params(loss, cfg) if loss is not None else {k: str(v) for k, v in cfg.loss_params.items()},
         **({"modifiers": [str(m) for m in cfg.modifiers]} if cfg.modifiers else {}),
         "model": cfg.model,
         "model_identity": identity,

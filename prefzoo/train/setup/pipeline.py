@@ -135,7 +135,7 @@ def _start_processes(b: _Build) -> None:
     b.accelerator.project_configuration.save_on_each_node = not b.storage.shared  # each node's disk: its state
     if not b.storage.shared:
         b.engine.use_node_local_storage(b.accelerator)
-    b.resume_path, b.resume_info = resume_point(cfg, b.accelerator, b.storage)
+    b.resume_path, b.resume_info = resume_point(cfg, b.accelerator, b.storage, b.loss)
     if b.resume_path is not None:  # processes and engine may change where the checkpoint allows: checked here
         n = b.accelerator.num_processes
         fitted = fit_batch_to_checkpoint(cfg, b.resume_info, n, bool(b.loss.spec.batch_coupled))
@@ -318,7 +318,7 @@ _STEPS = (
 def _parts(b: _Build) -> Parts:
     """The Parts, with the data source, trackers, checkpointed loss state and the resumed checkpoint's state."""
     cfg, acc = b.cfg, b.accelerator
-    info = d.run_info(cfg, b.identity, acc.num_processes, b.engine)
+    info = d.run_info(cfg, b.identity, acc.num_processes, b.engine, b.loss)
     parts = Parts(
         cfg, b.loss, b.engine, acc, b.tokenizer, b.policy, b.trainable, b.optimizer, b.schedule, b.train_dl,
         b.eval_dl, b.reference, make_gather(acc), info, b.data_stats, b.defaults, *b.steps, b.collate, b.storage,
