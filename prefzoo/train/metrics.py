@@ -14,7 +14,7 @@ from torch import Tensor
 from prefzoo._safefs import open_nofollow
 from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, UnpairedBatch
 
-__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "step_metrics"]
+__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "last_step", "step_metrics"]
 
 
 def _scalar(t: Any) -> float:
@@ -179,3 +179,14 @@ def last_logged(path: str | Path, step: int) -> dict[str, float]:
         if isinstance(record, dict) and "loss" in record and "lr" in record and record.get("step", step + 1) <= step:
             return record
     return {}
+
+
+def last_step(path: str | Path) -> int:
+    """The highest ``step`` of any record of ``path`` (a metrics.jsonl), 0 if none (a run stopped before its first
+    step logged only its evaluation at the start, at step 0) or if the file cannot be read."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [r.get("step") for r in map(_record, lines) if isinstance(r, dict)]
+    return int(max((s for s in steps if isinstance(s, int | float)), default=0))

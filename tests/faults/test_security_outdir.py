@@ -82,6 +82,17 @@ def test_overwrite_output_dir_deletes_the_runs_files_only_and_starts_over(tmp_pa
     assert "step-00000002" in capsys.readouterr().out  # the run's newest: not the first run's step 4
 
 
+@pytest.mark.slow  # about 20 s on a loaded 2-core machine (a CLI subprocess that trains)
+def test_what_a_run_stopped_before_its_first_step_left_does_not_block_the_same_command(tmp_path, tiny_dir, pairs_file):
+    out = tmp_path / "run"
+    (out / "tb").mkdir(parents=True)  # what Ctrl-C after the evaluation at the start leaves ("rerun the same command")
+    (out / "metrics.jsonl").write_text(json.dumps({"eval/loss": 0.69, "epoch": 0, "step": 0}) + "\n")
+    proc = _train(base_config(tiny_dir, pairs_file, out, **KW))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "eval/loss" not in rows[0], rows  # this run's rows only
+
+
 @pytest.mark.slow  # 30-90 s on a loaded 2-core machine: one default-task run, a second stopped at once
 def test_a_second_default_run_on_the_same_folder_stops_before_loading_the_task(tmp_path):
     out = tmp_path / "default"

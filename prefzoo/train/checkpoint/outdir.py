@@ -6,9 +6,11 @@
   (even by ``kill -9``), so a stale lock file never blocks a resume.  ``prefzoo train`` takes it first thing
   (:func:`claim_output_dir`, before the default task is loaded and scored); :func:`prefzoo.train.train` takes it
   for runs started from Python (a process that holds it already goes on).
-* One output dir holds one run: a folder that holds a run's files (:data:`RUN_FILES`) is refused without
-  ``--resume`` (:class:`OutputDirHoldsRunError`, naming ``--resume auto`` and ``--overwrite-output-dir``); with
-  ``--overwrite-output-dir`` those files, and no others, are deleted first.  Without the rule a second run would
+* One output dir holds one run: a folder where a run trained (a checkpoint, ``final/``, a metrics.jsonl record of
+  a step >= 1) is refused without ``--resume`` (:class:`OutputDirHoldsRunError`, naming ``--resume auto`` and
+  ``--overwrite-output-dir``); with ``--overwrite-output-dir`` its files (:data:`RUN_FILES`), and no others, are
+  deleted first, as are the files of a run stopped before its first step (it trained nothing: the same command
+  starts again).  Without the rule a second run would
   append to the first's ``metrics.jsonl`` and leave the first's newer checkpoints where ``--resume auto`` and
   ``prefzoo checkpoint info`` find them.
 * No symbolic link where the run writes (:data:`RUN_FILES`, the lock, the entries of ``checkpoints/``): one line
@@ -49,9 +51,8 @@ __all__ = [
 
 LOCK_FILE = ".prefzoo-train.lock"
 FINISHED_MARKER = ".prefzoo-finished.json"  # {"step": N, "final": path}: written once the final model is complete
-# what a run writes at the top of its output dir; the first four mean the folder holds a run
+# what a run writes at the top of its output dir (the lock aside)
 RUN_FILES = ("metrics.jsonl", "checkpoints", "final", FINISHED_MARKER, ".tmp-final", "tb", NODE_MARKER)
-_HOLDS_RUN = RUN_FILES[:4]
 _held: set[str] = set()  # output dirs whose lock this process holds (the CLI's claim, then train()'s)
 
 
@@ -122,17 +123,30 @@ def _check_run_files(out: Path, cfg: Any) -> None:
     refuse_symlinks([*(out / name for name in RUN_FILES), *inside])
     if cfg.resume:
         return
-    found = [name for name in _HOLDS_RUN if (out / name).exists() and not (name == "checkpoints" and not inside)]
-    if not found:
-        return
-    if not getattr(cfg, "overwrite_output_dir", False):
+    found = _trained_here(out, bool(inside))
+    if found and not getattr(cfg, "overwrite_output_dir", False):
         shown = [n + "/" if (out / n).is_dir() else n for n in found if not n.startswith(".")] or found
         raise OutputDirHoldsRunError(
             f"--output-dir {out} holds a run already ({', '.join(shown)}): continue it with --resume auto, start "
             "over with --overwrite-output-dir (deletes that run's files), or give another --output-dir"
         )
-    for name in RUN_FILES:
+    for name in RUN_FILES:  # that run's files; or what a run stopped before its first step left (it trained nothing)
         _remove(out / name)
+
+
+def _trained_here(out: Path, checkpoints: bool) -> list[str]:
+    """The names that show a run trained in ``out``: a checkpoint (complete or not), ``final/``, the finished
+    marker, or a metrics.jsonl record of a step >= 1 (a run stopped before its first step logged only its
+    evaluation at the start)."""
+    from prefzoo.train.metrics import last_step
+
+    held = {
+        "metrics.jsonl": last_step(out / "metrics.jsonl") >= 1,
+        "checkpoints": checkpoints,
+        "final": (out / "final").exists(),
+        FINISHED_MARKER: (out / FINISHED_MARKER).exists(),
+    }
+    return [name for name, there in held.items() if there]
 
 
 def _remove(path: Path) -> None:
