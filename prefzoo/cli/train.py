@@ -311,7 +311,8 @@ def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
 
 def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss: Any, data: str = "pairs") -> int:
     """The embedded default task: tiny warmed-up Llama + synthetic pairs (``data``: or lists, or unpaired examples)
-    with an exact oracle, fully offline.  Its output folder is claimed first, before the task loads."""
+    with an exact oracle, fully offline.  Its output folder (default ``runs/prefzoo-default/<loss>``: losses compared
+    on the task do not meet in one folder) is claimed first, before the task loads."""
     import time
 
     from prefzoo.data.default import RECOMMENDED
@@ -321,7 +322,8 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss
 
     t0 = time.perf_counter()
     seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
-    merged = {**RECOMMENDED, "eval_at_start": True, "output_dir": "runs/prefzoo-default", "seed": seed, **values}
+    folder = "runs/prefzoo-default/" + str(values.get("loss", "mmpo")).replace(os.sep, "_")  # one per loss compared
+    merged = {**RECOMMENDED, "eval_at_start": True, "output_dir": folder, "seed": seed, **values}
     cfg = TrainConfig.from_dict({**merged, "model": None, "dataset": None}, where, names)
     preflight(loss, cfg)  # before the task loads and the starting policy is scored
     with claim_output_dir(cfg):
