@@ -82,7 +82,7 @@ def _trl_spellings(p: argparse.ArgumentParser) -> dict[str, list[str]]:
 
 # keys whose default depends on the run: key -> what --help (and docs/cli.md) says instead of the field's default
 DEFAULT_SHOWN = {
-    "output_dir": "'runs/prefzoo' with --model, 'runs/prefzoo-default' for the embedded default task",
+    "output_dir": "'runs/prefzoo' with --model, 'runs/prefzoo-default/<loss>' for the embedded default task",
 }
 
 # keys given several times on the command line: key -> (metavar, what to add to the key's own doc)
