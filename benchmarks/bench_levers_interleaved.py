@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             model=models[opts.pop("attn", None)], loss="dpo", lr=1e-7, max_steps=2, per_device_batch_size=args.batch,
             grad_accum=1, warmup_ratio=0.0, eval_fraction=0.0, max_prompt_length=4096, max_completion_length=4096,
             ref_cache_dir=str(work / "ref"), output_dir=str(work / "out"), save_total_limit=1,
+            overwrite_output_dir=True,  # every round trains again in the same folder
             progress=False, report_to="none", seed=0, **opts,
         )  # fmt: skip
         with contextlib.redirect_stdout(io.StringIO()):

@@ -1,7 +1,9 @@
 """An exclusive lock on a file between processes (``fcntl.flock``; no lock where there is no ``fcntl``).
 
 Used by the default task's build cache (:mod:`prefzoo.data.default`) and by a run's output dir
-(:mod:`prefzoo.train.checkpoint.outdir`).  The OS drops the lock when its holder dies, even by ``kill -9``.
+(:mod:`prefzoo.train.checkpoint.outdir`).  The OS drops the lock when its holder dies, even by ``kill -9``.  The lock
+file is opened without following a symbolic link (a link there raises :class:`prefzoo._safefs.SymlinkError`): the
+holder writes its name into it, which through a link would overwrite the link's target.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, NoReturn
 
+from prefzoo._safefs import open_nofollow
+
 __all__ = ["file_lock"]
 
 
@@ -19,7 +23,8 @@ def file_lock(path: Path, on_busy: Callable[[IO[str]], NoReturn] | None = None) 
     """Hold an exclusive lock on ``path`` (created, with its folder) for the block; yields the open file, or None
     where there is no ``fcntl`` (non-POSIX: no lock).
 
-    Without ``on_busy`` the lock is waited for; with it, a lock another process holds calls ``on_busy`` with the
+    A symbolic link at ``path`` raises :class:`prefzoo._safefs.SymlinkError` (never followed).  Without ``on_busy``
+    the lock is waited for; with it, a lock another process holds calls ``on_busy`` with the
     open file (to read what the holder wrote there), which raises.
     """
     try:
@@ -28,7 +33,7 @@ def file_lock(path: Path, on_busy: Callable[[IO[str]], NoReturn] | None = None) 
         yield None
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    with open_nofollow(path, "r+") as f:
         if on_busy is None:
             fcntl.flock(f, fcntl.LOCK_EX)
         else:

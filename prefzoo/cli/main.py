@@ -54,6 +54,7 @@ _USER_ERRORS = (
     ("prefzoo.registry", "RegistryError"),
     ("prefzoo.spec", "ParamError"),
     ("prefzoo.types", "PreferenceBatchError"),
+    ("prefzoo._safefs", "SymlinkError"),  # a symbolic link where a run or a cache writes
 )
 
 

@@ -82,7 +82,7 @@ def _trl_spellings(p: argparse.ArgumentParser) -> dict[str, list[str]]:
 
 # keys whose default depends on the run: key -> what --help (and docs/cli.md) says instead of the field's default
 DEFAULT_SHOWN = {
-    "output_dir": "'runs/prefzoo' with --model, 'runs/prefzoo-default' for the embedded default task",
+    "output_dir": "'runs/prefzoo' with --model, 'runs/prefzoo-default/<loss>' for the embedded default task",
 }
 
 # keys given several times on the command line: key -> (metavar, what to add to the key's own doc)
@@ -197,9 +197,11 @@ def run(args: argparse.Namespace) -> int:
             return _run_default(values, _where(args), _flag_names(args), loss)
         cfg = TrainConfig.from_dict(values, where=_where(args), names=_flag_names(args))
         preflight(loss, cfg)  # options the loss ignores, the output folder, the model folder: before anything loads
+        from prefzoo.train.checkpoint.outdir import claim_output_dir
         from prefzoo.train.loop import train
 
-        result = train(cfg)
+        with claim_output_dir(cfg):  # the lock, no other run's files, no link: before any work
+            result = train(cfg)
         _print_summary(result)
         if _is_main() and not result.already_complete:  # a finished run resumed wrote nothing
             print(_produced(result, cfg))
@@ -309,31 +311,38 @@ def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
 
 def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss: Any, data: str = "pairs") -> int:
     """The embedded default task: tiny warmed-up Llama + synthetic pairs (``data``: or lists, or unpaired examples)
-    with an exact oracle, fully offline."""
+    with an exact oracle, fully offline.  Its output folder (default ``runs/prefzoo-default/<loss>``: losses compared
+    on the task do not meet in one folder) is claimed first, before the task loads."""
     import time
 
-    from prefzoo.data.default import load_default_task
+    from prefzoo.data.default import RECOMMENDED
+    from prefzoo.train.checkpoint.outdir import claim_output_dir
     from prefzoo.train.config import TrainConfig
-    from prefzoo.train.loop import train
     from prefzoo.train.preflight import preflight
 
     t0 = time.perf_counter()
     seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
+    folder = "runs/prefzoo-default/" + str(values.get("loss", "mmpo")).replace(os.sep, "_")  # one per loss compared
+    merged = {**RECOMMENDED, "eval_at_start": True, "output_dir": folder, "seed": seed, **values}
+    cfg = TrainConfig.from_dict({**merged, "model": None, "dataset": None}, where, names)
+    preflight(loss, cfg)  # before the task loads and the starting policy is scored
+    with claim_output_dir(cfg):
+        return _train_default(cfg, data, t0)
+
+
+def _train_default(cfg: Any, data: str, t0: float) -> int:
+    """Load the default task, score the starting policy, train ``cfg`` on it, and print the before/after table."""
+    import dataclasses
+    import time
+
+    from prefzoo.data.default import load_default_task
+    from prefzoo.train.loop import train
+
     main = _is_main()
     if main:
         print("prefzoo train: loading the embedded default task (tiny model, synthetic data)", flush=True)
-    task = load_default_task(seed=seed, progress=main)
-    merged = {
-        **task.recommended,
-        "eval_at_start": True,
-        "output_dir": "runs/prefzoo-default",
-        "seed": seed,
-        **values,
-        "model": str(task.model_dir),
-        "dataset": None,
-    }
-    cfg = TrainConfig.from_dict(merged, where, names)
-    preflight(loss, cfg)  # before the starting policy is scored
+    task = load_default_task(seed=cfg.seed, progress=main)
+    cfg = dataclasses.replace(cfg, model=str(task.model_dir))
     train_data, eval_data = task.data(data)
     if main:
         what = {"pairs": "pairs", "lists": "lists of 4 drafts", "unpaired": "unpaired examples"}[data]

@@ -14,13 +14,12 @@ from typing import Any
 
 from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint.nodes import lost_ranks
-from prefzoo.train.checkpoint.outdir import finished_run, output_dir_lock
+from prefzoo.train.checkpoint.outdir import claim_output_dir, finished_run
 from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
 from prefzoo.train.guard import PeerFailureError, explained, is_peer_failure
 from prefzoo.train.metrics import last_logged
 from prefzoo.train.modifiers import build_loss, modifier_callbacks
-from prefzoo.train.preflight import check_output_dir
 from prefzoo.train.run import Run, TrainResult, evaluate
 from prefzoo.train.signals import PreemptionHandler
 
@@ -38,14 +37,15 @@ def train(
     :class:`prefzoo.train.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
     run finishes); a failed or hung peer process raises :class:`PeerFailureError`; too many
     non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.  Another run holding
-    ``cfg.output_dir`` raises :class:`OutputDirLockedError`; resuming a finished run returns at once with
+    ``cfg.output_dir`` raises :class:`OutputDirLockedError`, a folder holding another run's files (without
+    ``cfg.resume`` or ``cfg.overwrite_output_dir``) :class:`OutputDirHoldsRunError`, a symbolic link where the run
+    writes :class:`prefzoo._safefs.SymlinkError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
     """
     loss = build_loss(cfg)  # unknown names, bad params, modifiers that do not fit: before anything loads
     installed = modifier_callbacks(loss)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
     hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
-    check_output_dir(cfg.output_dir)  # a file, under a file, not writable: one line before anything loads
-    with output_dir_lock(cfg.output_dir):
+    with claim_output_dir(cfg):  # not writable, in use, holding another run, a link in it: before anything loads
         finished = finished_run(cfg)
         if finished is not None:
             step = int(finished["step"])

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prefzoo._safefs import open_nofollow
 from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, UnpairedBatch
 
-__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "step_metrics"]
+__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "last_step", "step_metrics"]
 
 
 def _scalar(t: Any) -> float:
@@ -114,7 +115,8 @@ class MetricsAccumulator:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line to ``path`` (main process only)."""
+    """Appends one JSON object per line to ``path`` (main process only), opened per line without following a
+    symbolic link (:func:`prefzoo._safefs.open_nofollow`)."""
 
     def __init__(self, path: str | Path, enabled: bool) -> None:
         self.path = Path(path)
@@ -126,7 +128,7 @@ class JsonlWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with self.path.open("a") as f:
+            with open_nofollow(self.path, "a") as f:
                 f.write(json.dumps(record, default=float) + "\n")
 
     def drop_after(self, step: int) -> int:
@@ -141,7 +143,8 @@ class JsonlWriter:
         if len(kept) == len(lines):
             return 0
         tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        with tmp.open("w") as f:
+        tmp.unlink(missing_ok=True)  # a temp file left by a killed process of the same pid
+        with open_nofollow(tmp, "x") as f:
             f.write("".join(line + "\n" for line in kept))
             f.flush()
             os.fsync(f.fileno())
@@ -176,3 +179,14 @@ def last_logged(path: str | Path, step: int) -> dict[str, float]:
         if isinstance(record, dict) and "loss" in record and "lr" in record and record.get("step", step + 1) <= step:
             return record
     return {}
+
+
+def last_step(path: str | Path) -> int:
+    """The highest ``step`` of any record of ``path`` (a metrics.jsonl), 0 if none (a run stopped before its first
+    step logged only its evaluation at the start, at step 0) or if the file cannot be read."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [r.get("step") for r in map(_record, lines) if isinstance(r, dict)]
+    return int(max((s for s in steps if isinstance(s, int | float)), default=0))

@@ -26,13 +26,13 @@ def test_cli_reference_is_generated_from_the_parsers():
 
 def test_cli_reference_keeps_asterisks_and_names_both_output_dirs():
     """A weighted sum reads as typed on the site (``*`` escaped outside code spans), and --output-dir names the
-    default task's own folder (`prefzoo train --loss mmpo` writes runs/prefzoo-default, not runs/prefzoo)."""
+    default task's own folders (`prefzoo train --loss mmpo` writes runs/prefzoo-default/mmpo, not runs/prefzoo)."""
     mod = _reference()
     text = mod.markdown()
     assert "0.8\\*dpo + 0.2\\*sft" in text
     assert mod._cell("a `0.8*dpo` b*c") == "a `0.8*dpo` b\\*c"
     row = next(line for line in text.splitlines() if line.startswith("| `--output-dir`"))
-    assert "'runs/prefzoo-default' for the embedded default task" in row, row
+    assert "'runs/prefzoo-default/<loss>' for the embedded default task" in row, row
 
 
 def _config_reference():

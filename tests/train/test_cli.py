@@ -126,7 +126,8 @@ def test_no_pad_token_uses_eos_and_says_so(tmp_path, pairs_file, capsys):
 
 def test_every_pair_truncated_away_is_an_error(tmp_path, tiny_dir, capsys):
     data = write_jsonl(tmp_path / "empty.jsonl", [{"prompt": "a", "chosen": "", "rejected": " "}] * 3)
-    rc = main(["train", "--model", str(tiny_dir), "--dataset", str(data), "--report-to", "none"])
+    out = str(tmp_path / "o")
+    rc = main(["train", "--model", str(tiny_dir), "--dataset", str(data), "--report-to", "none", "--output-dir", out])
     assert rc == 2 and "all 3 pairs were dropped" in _err(capsys)
 
 

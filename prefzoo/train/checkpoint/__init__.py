@@ -5,7 +5,8 @@
 - :mod:`.verify`: the sha256 of every file of a checkpoint, recorded in its marker and checked before loading.
 - :mod:`.resume`: the checkpoint every rank resumes from, checked against the run, its state loaded.
 - :mod:`.nodes`: shared or node-local output dirs, and what the ranks agree on before training.
-- :mod:`.outdir`: one run per output dir (a lock), and the marker of a finished run.
+- :mod:`.outdir`: one run per output dir (a lock, taken before any work; no other run's files, no symbolic link),
+  and the marker of a finished run.
 - :mod:`.final`: the final model folder (full, adapter or merged), its run card and model card.
 - :mod:`.hub`: pushing a folder to the Hugging Face Hub.
 """
@@ -15,7 +16,14 @@ from __future__ import annotations
 from prefzoo.train.checkpoint.final import load_final_model, save_model_folder, versions, write_final_model
 from prefzoo.train.checkpoint.hub import HubPushError, push_folder
 from prefzoo.train.checkpoint.nodes import Storage, detect_storage, lost_ranks
-from prefzoo.train.checkpoint.outdir import OutputDirLockedError, finished_run, mark_finished, output_dir_lock
+from prefzoo.train.checkpoint.outdir import (
+    OutputDirHoldsRunError,
+    OutputDirLockedError,
+    claim_output_dir,
+    finished_run,
+    mark_finished,
+    output_dir_lock,
+)
 from prefzoo.train.checkpoint.resume import (
     check_resumable,
     fit_batch_to_checkpoint,
@@ -39,11 +47,13 @@ __all__ = [
     "COMPLETE_MARKER",
     "DiskFullError",
     "HubPushError",
+    "OutputDirHoldsRunError",
     "OutputDirLockedError",
     "ResumeError",
     "Storage",
     "check_resumable",
     "checkpoint_step",
+    "claim_output_dir",
     "complete_checkpoints",
     "detect_storage",
     "find_latest_checkpoint",

@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from prefzoo._safefs import write_text_nofollow
 from prefzoo.train.checkpoint.save import (
     COMPLETE_MARKER,
     ResumeError,
@@ -98,7 +99,7 @@ def detect_storage(accelerator: Any, output_dir: str | Path) -> Storage:
     token = uuid.uuid4().hex if accelerator.is_main_process else None
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / NODE_MARKER).write_text(str(token))
+        write_text_nofollow(out / NODE_MARKER, str(token))
     token = _broadcast(accelerator, token)  # after rank 0 wrote it
     seen = None
     if accelerator.is_local_main_process:

@@ -182,8 +182,11 @@ def _rename(tmp: Path, final: Path, root: Path) -> None:
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the finished folder ``tmp`` to ``final``, removing an older ``final`` first."""
-    if final.exists():
+    """Rename the finished folder ``tmp`` to ``final``, removing an older ``final`` first (a symbolic link there: the
+    link itself, never what it points to)."""
+    if final.is_symlink():
+        final.unlink()
+    elif final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
 

@@ -222,11 +222,17 @@ class CheckpointSection:
     push_to_hub: str | None = None  # a hub repo id (org/name): upload the final model folder there (huggingface_hub)
     hub_private_repo: bool = False  # --push-to-hub creates the repo private; off: the hub's default (public for users)
     resume: str | None = None  # a checkpoint folder, or 'auto' = the latest complete one in output_dir
+    overwrite_output_dir: bool = False  # output_dir holds a run: delete that run's files first (prefzoo's own only)
     stop_after_steps: int | None = None  # testing aid: stop (as if killed) after this many optimizer steps
 
     def check(self) -> None:
         _at_least(self, ("save_steps",), 0)
         _at_least(self, ("save_total_limit",), 1)
+        if self.overwrite_output_dir and self.resume:
+            raise ConfigError(
+                f"--overwrite-output-dir with --resume {self.resume}: choose one (--resume continues the run in "
+                "output_dir, --overwrite-output-dir deletes it and starts over)"
+            )
         if self.push_to_hub is not None and (self.push_to_hub.count("/") > 1 or self.push_to_hub.lower() == "true"):
             raise ConfigError(
                 f"push_to_hub={self.push_to_hub!r}: give the hub repo id, e.g. --push-to-hub org/name (TRL's "
