@@ -53,6 +53,10 @@ DPO_LOSS_TYPES = {
 }  # fmt: skip
 
 # (ref_input, ref_weight, ref_bias, ref_logps) as the fused module takes the reference
+# positions per head chunk: one (128, V) float32 logits buffer (25 MB at V = 49,152) besides the weight's gradient,
+# where the fused module's default (1,024, capped at 16M logits) holds 64 MB; docs/results/performance-nn.md
+CHUNK_POSITIONS = 128
+
 RefArgs = tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 Extras = dict[str, Tensor | None] | None  # labels, scores, kl_policy_logps, kl_ref_logps
 
@@ -94,7 +98,7 @@ class _LigerBase(nn.Module):
     """What the five classes share: the fused module, the reference Liger's way and the per-row averages."""
 
     def _setup(self, loss: Loss, ignore_index: int, use_ref_model: bool, average_log_prob: bool) -> None:
-        self.fused = FusedLinearPreferenceLoss(loss, ignore_index=ignore_index)
+        self.fused = FusedLinearPreferenceLoss(loss, ignore_index=ignore_index, chunk_size=CHUNK_POSITIONS)
         self.ignore_index, self.use_ref_model, self.average_log_prob = ignore_index, use_ref_model, average_log_prob
 
     @property
