@@ -29,7 +29,7 @@ KNOWN: dict[tuple[str, ...], str] = {
         "sppo_hard on summed log-probs, 3 pairs x 47 tokens (a squared loss, multipliers ~30-60 on each row's "
         "log-prob gradient): against float64 on the same inputs both sides are within 3e-6 of the largest "
         "input-gradient entry (float32 level), but prefzoo's entry-wise error is larger on entries near 0 (median "
-        "4.6e-5 against Liger's 1.7e-5, bias-free head), above the test's atol 1e-5 there: 1,235 input-gradient "
+        "4.6e-5 against Liger's 1.7e-5, bias-free head), above the test's atol 1e-5 there: 1,234 input-gradient "
         "entries miss the test's tolerance against float64, Liger's none (on the weight gradient both miss it "
         "against float64: Liger 2-18 entries, prefzoo 12-45)"
     ),
