@@ -1,23 +1,26 @@
-"""prefzoo.nn's fused head + DPO against Liger-Kernel's LigerFusedLinearDPOLoss and the unfused computation.
+"""prefzoo.nn's Liger-named DPO class against Liger-Kernel's LigerFusedLinearDPOLoss (compiled and eager).
 
-    python benchmarks/bench_nn_vs_liger.py            # 1k, 2k, 4k and 8k completion tokens, V 49,152, H 192
-    python benchmarks/bench_nn_vs_liger.py --quick    # smoke: 256 and 512 tokens, V 8,192, H 64, 1 repeat
+    python benchmarks/bench_nn_vs_liger.py                   # SmolLM-135M and Qwen2.5-0.5B shapes, 1k and 4k tokens
+    python benchmarks/bench_nn_vs_liger.py --quick           # smoke: V 8,192, H 64, 256 and 512 tokens, 1 round
 
 One step is forward + backward of the DPO loss of B pairs (rows of a 128-token prompt and a 256-token completion,
 chosen rows over rejected rows, -100 on the prompt), gradients for the head weight and the hidden states, the
 reference from its own hidden states under its own weight.  Sides:
 
-- ``prefzoo``: ``prefzoo.nn.FusedLinearPreferenceLoss("dpo", beta=0.1, keep_bytes=None)`` (the trainer's budget);
-  ``prefzoo-lean`` (``--sides``): the module's default ``keep_bytes=0``, recomputing the logits in backward instead
-  of keeping anything of size vocabulary;
-- ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearDPOLoss(beta=0.1)``, compiled as Liger's default unless
-  ``--liger-eager`` (left out when liger-kernel is not installed);
-- ``unfused``: every position's logits (R, T, V) → float32 log-softmax → gather → prefzoo's ``dpo``.
+- ``prefzoo``: ``prefzoo.nn.LigerFusedLinearDPOLoss(beta=0.1)``, the one-import switch (the fused module's default,
+  ``keep_bytes=0``: nothing of size vocabulary kept for backward); ``prefzoo-fast`` (``--sides``): the fused module
+  with ``keep_bytes=None`` (the trainer's 512 MiB budget);
+- ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearDPOLoss(beta=0.1)``, compiled (Liger's default);
+  ``liger-eager``: the same with ``compiled=False`` (both left out when liger-kernel is not installed);
+- ``unfused`` (``--sides``): every position's logits (R, T, V) → float32 log-softmax → gather → prefzoo's ``dpo``.
 
-Peak memory: each side and length in a fresh process after a warm-up step (Liger's compilation), the largest
-allocation above the step's start (CUDA: ``max_memory_allocated``; CPU: resident memory sampled every millisecond,
-with glibc returning freed blocks at once).  Time: median seconds of a step, all sides in one process with the
-order reversed every other round.  Results: a markdown table and JSON under ``--out``, with versions and machine.
+Each side runs in its own process, the sides one after another in a round, the order reversed every other round.  A
+process builds the inputs, takes ``--warmup`` steps (Liger's compilation happens there), then times ``--steps``
+steps while a thread samples its resident memory every millisecond (glibc returning freed blocks at once): the
+step's seconds (median), its peak RSS and the growth of RSS above the step's start.  A side's number is the median
+over rounds.  The table adds each side's head FLOPs: prefzoo multiplies only the completion positions, 5 times per
+step (policy and reference forward, the backward's recomputed logits, the two input gradients), Liger every
+position, prompt included, 4 times (its forward computes the gradients).  Results: markdown and JSON under ``--out``.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ from typing import Any
 import torch
 
 PROMPT, COMPLETION = 128, 256  # tokens per row (the quick mode halves the completion)
-SIDES = ("prefzoo", "prefzoo-lean", "liger", "unfused")
-DEFAULT_SIDES = ("prefzoo", "liger", "unfused")
+SHAPES = {"smollm-135m": (49152, 576), "qwen2.5-0.5b": (151936, 896), "quick": (8192, 64)}  # (V, H)
+SIDES = ("prefzoo", "prefzoo-fast", "liger", "liger-eager", "unfused")
+DEFAULT_SIDES = ("prefzoo", "liger", "liger-eager")
+HEAD_PASSES = {"prefzoo": 5, "prefzoo-fast": 4, "liger": 4, "liger-eager": 4, "unfused": 4}  # (M, V, H) GEMMs a step
 
 
-def _inputs(tokens: int, vocab: int, hidden: int, completion: int, device: str) -> dict[str, Any]:
+def _inputs(tokens: int, vocab: int, hidden: int, completion: int) -> dict[str, Any]:
     """B = tokens / (2 · completion) pairs: (2B, T, H) hidden states, weights, (2B, T) targets."""
     g = torch.Generator().manual_seed(0)
     rows, t = max(2, tokens // completion), PROMPT + completion
@@ -56,7 +61,7 @@ def _inputs(tokens: int, vocab: int, hidden: int, completion: int, device: str) 
         "ref_w": torch.randn(vocab, hidden, generator=g) * hidden**-0.5,
         "target": target,
     }
-    return {k: v.to(device).detach().requires_grad_(v.requires_grad) for k, v in out.items()}
+    return out
 
 
 def _unfused_dpo(beta: float) -> Any:
@@ -81,17 +86,22 @@ def _unfused_dpo(beta: float) -> Any:
     return step
 
 
-def side_fn(side: str, compiled: bool) -> Any:
+def side_fn(side: str) -> Any:
     """(w, x, target, ref_x, ref_w) -> the DPO loss, for one side."""
-    if side.startswith("prefzoo"):
+    if side == "prefzoo":
+        from prefzoo.nn import LigerFusedLinearDPOLoss as Ours
+
+        ours = Ours(beta=0.1)
+        return lambda w, x, t, rx, rw: ours(w, x, t, None, rx, rw)[0]
+    if side == "prefzoo-fast":
         from prefzoo.nn import FusedLinearPreferenceLoss
 
-        m = FusedLinearPreferenceLoss("dpo", beta=0.1, keep_bytes=0 if side == "prefzoo-lean" else None)
+        m = FusedLinearPreferenceLoss("dpo", beta=0.1, keep_bytes=None)
         return lambda w, x, t, rx, rw: m(w, x, t, None, rx, rw)[0]
-    if side == "liger":
+    if side.startswith("liger"):
         from liger_kernel.chunked_loss import LigerFusedLinearDPOLoss
 
-        lg = LigerFusedLinearDPOLoss(beta=0.1, compiled=compiled)
+        lg = LigerFusedLinearDPOLoss(beta=0.1, compiled=side == "liger")
         return lambda w, x, t, rx, rw: lg(w, x, t, None, rx, rw)[0]
     return _unfused_dpo(0.1)
 
@@ -122,74 +132,79 @@ class _PeakRSS(threading.Thread):
         return max(self.peak, self.proc.memory_info().rss)
 
 
-def child_memory(side: str, tokens: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Peak bytes of one step above its start, after a warm-up step, in this (fresh) process."""
-    d = _inputs(tokens, cfg["vocab"], cfg["hidden"], cfg["completion"], cfg["device"])
-    fn = side_fn(side, cfg["compiled"])
-    loss = _step(fn, d)  # warm-up: compilation, lazy allocations
+def child(side: str, tokens: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: warm-up steps, then the timed steps' median seconds, peak RSS and RSS growth."""
+    d = _inputs(tokens, cfg["vocab"], cfg["hidden"], cfg["completion"])
+    fn = side_fn(side)
+    loss = 0.0
+    for _ in range(cfg["warmup"]):
+        loss = _step(fn, d)  # compilation, lazy allocations
     gc.collect()
-    if cfg["device"].startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        _step(fn, d)
-        torch.cuda.synchronize()
-        return {"peak_bytes": torch.cuda.max_memory_allocated() - base, "loss": loss}
     sampler = _PeakRSS()
     base = sampler.peak
     sampler.start()
-    _step(fn, d)
-    return {"peak_bytes": sampler.stop() - base, "loss": loss}
+    seconds = []
+    for _ in range(cfg["steps"]):
+        t0 = time.perf_counter()
+        loss = _step(fn, d)
+        seconds.append(time.perf_counter() - t0)
+    peak = sampler.stop()
+    return {"seconds": statistics.median(seconds), "peak_rss": peak, "growth": peak - base, "loss": loss}
 
 
-def child_times(tokens: int, sides: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Median seconds of a step per side, the sides alternating, after one warm-up step each."""
-    d = _inputs(tokens, cfg["vocab"], cfg["hidden"], cfg["completion"], cfg["device"])
-    fns = {s: side_fn(s, cfg["compiled"]) for s in sides}
-    losses = {s: _step(fns[s], d) for s in sides}
-    times: dict[str, list[float]] = {s: [] for s in sides}
-    for r in range(cfg["repeats"]):
-        for s in sides if r % 2 == 0 else sides[::-1]:
-            if cfg["device"].startswith("cuda"):
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            _step(fns[s], d)
-            if cfg["device"].startswith("cuda"):
-                torch.cuda.synchronize()
-            times[s].append(time.perf_counter() - t0)
-    return {"seconds": {s: statistics.median(v) for s, v in times.items()}, "losses": losses}
-
-
-def _run_child(what: dict[str, Any]) -> dict[str, Any]:
+def _run_child(side: str, tokens: int, cfg: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed blocks go back to the OS: RSS follows the peak
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(what)], env=env, capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    job = json.dumps({"side": side, "tokens": tokens, "cfg": cfg})
+    out = subprocess.run([sys.executable, __file__, "--child", job], env=env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _liger_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        import liger_kernel.chunked_loss  # noqa: F401
-
-        return version("liger-kernel")
-    except Exception:  # not installed, or it does not import here
-        return None
+def head_gflop(side: str, tokens: int, cfg: dict[str, Any]) -> float:
+    """GFLOP of a step's (positions × V × H) GEMMs: completion positions for prefzoo, every position for the rest."""
+    rows = max(2, tokens // cfg["completion"])
+    positions = tokens if side.startswith("prefzoo") else rows * (PROMPT + cfg["completion"])
+    return 2 * HEAD_PASSES[side] * positions * cfg["vocab"] * cfg["hidden"] / 1e9
 
 
-def environment(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Versions, machine and date of this run."""
-    from importlib.metadata import version
+def measure(shape: str, tokens: int, sides: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every side in its own process per round, the order reversed every other round; medians over rounds."""
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+    errors: dict[str, str] = {}
+    for r in range(cfg["rounds"]):
+        for s in sides if r % 2 == 0 else sides[::-1]:
+            res = _run_child(s, tokens, cfg)
+            if "error" in res:
+                errors[s] = res["error"]
+            else:
+                runs[s].append(res)
+    row: dict[str, Any] = {"shape": shape, "tokens": tokens, "errors": errors, "runs": runs}
+    for key in ("seconds", "peak_rss", "growth", "loss"):
+        row[key] = {s: statistics.median(x[key] for x in v) for s, v in runs.items() if v}
+    row["gflop"] = {s: head_gflop(s, tokens, cfg) for s in sides}
+    print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+    return row
 
-    device = torch.cuda.get_device_name() if cfg["device"].startswith("cuda") else platform.processor() or "CPU"
+
+def environment() -> dict[str, Any]:
+    """Versions, machine, load and date of this run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def _version(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    liger = _version("liger-kernel")
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "torch": torch.__version__,
-        "prefzoo": version("prefzoo"), "liger_kernel": _liger_version(), "python": platform.python_version(),
-        "machine": f"{device}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}",
-        "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+        "prefzoo": _version("prefzoo") or "(source tree)", "liger_kernel": liger, "python": platform.python_version(),
+        "machine": f"{platform.processor() or 'CPU'}, {os.cpu_count()} logical cores, {platform.system()} "
+                   f"{platform.release()}",
+        "threads": int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())), "load_average": os.getloadavg(),
     }  # fmt: skip
 
 
@@ -198,49 +213,34 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]], sides: list[str]) -> list[str]:
-    """Markdown: seconds and peak MB per side, and prefzoo's ratios to the others (< 1: prefzoo less)."""
-    ours = [s for s in sides if s.startswith("prefzoo")]
-    pairs = [(p, o) for p in ours for o in sides if not o.startswith("prefzoo")]
-    head = ["completion tokens", *(f"{s} s" for s in sides), *(f"{p} / {o} time" for p, o in pairs),
-            *(f"{s} MB" for s in sides), *(f"{p} / {o} memory" for p, o in pairs)]  # fmt: skip
+    """Markdown: seconds, peak RSS and RSS growth per side, prefzoo's ratios to each other side (< 1: prefzoo less)."""
+    ours = "prefzoo" if "prefzoo" in sides else sides[0]
+    others = [s for s in sides if s != ours]
+    head = ["shape", "completion tokens", *(f"{s} s" for s in sides), *(f"{ours} / {o} time" for o in others),
+            *(f"{s} GFLOP" for s in sides), *(f"{s} peak / growth MB" for s in sides),
+            *(f"{ours} / {o} growth" for o in others)]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    mb = 2**20
     for r in rows:
-        sec, mb = r["seconds"], r["peak_mb"]
-        cells = [f"{r['tokens']:,}", *(f"{sec[s]:.3f}" if sec.get(s) else "–" for s in sides),
-                 *(_ratio(sec.get(p), sec.get(o)) for p, o in pairs),
-                 *(f"{mb[s]:,.0f}" if mb.get(s) is not None else "–" for s in sides),
-                 *(_ratio(mb.get(p), mb.get(o)) for p, o in pairs)]  # fmt: skip
+        sec, peak, grow = r["seconds"], r["peak_rss"], r["growth"]
+        cells = [r["shape"], f"{r['tokens']:,}", *(f"{sec[s]:.2f}" if s in sec else "–" for s in sides),
+                 *(_ratio(sec.get(ours), sec.get(o)) for o in others),
+                 *(f"{r['gflop'][s]:,.0f}" for s in sides),
+                 *(f"{peak[s] / mb:,.0f} / {grow[s] / mb:,.0f}" if s in peak else "–" for s in sides),
+                 *(_ratio(grow.get(ours), grow.get(o)) for o in others)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def measure(tokens: int, sides: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Memory (a fresh process per side) and time (one process, sides alternating) at one length."""
-    row: dict[str, Any] = {"tokens": tokens, "peak_mb": {}, "losses": {}, "errors": {}}
-    for s in sides:
-        m = _run_child({"kind": "memory", "side": s, "tokens": tokens, "cfg": cfg})
-        if "error" in m:
-            row["errors"][s] = m["error"]
-            continue
-        row["peak_mb"][s], row["losses"][s] = m["peak_bytes"] / 2**20, m["loss"]
-    ok = [s for s in sides if s not in row["errors"]]
-    t = _run_child({"kind": "time", "sides": ok, "tokens": tokens, "cfg": cfg})
-    row["seconds"] = t.get("seconds", {})
-    if "error" in t:
-        row["errors"]["time"] = t["error"]
-    print(json.dumps(row), flush=True)
-    return row
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke: 256 and 512 tokens, V 8,192, H 64, 1 repeat")
-    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="completion tokens a step")
-    p.add_argument("--vocab", type=int, default=49152)
-    p.add_argument("--hidden", type=int, default=192)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--liger-eager", action="store_true", help="Liger without torch.compile (its compiled=False)")
+    p.add_argument("--quick", action="store_true", help="smoke: V 8,192, H 64, 256 and 512 tokens, 1 round")
+    p.add_argument("--shapes", nargs="+", choices=[s for s in SHAPES if s != "quick"],
+                   default=["smollm-135m", "qwen2.5-0.5b"], help="model shapes (V, H)")  # fmt: skip
+    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096], help="completion tokens a step")
+    p.add_argument("--rounds", type=int, default=2, help="processes per side (the order reversed every other round)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps in each process")
+    p.add_argument("--steps", type=int, default=1, help="timed steps in each process")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES), help="what to measure")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/nn_vs_liger"), help="writes OUT.md, OUT.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -248,26 +248,27 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         job = json.loads(a.child)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-        res = (child_memory(job["side"], job["tokens"], job["cfg"]) if job["kind"] == "memory"
-               else child_times(job["tokens"], job["sides"], job["cfg"]))  # fmt: skip
-        print(json.dumps(res))
+        print(json.dumps(child(job["side"], job["tokens"], job["cfg"])))
         return 0
-    tokens, vocab, hidden, completion, repeats = (
-        ([256, 512], 8192, 64, COMPLETION // 2, 1) if a.quick else (a.tokens, a.vocab, a.hidden, COMPLETION, a.repeats)
-    )
-    cfg = {"vocab": vocab, "hidden": hidden, "completion": completion, "repeats": repeats, "device": a.device,
-           "compiled": not a.liger_eager}  # fmt: skip
-    sides = [s for s in SIDES if s in a.sides and (s != "liger" or _liger_version())]
-    rows = [measure(n, sides, cfg) for n in tokens]
-    env = environment(cfg)
-    lines = [f"DPO, V = {vocab:,}, H = {hidden}, {PROMPT}-token prompts, {completion}-token completions, "
-             f"{a.device}, {env['threads']} thread(s); {env['machine']}; torch {env['torch']}, prefzoo "
-             f"{env['prefzoo']}, liger-kernel {env['liger_kernel'] or 'not installed'} "
-             f"({'compiled' if cfg['compiled'] else 'eager'}); {env['date']}", "", *table(rows, sides)]  # fmt: skip
+    shapes, tokens, rounds = (["quick"], [256, 512], 1) if a.quick else (a.shapes, a.tokens, a.rounds)
+    env = environment()
+    sides = [s for s in a.sides if not s.startswith("liger") or env["liger_kernel"]]
+    rows = []
+    for shape in shapes:
+        vocab, hidden = SHAPES[shape]
+        cfg = {"vocab": vocab, "hidden": hidden, "completion": COMPLETION // 2 if a.quick else COMPLETION,
+               "rounds": rounds, "warmup": a.warmup, "steps": a.steps}  # fmt: skip
+        rows += [measure(shape, n, sides, cfg) for n in tokens]
+    env["load_average_end"] = os.getloadavg()
+    title = (f"DPO, {PROMPT}-token prompts, {COMPLETION // 2 if a.quick else COMPLETION}-token completions, cpu, "
+             f"{env['threads']} thread(s); {env['machine']}; torch {env['torch']}, prefzoo {env['prefzoo']}, "
+             f"liger-kernel {env['liger_kernel'] or 'not installed'}; load average {env['load_average'][0]:.1f} at "
+             f"the start, {env['load_average_end'][0]:.1f} at the end; {env['date']}")  # fmt: skip
+    lines = [title, "", *table(rows, sides)]
     print("\n".join(lines))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    a.out.with_suffix(".json").write_text(json.dumps({"config": cfg, "environment": env, "rows": rows}, indent=1))
+    a.out.with_suffix(".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +22,24 @@ from prefzoo.losses._common import (
 from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
+_SMOOTHING = "ε: label smoothing, −(1 − ε)·log σ(z) − ε·log σ(−z) (TRL CPO and Liger label_smoothing)"
+
+
+def _unsmoothed(p: Any) -> bool:
+    """Monotone only without label smoothing: the ε·log σ(−z) term rises with the margin."""
+    return bool(p.label_smoothing == 0.0)
+
+
+def smoothed_logistic(z: Tensor, eps: float) -> Tensor:
+    """−(1 − ε)·log σ(z) − ε·log σ(−z); −log σ(z) at ε = 0."""
+    return -F.logsigmoid(z) if eps == 0.0 else -(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimPOParams(LossParams):
     beta: float = param(2.0, "β: reward scale of the average log-prob", gt=0.0)
     gamma_beta_ratio: float = param(0.5, "γ/β: target reward margin divided by β", ge=0.0)
+    label_smoothing: float = param(0.0, _SMOOTHING, ge=0.0, lt=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +50,12 @@ class CPOParams(LossParams):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CPOSimPOParams(CPOParams):
+class CPOSigmoidParams(CPOParams):
+    label_smoothing: float = param(0.0, _SMOOTHING, ge=0.0, lt=0.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPOSimPOParams(CPOSigmoidParams):
     beta: float = param(2.0, "β: reward scale of the average log-prob (SimPO's; TRL CPO's beta)", gt=0.0)
     gamma_beta_ratio: float = param(0.5, "γ/β: target reward margin divided by β (TRL: simpo_gamma / beta)", ge=0.0)
 
@@ -58,7 +78,8 @@ def simpo_loss(batch: PreferenceBatch, p: SimPOParams, ctx: LossContext) -> Loss
     """
     chosen, rejected = average_policy_logps(batch)  # (B,) log π(y|x)/|y|
     logits = chosen - rejected - p.gamma_beta_ratio  # (B,)
-    return LossOutput(-F.logsigmoid(p.beta * logits), (p.beta * chosen).detach(), (p.beta * rejected).detach())
+    losses = smoothed_logistic(p.beta * logits, p.label_smoothing)
+    return LossOutput(losses, (p.beta * chosen).detach(), (p.beta * rejected).detach())
 
 
 def _with_nll(pref: Tensor, chosen: Tensor, rejected: Tensor, p: CPOParams, batch: PreferenceBatch,
@@ -69,14 +90,14 @@ def _with_nll(pref: Tensor, chosen: Tensor, rejected: Tensor, p: CPOParams, batc
     return LossOutput(pref + p.alpha * nll, (p.beta * chosen).detach(), (p.beta * rejected).detach(), metrics)
 
 
-def cpo_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> LossOutput:
+def cpo_loss(batch: PreferenceBatch, p: CPOSigmoidParams, ctx: LossContext) -> LossOutput:
     """CPO (Xu et al. 2024, arXiv:2401.08417, Eq. 3 + NLL), as TRL's CPOTrainer with loss_type='sigmoid'.
 
     L = −log σ(β·(log π(y_w|x) − log π(y_l|x))) − α · log π(y_w|x)/|y_w|
     """
     require(batch, "chosen_lengths", "rejected_lengths")
     pw, pl = batch.policy_chosen_logps, batch.policy_rejected_logps  # (B,) summed log-probs
-    return _with_nll(-F.logsigmoid(p.beta * (pw - pl)), pw, pl, p, batch, ctx)
+    return _with_nll(smoothed_logistic(p.beta * (pw - pl), p.label_smoothing), pw, pl, p, batch, ctx)
 
 
 def cpo_hinge_loss(batch: PreferenceBatch, p: CPOParams, ctx: LossContext) -> LossOutput:
@@ -105,7 +126,7 @@ def cpo_simpo_loss(batch: PreferenceBatch, p: CPOSimPOParams, ctx: LossContext) 
     L = −log σ(β·(log π(y_w|x)/|y_w| − log π(y_l|x)/|y_l|) − γ) − α · log π(y_w|x)/|y_w|,  γ = β · gamma_beta_ratio
     """
     chosen, rejected = average_policy_logps(batch)  # (B,)
-    pref = -F.logsigmoid(p.beta * (chosen - rejected - p.gamma_beta_ratio))
+    pref = smoothed_logistic(p.beta * (chosen - rejected - p.gamma_beta_ratio), p.label_smoothing)
     return _with_nll(pref, chosen, rejected, p, batch, ctx)
 
 
@@ -142,7 +163,7 @@ def _cpo(
     description: str,
     paper: str = _CPO_PAPER,
     scores: str = "β·log π_θ(y|x) (summed log-prob)",
-    monotone: bool = True,
+    monotone: bool | Callable[[Any], bool] = True,
 ) -> LossSpec:
     """A CPO-family spec: reference-free, needs lengths, coupled by the batch-token NLL when asked for."""
     return LossSpec(
@@ -174,16 +195,18 @@ _SPECS: tuple[LossSpec, ...] = (
         scores="β·log π_θ(y|x)/|y| (average log-prob)",
         needs=_LEN,
         logp_reward="average",
+        monotone=_unsmoothed,
         description="Simple Preference Optimization: reference-free, length-normalized margin loss.",
     ),
     _cpo(
         "cpo",
         cpo_loss,
-        CPOParams,
+        CPOSigmoidParams,
         r"-\log\sigma\bigl(\beta(\log\pi(y_w\mid x) - \log\pi(y_l\mid x))\bigr) - \alpha\cdot\frac{\log\pi(y_w\mid "
         r"x)}{\lvert y_w\rvert}",
         "Contrastive Preference Optimization: a reference-free DPO plus NLL on the chosen response.",
         paper="Xu et al. 2024, arXiv:2401.08417 (CPO)",
+        monotone=_unsmoothed,
     ),
     _cpo(
         "cpo-hinge",
@@ -214,6 +237,7 @@ _SPECS: tuple[LossSpec, ...] = (
         paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
         "as TRL 1.16 trl.experimental.cpo",
         scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        monotone=_unsmoothed,
     ),
     LossSpec(
         name="simper",

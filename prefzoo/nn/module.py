@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from prefzoo.model import HeadOptions, LogitTransform
 from prefzoo.nn.layout import RowFields, build_batch, choose_shape
 from prefzoo.nn.rows import FusedInputError, Positions, check_head, check_rows, positions
-from prefzoo.nn.scoring import given_reference, policy_scores, reference_scores
+from prefzoo.nn.scoring import at_least_float32, given_reference, policy_scores, reference_scores
 from prefzoo.registry import get_loss
 from prefzoo.spec import Loss
 from prefzoo.types import LossOutput, Need, Shape
@@ -129,16 +129,39 @@ class FusedLinearPreferenceLoss(nn.Module):
         check_head(lin_weight, bias)
         check_rows(lin_weight, _input, target)
         shape, k = choose_shape(self.loss_fn.spec, _input.shape[0], labels, group_size)
-        pos = positions(target, self.ignore_index, lin_weight.shape[0])
-        if shape is not Shape.LIST and bool((pos.lengths == 0).any()):
-            r = int(torch.nonzero(pos.lengths == 0)[0, 0])
-            raise FusedInputError(f"target row {r} has no token other than ignore_index ({self.ignore_index})")
-        fields = self._policy_fields(lin_weight, bias, _input, pos)
-        fields.update(self._reference_fields(pos, lin_weight, bias, ref_input, ref_weight, ref_bias, ref_logps))
-        fields.update(self._row_extras(pos.n_rows, labels, scores, kl_policy_logps, kl_ref_logps))
+        pos = self.scored_positions(target, lin_weight.shape[0], shape)
+        extras = {"labels": labels, "scores": scores, "kl_policy_logps": kl_policy_logps, "kl_ref_logps": kl_ref_logps}
+        fields = self.row_fields(lin_weight, _input, pos, bias, (ref_input, ref_weight, ref_bias, ref_logps), extras)
         out = self.loss_fn(build_batch(shape, k, fields), gather=self.gather)
         aux = FusedLossAux(fields["policy_logps"].detach(), out.chosen_rewards, out.rejected_rewards, out.metrics, out)
         return out.losses.mean(), aux
+
+    def scored_positions(self, target: Tensor, vocab: int, shape: Shape) -> Positions:
+        """The positions of ``target`` that are scored; a pair or unpaired row without one is a one-line error."""
+        pos = positions(target, self.ignore_index, vocab)
+        if shape is not Shape.LIST and bool((pos.lengths == 0).any()):
+            r = int(torch.nonzero(pos.lengths == 0)[0, 0])
+            raise FusedInputError(f"target row {r} has no token other than ignore_index ({self.ignore_index})")
+        return pos
+
+    def row_fields(
+        self,
+        lin_weight: Tensor,
+        _input: Tensor,
+        pos: Positions,
+        bias: Tensor | None = None,
+        ref: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None] = (None, None, None, None),
+        extras: dict[str, Tensor | None] | None = None,
+    ) -> RowFields:
+        """The per-row fields of a call, before the batch is built: ``policy_logps`` (R,) summed and differentiable,
+        ``lengths``, what the loss needs per token, the reference from ``ref`` = (ref_input, ref_weight, ref_bias,
+        ref_logps) and ``extras`` (labels, scores, kl_policy_logps, kl_ref_logps), as :meth:`forward` builds them."""
+        fields = self._policy_fields(lin_weight, bias, _input, pos)
+        fields.update(self._reference_fields(pos, lin_weight, bias, *ref))
+        e = extras or {}
+        fields.update(self._row_extras(pos.n_rows, e.get("labels"), e.get("scores"), e.get("kl_policy_logps"),
+                                       e.get("kl_ref_logps")))  # fmt: skip
+        return fields
 
     def _policy_fields(self, lin_weight: Tensor, bias: Tensor | None, _input: Tensor, pos: Positions) -> RowFields:
         s = policy_scores(lin_weight, bias, _input, pos, self.head_options, self.needs)
@@ -204,7 +227,7 @@ class FusedLinearPreferenceLoss(nn.Module):
             if not isinstance(value, Tensor) or tuple(value.shape) != (n_rows,):
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise FusedInputError(f"{arg} must have shape (R,) = ({n_rows},), one per row of _input, got {got}")
-            fields[arg] = value.bool() if arg == "labels" else value.detach().float()
+            fields[arg] = value.bool() if arg == "labels" else at_least_float32(value.detach())
         if Need.SCORES in self.needs and scores is None:
             raise FusedInputError(f"loss {self.loss_fn.name!r} needs each row's score: pass scores (R,)")
         if Need.KL_REFERENCE in self.needs and (kl_policy_logps is None or kl_ref_logps is None):

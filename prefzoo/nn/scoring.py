@@ -16,7 +16,7 @@ from prefzoo.model import HeadOptions, token_log_sq_probs, weight_logps
 from prefzoo.nn.rows import FusedInputError, Positions
 from prefzoo.types import Need
 
-__all__ = ["PolicyScores", "given_reference", "policy_scores", "reference_scores"]
+__all__ = ["PolicyScores", "at_least_float32", "given_reference", "policy_scores", "reference_scores"]
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,23 @@ def policy_scores(
     return PolicyScores(logps, tok_lp if token_logps else None, tok_ent, sq)
 
 
+def at_least_float32(t: Tensor) -> Tensor:
+    """``t`` in float32, or in its own dtype when that is wider (float64 inputs are computed in float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def given_reference(pos: Positions, ref_logps: Tensor) -> tuple[Tensor, Tensor | None]:
     """(log π_ref per row (R,), per scored position (M,) or None), constants, from ``ref_logps`` given per row (R,)
     or per position (R, T, aligned with ``target``; only then is a per-position reference available)."""
     ref_logps = ref_logps.detach()
     if tuple(ref_logps.shape) == (pos.n_rows,):
-        return ref_logps.float(), None
+        return at_least_float32(ref_logps), None
     if tuple(ref_logps.shape) != (pos.n_rows, pos.seq_len):
         raise FusedInputError(
             f"ref_logps must have shape (R,) = ({pos.n_rows},) per row or (R, T) = ({pos.n_rows}, {pos.seq_len}) "
             f"per position like target, got {tuple(ref_logps.shape)}"
         )
-    tok = ref_logps[pos.row, pos.t].float()  # (M,)
+    tok = at_least_float32(ref_logps[pos.row, pos.t])  # (M,)
     return torch.zeros(pos.n_rows, dtype=tok.dtype, device=tok.device).index_add(0, pos.row, tok), tok
 
 
@@ -81,4 +86,4 @@ def reference_scores(
     with torch.no_grad():
         h, w = _fold_bias(pos.select(ref_input), ref_weight, ref_bias)
         logps, ref_tok, _ = weight_logps(h, w, pos.targets, pos.row, pos.n_rows, True, False, opts)
-    return logps.float(), (ref_tok.float() if ref_tok is not None else None)
+    return at_least_float32(logps), (at_least_float32(ref_tok) if ref_tok is not None else None)

@@ -188,6 +188,11 @@ def _dpo_family(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
     return f
 
 
+def _smoothed(z: Tensor, eps: float) -> Tensor:
+    """TRL CPO's label smoothing: −(1 − ε)·log σ(z) − ε·log σ(−z)."""
+    return (1 - eps) * _nls(z) + eps * _nls(-z)
+
+
 def _simple(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
     def f(x: dict[str, Any], p: Any) -> Tensor:
         uses_rho = kind in {"nca-pair", "bco-pair", "sppo-hard", "apo-zero", "apo-down"}
@@ -207,15 +212,15 @@ def _simple(kind: str) -> Callable[[dict[str, Any], Any], Tensor]:
         pw, pl = x["policy_chosen_logps"], x["policy_rejected_logps"]
         lw, ll = x["chosen_lengths"], x["rejected_lengths"]
         if kind == "simpo":
-            return _nls(b * (pw / lw - pl / ll - p.gamma_beta_ratio))
+            return _smoothed(b * (pw / lw - pl / ll - p.gamma_beta_ratio), p.label_smoothing)
         if kind == "cpo":
-            return _nls(b * (pw - pl)) + p.alpha * _nll(x, p)
+            return _smoothed(b * (pw - pl), p.label_smoothing) + p.alpha * _nll(x, p)
         if kind == "cpo-hinge":
             return torch.clamp(1 - b * (pw - pl), min=0) + p.alpha * _nll(x, p)
         if kind == "cpo-ipo":
             return (pw / lw - pl / ll - 1 / (2 * b)) ** 2 + p.alpha * _nll(x, p)
         if kind == "cpo-simpo":
-            return _nls(b * (pw / lw - pl / ll - p.gamma_beta_ratio)) + p.alpha * _nll(x, p)
+            return _smoothed(b * (pw / lw - pl / ll - p.gamma_beta_ratio), p.label_smoothing) + p.alpha * _nll(x, p)
         raise KeyError(kind)
 
     return f
