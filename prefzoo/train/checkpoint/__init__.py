@@ -3,6 +3,8 @@
 - :mod:`.save`: a checkpoint folder per saved step, written in a temp folder, fsynced, then sealed by a marker
   and renamed (never half-written); the newest complete one; retention.
 - :mod:`.resume`: the checkpoint every rank resumes from, checked against the run, its state loaded.
+- :mod:`.state`: no file of a checkpoint runs code when read: a loss's state in safetensors, torch data with
+  ``weights_only=True``, every pickle-capable file checked before the model loads.
 - :mod:`.nodes`: shared or node-local output dirs, and what the ranks agree on before training.
 - :mod:`.outdir`: one run per output dir (a lock), and the marker of a finished run.
 - :mod:`.final`: the final model folder (full, adapter or merged), its run card and model card.
@@ -27,9 +29,11 @@ from prefzoo.train.checkpoint.save import (
     read_marker,
     save_checkpoint,
 )
+from prefzoo.train.checkpoint.state import LOSS_STATE_FILE, load_loss_state, refuse_pickles, save_loss_state
 
 __all__ = [
     "COMPLETE_MARKER",
+    "LOSS_STATE_FILE",
     "DiskFullError",
     "HubPushError",
     "OutputDirLockedError",
@@ -43,14 +47,17 @@ __all__ = [
     "finished_run",
     "is_complete",
     "load_final_model",
+    "load_loss_state",
     "load_resumed_state",
     "lost_ranks",
     "mark_finished",
     "output_dir_lock",
     "push_folder",
     "read_marker",
+    "refuse_pickles",
     "resume_point",
     "save_checkpoint",
+    "save_loss_state",
     "save_model_folder",
     "versions",
     "write_final_model",

@@ -9,13 +9,15 @@ from typing import Any
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
+from prefzoo.train.checkpoint.state import load_loss_state, refuse_pickles, restore_rng
 
 __all__ = ["check_resumable", "load_resumed_state", "resume_point"]
 
 
 def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | None, dict[str, Any]]:
     """(the checkpoint every rank resumes from, its marker), the same step on all (see
-    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg``; (None, {}) for a fresh start."""
+    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg``, its pickle-capable files checked to load
+    without full pickle (:func:`prefzoo.train.checkpoint.state.refuse_pickles`); (None, {}) for a fresh start."""
     path = agree_on_resume(accelerator, storage, cfg.output_dir, cfg.resume)
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
@@ -32,6 +34,7 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | N
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
         )
+    refuse_pickles(path, accelerator, node_local=not storage.shared)
     return path, info
 
 
@@ -72,12 +75,18 @@ def _check_batch(path: Path, was: list[int] | None, now: list[int], batch_couple
         )
 
 
-def load_resumed_state(accelerator: Any, engine: Any, policy: Any, optimizer: Any, path: Path) -> None:
+def load_resumed_state(
+    accelerator: Any, engine: Any, policy: Any, optimizer: Any, path: Path, loss: Any = None,
+    saved_processes: int | None = None,
+) -> None:  # fmt: skip
     """The checkpoint's state through the engine (:meth:`prefzoo.train.engines.Engine.load_state`: accelerate's
     files, safetensors and ``torch.load(weights_only=True)`` only, and the model and optimizer in whichever form
-    they were saved); unreadable files are one line naming the checkpoint."""
+    they were saved), then this rank's random state (of ``saved_processes``, the checkpoint's) and a stateful
+    ``loss``'s state (:mod:`prefzoo.train.checkpoint.state`); unreadable files are one line naming the checkpoint."""
     try:
         engine.load_state(accelerator, policy, optimizer, path)
+        restore_rng(path, accelerator, saved_processes)
+        load_loss_state(loss, path)
     except (ResumeError, ConfigError):
         raise
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError) as e:

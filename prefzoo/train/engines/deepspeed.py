@@ -104,6 +104,15 @@ class DeepSpeedEngine(Engine):
         wrapped.eval()
         return FrozenReference.around(wrapped), "frozen ZeRO-3 partitioned copy of the starting model"
 
+    def load_state(self, accelerator: Any, policy: Any, optimizer: Any, folder: Path) -> None:
+        """accelerate's state, DeepSpeed's files read with ``torch.load(weights_only=True)`` (DeepSpeed's own
+        checkpoint engine would unpickle them in full)."""
+        from prefzoo.train.checkpoint.state import safe_deepspeed_loads
+
+        for model in accelerator._models:
+            safe_deepspeed_loads(model)
+        super().load_state(accelerator, policy, optimizer, folder)
+
     def drops_nonfinite_steps(self, wrapped: Any) -> bool:
         """Whether ZeRO's optimizer drops a step whose gradient norm is inf/NaN by itself (gradients zeroed,
         weights, moments and its step count untouched, ``wrapped.was_step_applied()`` False).

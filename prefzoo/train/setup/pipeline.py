@@ -311,8 +311,6 @@ def _parts(b: _Build) -> Parts:
     )  # fmt: skip
     parts.source = EpochBatches(parts) if b.prompts is None else d.online_rounds(cfg, parts, b.prompts, b.judge, b.plan)
     d.start_trackers(cfg, acc)
-    if b.loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
-        acc.register_for_checkpointing(b.loss)
     if b.resume_path is not None:
         _resume(parts, b.resume_path, b.resume_info)
         parts.source.load(b.resume_path)
@@ -322,7 +320,11 @@ def _parts(b: _Build) -> Parts:
 
 def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
     """Load the checkpoint's state (which engine and processes may resume it was checked before the model loaded)."""
-    load_resumed_state(parts.accelerator, parts.engine, parts.policy, parts.optimizer, path)
+    # a stateful loss's state (e.g. BCO's running reward mean) is loss_state.safetensors in every checkpoint
+    batch = saved.get("batch")  # [processes, per-device batch, accumulation] of the run that wrote it
+    written_by = int(batch[0]) if isinstance(batch, list) and batch else None
+    load_resumed_state(parts.accelerator, parts.engine, parts.policy, parts.optimizer, path, loss=parts.loss,
+                       saved_processes=written_by)  # fmt: skip
     parts.start_step = int(saved["step"])
     parts.resume_path = path
     parts.start_skipped = int(saved.get("skipped_steps", 0))
