@@ -136,12 +136,8 @@ def test_the_readers_themselves_refuse_a_payload(tmp_path):
 
     import torch
 
-    from prefzoo.train.checkpoint.state import (
-        dcp_planner,
-        read_dcp_metadata,
-        safe_deepspeed_loads,
-        safe_torch_load,
-    )
+    from prefzoo.train.checkpoint.state import dcp_planner, read_dcp_metadata, safe_torch_load
+    from prefzoo.train.engines.deepspeed import read_with_weights_only
 
     ran = tmp_path / "ran"
     bad = tmp_path / "bad.pkl"
@@ -158,7 +154,7 @@ def test_the_readers_themselves_refuse_a_payload(tmp_path):
         return torch.load(path, map_location=map_location, weights_only=False)
 
     engine = SimpleNamespace(checkpoint_engine=SimpleNamespace(load=full_pickle))
-    safe_deepspeed_loads(engine)
+    read_with_weights_only(engine, [])
     with pytest.raises(pickle.UnpicklingError):
         engine.checkpoint_engine.load(str(zipped))
     planner = dcp_planner()
@@ -166,6 +162,27 @@ def test_the_readers_themselves_refuse_a_payload(tmp_path):
     planner.state_dict = {}
     with pytest.raises(pickle.UnpicklingError):
         planner.load_bytes(None, io.BytesIO(zipped.read_bytes()))
+    assert not ran.exists()
+
+
+@pytest.mark.deepspeed
+def test_the_deepspeed_engine_reads_its_files_with_weights_only(tmp_path):
+    """The engine's load_state points DeepSpeed's own checkpoint engine (full pickle) at the weights-only reader
+    before accelerate asks DeepSpeed to load."""
+    pytest.importorskip("deepspeed")
+    import torch
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from prefzoo.train.config import TrainConfig
+    from prefzoo.train.engines import engine_for
+
+    ran = tmp_path / "ran"
+    bad = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"module": _Payload(ran)}, bad)
+    wrapped = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())
+    accelerator = SimpleNamespace(_models=[wrapped], load_state=lambda folder: wrapped.checkpoint_engine.load(str(bad)))
+    with pytest.raises(pickle.UnpicklingError):
+        engine_for(TrainConfig(model="m", deepspeed="zero2")).load_state(accelerator, None, None, tmp_path)
     assert not ran.exists()
 
 
@@ -185,6 +202,5 @@ def test_a_deepspeed_checkpoint_resumes_through_the_weights_only_reader(tmp_path
     resumed = _train({**cfg, "max_steps": 2, "resume": "auto"}, 1)
     text = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0 and "resumed from" in text, text[-3000:]
-    assert "[Torch] Begin Load checkpoint" not in text  # DeepSpeed's own (full-pickle) loader was not used
     diff = max_diff(final_weights(tmp_path / "whole"), final_weights(tmp_path / "run"))
     assert diff < 1e-6, diff

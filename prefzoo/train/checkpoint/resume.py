@@ -9,15 +9,14 @@ from typing import Any
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
-from prefzoo.train.checkpoint.state import load_loss_state, refuse_pickles, restore_rng
+from prefzoo.train.checkpoint.state import load_loss_state, restore_rng
 
 __all__ = ["check_resumable", "load_resumed_state", "resume_point"]
 
 
 def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | None, dict[str, Any]]:
     """(the checkpoint every rank resumes from, its marker), the same step on all (see
-    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg``, its pickle-capable files checked to load
-    without full pickle (:func:`prefzoo.train.checkpoint.state.refuse_pickles`); (None, {}) for a fresh start."""
+    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg``; (None, {}) for a fresh start."""
     path = agree_on_resume(accelerator, storage, cfg.output_dir, cfg.resume)
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
@@ -34,7 +33,6 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage) -> tuple[Path | N
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
         )
-    refuse_pickles(path, accelerator, node_local=not storage.shared)
     return path, info
 
 

@@ -7,13 +7,13 @@ for.  So:
 - a stateful loss's state (BCO's running reward mean, a stateful modifier's, a weighted sum's terms'; one flat dict
   of tensors) is ``loss_state.safetensors`` (:func:`save_loss_state`, :func:`load_loss_state`), never accelerate's
   pickled ``custom_checkpoint_N.pkl``;
-- accelerate's ``optimizer.bin``, ``scheduler.bin`` and ``random_states_R.pkl``, FSDP2's ``fsdp/rank-R.pt`` and
-  DeepSpeed's ``*.pt`` are ``torch.save`` data, read with ``torch.load(weights_only=True)`` and the few plain-data
-  classes of :func:`safe_globals` (numpy arrays for the RNG states; DeepSpeed's loss-scaler record, ZeRO-stage enum
-  and fragment address); DeepSpeed reads its files through :func:`safe_deepspeed_loads`;
+- accelerate's ``optimizer.bin``, ``scheduler.bin`` and ``random_states_R.pkl`` and an engine's own ``*.pt`` files
+  are ``torch.save`` data, read with ``torch.load(weights_only=True)`` and the few plain-data classes of
+  :func:`safe_globals`: numpy arrays (the RNG states) and what the engine names
+  (:meth:`prefzoo.train.engines.Engine.checkpoint_globals`), whose own loaders are pointed at :func:`safe_torch_load`;
 - DCP's ``dcp/.metadata`` is a plain pickle: it is read by an unpickler that builds only DCP's metadata classes,
   sizes, dtypes and paths, its non-tensor items with ``weights_only=True`` (:func:`dcp_reader`, :func:`dcp_planner`);
-- :func:`refuse_pickles` runs on every rank right after the resume point is chosen, before the model loads: every
+- :func:`refuse_pickles` runs on every rank once the resume point is chosen and checked, before the model loads: every
   pickle-capable file (:data:`PICKLE_SUFFIXES`) is read the way the run will read it, and one that would need full
   pickle is a :class:`ResumeError` naming it, on every rank.
 """
@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ __all__ = [
     "load_loss_state",
     "refuse_pickles",
     "restore_rng",
-    "safe_deepspeed_loads",
     "safe_globals",
     "safe_torch_load",
     "save_loss_state",
@@ -84,36 +82,21 @@ def load_loss_state(loss: Any, folder: Path) -> None:
 # -- reading torch data without running code ----------------------------------------------------------------------
 
 
-def safe_globals() -> list[Any]:
+def safe_globals(allowed: Sequence[Any] = ()) -> list[Any]:
     """The plain-data classes a checkpoint's torch files may name beyond torch's own weights-only set: numpy arrays
-    (accelerate's RNG states) and, where DeepSpeed is installed, its loss-scaler record, ZeRO-stage enum and
-    fragment address (attributes and numbers; none runs code when rebuilt)."""
+    (accelerate's RNG states) and ``allowed`` (an engine's records: attributes and numbers, nothing that runs code
+    when rebuilt)."""
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
-    allowed = list(TORCH_SAFE_GLOBALS)
-    try:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-        from deepspeed.utils.tensor_fragment import fragment_address
-    except Exception:  # no DeepSpeed (or another layout): its files are refused like any other unknown class
-        return allowed
-    return [*allowed, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+    return [*TORCH_SAFE_GLOBALS, *allowed]
 
 
-@contextmanager
-def _allowed() -> Iterator[None]:
-    import torch
-
-    with torch.serialization.safe_globals(safe_globals()):
-        yield
-
-
-def safe_torch_load(f: Any, map_location: Any = "cpu", mmap: bool = False) -> Any:
+def safe_torch_load(f: Any, map_location: Any = "cpu", mmap: bool = False, allowed: Sequence[Any] = ()) -> Any:
     """``torch.load(f, weights_only=True)`` with :func:`safe_globals`; a file that needs more raises
     ``pickle.UnpicklingError``."""
     import torch
 
-    with _allowed():
+    with torch.serialization.safe_globals(safe_globals(allowed)):
         return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
 
 
@@ -179,14 +162,6 @@ def dcp_planner() -> Any:
     return _SafePlanner()
 
 
-def safe_deepspeed_loads(engine: Any) -> None:
-    """Make a DeepSpeed engine read its checkpoint files with :func:`safe_torch_load` (its own checkpoint engine's
-    ``load`` uses full pickle); saving is unchanged."""
-    inner = getattr(engine, "checkpoint_engine", None)
-    if inner is not None:
-        inner.load = lambda path, map_location=None: safe_torch_load(path, map_location=map_location)
-
-
 # -- random state -------------------------------------------------------------------------------------------------
 
 
@@ -230,31 +205,33 @@ def pickle_files(folder: Path) -> list[Path]:
     return sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name.endswith(PICKLE_SUFFIXES))
 
 
-def check_file(path: Path, folder: Path) -> str | None:
+def check_file(path: Path, folder: Path, allowed: Sequence[Any] = ()) -> str | None:
     """Why ``path`` cannot be read without full pickle, or None when it can (read the way resuming reads it)."""
     if path.name.startswith("custom_checkpoint_") and path.suffix == ".pkl":
-        return "accelerate's pickled custom state, which needs full pickle (prefzoo keeps a loss's state in " \
+        return (
+            "accelerate's pickled custom state, which needs full pickle (prefzoo keeps a loss's state in "
             f"{LOSS_STATE_FILE})"
+        )
     try:
         if path.name.endswith(".metadata"):
             read_dcp_metadata(path)
         elif path.suffix == ".distcp":
-            _check_distcp(path, folder)
+            _check_distcp(path)
         else:
-            _check_torch_file(path)
+            _check_torch_file(path, allowed)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, KeyError, AttributeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return f"would need full pickle to load ({type(e).__name__}: {first[:200]})"
     return None
 
 
-def _check_torch_file(path: Path) -> None:
+def _check_torch_file(path: Path, allowed: Sequence[Any]) -> None:
     import zipfile
 
-    safe_torch_load(str(path), mmap=zipfile.is_zipfile(path))  # zip: tensors mapped, not read
+    safe_torch_load(str(path), mmap=zipfile.is_zipfile(path), allowed=allowed)  # zip: tensors mapped, not read
 
 
-def _check_distcp(path: Path, folder: Path) -> None:
+def _check_distcp(path: Path) -> None:
     """Every item of a DCP data file (each a ``torch.save`` blob at an offset the metadata names)."""
     try:
         metadata = read_dcp_metadata(path.parent / ".metadata")
@@ -269,9 +246,10 @@ def _check_distcp(path: Path, folder: Path) -> None:
             safe_torch_load(io.BytesIO(f.read(info.length)))
 
 
-def refuse_pickles(folder: Path, accelerator: Any, node_local: bool) -> None:
+def refuse_pickles(folder: Path, accelerator: Any, node_local: bool, allowed: Sequence[Any] = ()) -> None:
     """Every rank: the checkpoint's pickle-capable files, shared among the ranks that see the same folder, each read
-    the way resuming reads it; the first that would need full pickle is one ResumeError on every rank."""
+    the way resuming reads it (``allowed``: the engine's plain-data classes); the first that would need full pickle
+    is one ResumeError on every rank."""
     files = pickle_files(folder)
     if node_local:
         rank, world = accelerator.local_process_index, _local_world(accelerator)
@@ -279,7 +257,7 @@ def refuse_pickles(folder: Path, accelerator: Any, node_local: bool) -> None:
         rank, world = accelerator.process_index, accelerator.num_processes
     problem = None
     for path in files[rank::world]:
-        why = check_file(path, folder)
+        why = check_file(path, folder, allowed)
         if why is not None:
             problem = f"{path.relative_to(folder)} {why}"
             break

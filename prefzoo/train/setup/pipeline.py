@@ -24,6 +24,7 @@ from prefzoo.train.checkpoint import (
     check_resumable,
     detect_storage,
     load_resumed_state,
+    refuse_pickles,
     resume_point,
 )
 from prefzoo.train.config import ConfigError, TrainConfig
@@ -132,6 +133,8 @@ def _start_processes(b: _Build) -> None:
         n = b.accelerator.num_processes
         run = {"seed": cfg.seed, "batch": [n, cfg.per_device_batch_size, cfg.grad_accum], **b.engine.marker(n)}
         check_resumable(b.resume_path, b.resume_info, run, bool(b.loss.spec.batch_coupled))
+        # before the model loads: no file of the checkpoint would need full pickle (one line naming it, every rank)
+        refuse_pickles(b.resume_path, b.accelerator, not b.storage.shared, b.engine.checkpoint_globals())
     set_seed(cfg.seed)
 
 
