@@ -200,8 +200,9 @@ def checkpoint_problems(out: Path, nproc: int = 2) -> list[str]:
     """Why a checkpoint that looks complete (``--resume auto`` may pick it) would not resume: its files do not verify
     (a sha256 differs from its marker, or the marker records none), a file that does not load, a rank's RNG state
     missing, a marker naming another step."""
-    import torch
     from safetensors.torch import load_file
+
+    from prefzoo.train.checkpoint.state import safe_torch_load
 
     problems = []
     for ckpt in complete_checkpoints(out):
@@ -220,7 +221,7 @@ def checkpoint_problems(out: Path, nproc: int = 2) -> list[str]:
                 if path.suffix == ".safetensors":
                     load_file(str(path))
                 elif path.suffix in (".bin", ".pkl", ".pt"):
-                    torch.load(path, map_location="cpu", weights_only=False)
+                    safe_torch_load(str(path))  # as resuming reads it: weights_only=True
                 elif path.suffix == ".json":
                     json.loads(path.read_text())
             except Exception as e:  # any error is the finding

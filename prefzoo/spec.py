@@ -505,7 +505,8 @@ class Loss:
 
     A stateful loss (``spec.initial_state``) is also bound to its state: ``loss.state`` goes in as ``ctx.state``
     and the returned ``LossOutput.state`` replaces it after each training call.  ``state_dict`` /
-    ``load_state_dict`` make the loss checkpointable (``accelerator.register_for_checkpointing(loss)``).
+    ``load_state_dict`` make the loss checkpointable: a dict of tensors, which the trainer saves as safetensors
+    (``prefzoo.train.checkpoint.save_loss_state``; never a pickle).
     """
 
     def __init__(self, spec: LossSpec, params: LossParams) -> None:

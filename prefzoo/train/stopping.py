@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.checkpoint import save_checkpoint, save_model_folder
+from prefzoo.train.checkpoint import save_checkpoint, save_loss_state, save_model_folder
 from prefzoo.train.guard import NonFiniteStepsError
 from prefzoo.train.step import RunFields
 
@@ -58,12 +58,14 @@ class BoundaryPhase(RunFields):
 
     def _save_shards(self, tmp: Path) -> None:
         """Every rank, after accelerate's state: what the engine saves beside it (e.g. its model and optimizer
-        shards); with --density-ratio the folder's writer adds the classifier (a resumed run loads it)."""
+        shards); the folder's writer adds a stateful loss's state and, with --density-ratio, the classifier (a
+        resumed run loads both)."""
         p = self.parts
         p.engine.save_shards(p.policy, p.optimizer, tmp)
-        if p.density_ratio is not None:
-            node_local = p.storage is not None and not p.storage.shared
-            if p.accelerator.is_local_main_process if node_local else p.accelerator.is_main_process:
+        node_local = p.storage is not None and not p.storage.shared
+        if p.accelerator.is_local_main_process if node_local else p.accelerator.is_main_process:
+            save_loss_state(p.loss, tmp)
+            if p.density_ratio is not None:
                 p.density_ratio.save(tmp, self.cfg)
 
     def abort_nonfinite(self) -> None:

@@ -1,6 +1,6 @@
 """Loss state (``LossSpec.initial_state``): carried by the bound Loss between calls, advanced only on training
-calls, checkpointable (``state_dict`` / ``load_state_dict``, so ``accelerator.register_for_checkpointing(loss)``
-saves it with the run), checked like the rest of the output, and kept per term in a combination."""
+calls, checkpointable (``state_dict`` / ``load_state_dict``; the trainer saves it as ``loss_state.safetensors`` in
+each checkpoint), checked like the rest of the output, and kept per term in a combination."""
 
 from __future__ import annotations
 
@@ -72,15 +72,15 @@ def test_load_state_dict_names_a_bad_key():
         prefzoo.get_loss("kto").load_state_dict({"delta": torch.zeros(())})
 
 
-def test_accelerate_checkpoint_saves_and_restores_the_state(tmp_path):
-    accelerate = pytest.importorskip("accelerate")
-    acc = accelerate.Accelerator(cpu=True)
+def test_checkpoint_saves_and_restores_the_state_as_safetensors(tmp_path):
+    pytest.importorskip("accelerate")
+    from prefzoo.train.checkpoint import load_loss_state, save_loss_state
+
     loss = prefzoo.get_loss("bco", beta=1.0)
-    acc.register_for_checkpointing(loss)
     loss(batch([2.0, 4.0]))
-    acc.save_state(str(tmp_path / "ckpt"))
+    save_loss_state(loss, tmp_path)
     loss(batch([100.0, 100.0]))
-    acc.load_state(str(tmp_path / "ckpt"))
+    load_loss_state(loss, tmp_path)
     assert float(loss.state["delta"]) == 3.0 and float(loss.state["count"]) == 2
 
 

@@ -267,14 +267,18 @@ def test_group_and_unpaired_metrics():
 
 @pytest.mark.slow
 def test_train_bco_keeps_its_state_in_checkpoints(tmp_path, tiny_dir, capsys):
-    """A stateful unpaired loss: its running mean δ is registered for checkpointing and advances every step."""
+    """A stateful unpaired loss: its running mean δ is saved in every checkpoint (safetensors) and advances every
+    step."""
     _needs("bco")
     data = write_jsonl(tmp_path / "unpaired.jsonl", make_unpaired(16))
     rc, _, err = _run(capsys, "--loss", "bco", "--save-steps", "1", *_train_args(tmp_path, tiny_dir, data))
     assert rc == 0, err
-    saved = sorted((tmp_path / "out" / "checkpoints").glob("step-*/custom_checkpoint_0.*"))
+    from safetensors.torch import load_file
+
+    saved = sorted((tmp_path / "out" / "checkpoints").glob("step-*/loss_state.safetensors"))
     assert len(saved) == 2
-    states = [torch.load(f, weights_only=True) for f in saved]
+    assert not list((tmp_path / "out" / "checkpoints").glob("step-*/custom_checkpoint_*"))  # nothing pickled
+    states = [load_file(str(f)) for f in saved]
     assert float(states[0]["count"]) < float(states[1]["count"])  # δ advanced between the two steps
 
 

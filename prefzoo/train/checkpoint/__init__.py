@@ -4,6 +4,8 @@
   and renamed (never half-written); the newest complete one; retention.
 - :mod:`.verify`: the sha256 of every file of a checkpoint, recorded in its marker and checked before loading.
 - :mod:`.resume`: the checkpoint every rank resumes from, checked against the run, its state loaded.
+- :mod:`.state`: no file of a checkpoint runs code when read: a loss's state in safetensors, torch data with
+  ``weights_only=True``, every pickle-capable file checked before the model loads.
 - :mod:`.nodes`: shared or node-local output dirs, and what the ranks agree on before training.
 - :mod:`.outdir`: one run per output dir (a lock, taken before any work; no other run's files, no symbolic link),
   and the marker of a finished run.
@@ -42,9 +44,11 @@ from prefzoo.train.checkpoint.save import (
     save_checkpoint,
     verify_checkpoint,
 )
+from prefzoo.train.checkpoint.state import LOSS_STATE_FILE, load_loss_state, refuse_pickles, save_loss_state
 
 __all__ = [
     "COMPLETE_MARKER",
+    "LOSS_STATE_FILE",
     "DiskFullError",
     "HubPushError",
     "OutputDirHoldsRunError",
@@ -61,14 +65,17 @@ __all__ = [
     "fit_batch_to_checkpoint",
     "is_complete",
     "load_final_model",
+    "load_loss_state",
     "load_resumed_state",
     "lost_ranks",
     "mark_finished",
     "output_dir_lock",
     "push_folder",
     "read_marker",
+    "refuse_pickles",
     "resume_point",
     "save_checkpoint",
+    "save_loss_state",
     "save_model_folder",
     "verify_checkpoint",
     "versions",

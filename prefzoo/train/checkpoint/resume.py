@@ -10,6 +10,7 @@ from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
+from prefzoo.train.checkpoint.state import load_loss_state, restore_rng
 
 __all__ = ["batch_fits", "check_resumable", "fit_batch_to_checkpoint", "load_resumed_state", "resume_point"]
 
@@ -152,12 +153,18 @@ def _check_batch(path: Path, was: list[int] | None, now: list[int], batch_couple
         )
 
 
-def load_resumed_state(accelerator: Any, engine: Any, policy: Any, optimizer: Any, path: Path) -> None:
+def load_resumed_state(
+    accelerator: Any, engine: Any, policy: Any, optimizer: Any, path: Path, loss: Any = None,
+    saved_processes: int | None = None,
+) -> None:  # fmt: skip
     """The checkpoint's state through the engine (:meth:`prefzoo.train.engines.Engine.load_state`: accelerate's
     files, safetensors and ``torch.load(weights_only=True)`` only, and the model and optimizer in whichever form
-    they were saved); unreadable files are one line naming the checkpoint."""
+    they were saved), then this rank's random state (of ``saved_processes``, the checkpoint's) and a stateful
+    ``loss``'s state (:mod:`prefzoo.train.checkpoint.state`); unreadable files are one line naming the checkpoint."""
     try:
         engine.load_state(accelerator, policy, optimizer, path)
+        restore_rng(path, accelerator, saved_processes)
+        load_loss_state(loss, path)
     except (ResumeError, ConfigError):
         raise
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError) as e:

@@ -53,6 +53,11 @@ class Engine:
         """The option that chose this engine, as the user typed it ('' for the default)."""
         return ""
 
+    def checkpoint_globals(self) -> list[Any]:
+        """Plain-data classes (records of attributes and numbers) this engine's checkpoint files name, allowed when
+        they are read with ``torch.load(weights_only=True)`` (:mod:`prefzoo.train.checkpoint.state`)."""
+        return []
+
     def marker(self, num_processes: int) -> dict[str, Any]:
         """What a checkpoint's marker records of the engine, read when a run resumes from it."""
         return {"engine": self.label, "checkpoint_format": self.checkpoint_format}

@@ -37,13 +37,16 @@ def save_dcp(module: Any, optimizer: Any, folder: Path) -> None:
 
 
 def load_dcp(module: Any, optimizer: Any, folder: Path) -> None:
-    """Every rank: ``folder/dcp`` into ``module`` and ``optimizer`` in their current layout (sharded or whole)."""
+    """Every rank: ``folder/dcp`` into ``module`` and ``optimizer`` in their current layout (sharded or whole); its
+    metadata and non-tensor items are read without full pickle (:mod:`prefzoo.train.checkpoint.state`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from prefzoo.train.checkpoint.state import dcp_planner, dcp_reader
+
     model_sd, optim_sd = get_state_dict(module, optimizer)  # the layout to fill (optimizer state initialised)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(Path(folder) / DCP_DIR))
+    dcp.load(state, storage_reader=dcp_reader(Path(folder) / DCP_DIR), planner=dcp_planner())  # no full pickle
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

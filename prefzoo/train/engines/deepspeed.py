@@ -26,7 +26,7 @@ import torch
 from prefzoo.errors import ConfigError, install_hint
 from prefzoo.train.engines.base import Engine
 
-__all__ = ["DeepSpeedEngine", "DeepSpeedMissingError", "deepspeed_config", "end_zero3_switch"]
+__all__ = ["DeepSpeedEngine", "DeepSpeedMissingError", "deepspeed_config", "end_zero3_switch", "read_with_weights_only"]
 
 
 class DeepSpeedMissingError(RuntimeError):
@@ -104,6 +104,22 @@ class DeepSpeedEngine(Engine):
         wrapped.eval()
         return FrozenReference.around(wrapped), "frozen ZeRO-3 partitioned copy of the starting model"
 
+    def checkpoint_globals(self) -> list[Any]:
+        """What ZeRO's optimizer files name besides tensors: its loss-scaler settings, the ZeRO stage (an enum) and
+        fragment offsets (a record of two numbers)."""
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+    def load_state(self, accelerator: Any, policy: Any, optimizer: Any, folder: Path) -> None:
+        """accelerate's state, DeepSpeed's files read with ``torch.load(weights_only=True)`` (DeepSpeed's own
+        checkpoint engine would unpickle them in full)."""
+        for model in accelerator._models:
+            read_with_weights_only(model, self.checkpoint_globals())
+        super().load_state(accelerator, policy, optimizer, folder)
+
     def drops_nonfinite_steps(self, wrapped: Any) -> bool:
         """Whether ZeRO's optimizer drops a step whose gradient norm is inf/NaN by itself (gradients zeroed,
         weights, moments and its step count untouched, ``wrapped.was_step_applied()`` False).
@@ -130,6 +146,17 @@ class DeepSpeedEngine(Engine):
 
     def end(self, accelerator: Any) -> None:
         end_zero3_switch()
+
+
+def read_with_weights_only(wrapped: Any, allowed: list[Any]) -> None:
+    """Point a DeepSpeed engine's checkpoint reads at ``torch.load(weights_only=True)`` with ``allowed``
+    (:func:`prefzoo.train.checkpoint.state.safe_torch_load`); its own checkpoint engine's ``load`` uses full pickle.
+    Saving is unchanged."""
+    from prefzoo.train.checkpoint.state import safe_torch_load
+
+    reader = getattr(wrapped, "checkpoint_engine", None)
+    if reader is not None:
+        reader.load = lambda path, map_location=None: safe_torch_load(path, map_location=map_location, allowed=allowed)
 
 
 def end_zero3_switch() -> None:

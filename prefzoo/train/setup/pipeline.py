@@ -32,6 +32,7 @@ from prefzoo.train.checkpoint import (
     detect_storage,
     fit_batch_to_checkpoint,
     load_resumed_state,
+    refuse_pickles,
     resume_point,
 )
 from prefzoo.train.config import ConfigError, TrainConfig
@@ -143,6 +144,8 @@ def _start_processes(b: _Build) -> None:
             b.say(fitted)
         run = {"seed": cfg.seed, "batch": [n, cfg.per_device_batch_size, cfg.grad_accum], **b.engine.marker(n)}
         check_resumable(b.resume_path, b.resume_info, run, bool(b.loss.spec.batch_coupled))
+        # before the model loads: no file of the checkpoint would need full pickle (one line naming it, every rank)
+        refuse_pickles(b.resume_path, b.accelerator, not b.storage.shared, b.engine.checkpoint_globals())
     set_seed(cfg.seed)
 
 
@@ -326,8 +329,6 @@ def _parts(b: _Build) -> Parts:
     )  # fmt: skip
     parts.source = EpochBatches(parts) if b.prompts is None else d.online_rounds(cfg, parts, b.prompts, b.judge, b.plan)
     d.start_trackers(cfg, acc)
-    if b.loss.spec.stateful:  # e.g. BCO's running reward mean: saved in every checkpoint, restored on resume
-        acc.register_for_checkpointing(b.loss)
     if b.resume_path is not None:
         _resume(parts, b.resume_path, b.resume_info)
         parts.source.load(b.resume_path)
@@ -337,7 +338,11 @@ def _parts(b: _Build) -> Parts:
 
 def _resume(parts: Parts, path: Path, saved: dict[str, Any]) -> None:
     """Load the checkpoint's state (which engine and processes may resume it was checked before the model loaded)."""
-    load_resumed_state(parts.accelerator, parts.engine, parts.policy, parts.optimizer, path)
+    # a stateful loss's state (e.g. BCO's running reward mean) is loss_state.safetensors in every checkpoint
+    batch = saved.get("batch")  # [processes, per-device batch, accumulation] of the run that wrote it
+    written_by = int(batch[0]) if isinstance(batch, list) and batch else None
+    load_resumed_state(parts.accelerator, parts.engine, parts.policy, parts.optimizer, path, loss=parts.loss,
+                       saved_processes=written_by)  # fmt: skip
     parts.start_step = int(saved["step"])
     parts.resume_path = path
     parts.start_skipped = int(saved.get("skipped_steps", 0))
