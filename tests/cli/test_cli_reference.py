@@ -8,11 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _reference():
-    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "scripts" / "cli_reference.py")
+def _script(name: str):
+    """scripts/NAME.py loaded as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _reference():
+    return _script("cli_reference")
 
 
 def test_cli_reference_is_generated_from_the_parsers():
@@ -36,10 +41,7 @@ def test_cli_reference_keeps_asterisks_and_names_both_output_dirs():
 
 
 def _config_reference():
-    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _script("config_reference")
 
 
 def test_configuration_reference_is_generated_from_the_sections():
