@@ -26,12 +26,12 @@ CLASSES = {
 # node-id fragments (all present) → why prefzoo misses the test, against float64 (docs/results/performance-nn.md)
 KNOWN: dict[tuple[str, ...], str] = {
     ("test_correctness_functional_apo_loss_types[sppo_hard-", "-3-47-31-123]"): (
-        "sppo_hard on summed log-probs, 3 pairs x 47 tokens (a squared loss, multipliers ~30-60 on each row's "
-        "log-prob gradient): against float64 on the same inputs both sides are within 3e-6 of the largest "
-        "input-gradient entry (float32 level), but prefzoo's entry-wise error is larger on entries near 0 (median "
-        "4.6e-5 against Liger's 1.7e-5, bias-free head), above the test's atol 1e-5 there: 1,234 input-gradient "
-        "entries miss the test's tolerance against float64, Liger's none (on the weight gradient both miss it "
-        "against float64: Liger 2-18 entries, prefzoo 12-45)"
+        "Liger's float32 result is the less accurate side: the test compares prefzoo with Liger's own functional "
+        "path, not with the math. sppo_hard squares margins of log-probs summed over 47 tokens (multipliers ~30-60 "
+        "on each row's gradient); against float64 on the test's inputs (float32, bias-free head) the input "
+        "gradient's median absolute error is Liger 1.7e-5, prefzoo 7e-6, and the weight gradient misses the test's "
+        "own tolerance in 18 entries for Liger, 2 for prefzoo; in bfloat16 Liger misses it in 41-47 input-gradient "
+        "entries, prefzoo in 29-44. The gap between the two is Liger's rounding (docs/results/performance-nn.md)"
     ),
 }
 

@@ -173,3 +173,19 @@ def test_the_backward_recomputes_every_chunk_into_one_buffer(monkeypatch):
     lp, _ = head_logps(h, w, targets, False, HeadOptions(5, keep_bytes=0))
     fresh = torch.autograd.grad(lp.sum(), (h, w))  # a fresh buffer per chunk, as before
     assert all(torch.equal(a, b) for a, b in zip(got, fresh, strict=True))
+
+
+def test_row_sums_accumulate_beyond_float32():
+    """A row's sum of many float32 log-probs is the float64 sum rounded once: index_add in float32 adds them one after
+    another and drifts (SPPO's squared margin on summed log-probs multiplies that drift into every gradient)."""
+    from prefzoo.model.fast.head import row_sums
+
+    g = torch.Generator().manual_seed(0)
+    tok = -5.0 - 5.0 * torch.rand(4000, generator=g)  # (M,) float32 log-probs of -5 to -10
+    row = torch.arange(4000) % 2  # (M,) two rows, interleaved
+    exact = torch.zeros(2, dtype=torch.float64).index_add(0, row, tok.double())  # (N,)
+    got = row_sums(tok, row, 2)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, exact.float())  # rounded once
+    sequential = torch.zeros(2).index_add(0, row, tok)  # what float32 accumulation gives
+    assert not torch.equal(sequential, exact.float())  # the case is one where accumulation precision shows

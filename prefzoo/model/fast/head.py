@@ -66,8 +66,14 @@ def fusable_head(head: nn.Module) -> bool:
 
 
 def row_sums(tok: Tensor, row: Tensor, n: int) -> Tensor:
-    """(N,) Σ over each row's positions of per-position values ``tok`` (M,), ``row`` (M,) their rows in 0..n−1."""
-    return torch.zeros(n, dtype=tok.dtype, device=tok.device).index_add(0, row, tok)
+    """(N,) Σ over each row's positions of per-position values ``tok`` (M,), ``row`` (M,) their rows in 0..n−1.
+
+    Accumulated in float64 (M additions, nothing of vocabulary size): ``index_add`` adds a row's values one after
+    another, and in float32 a sum of hundreds of log-probs of −5 to −10 each loses the last digits that a loss on
+    differences of summed log-probs (a policy and a reference, SPPO's squared margin) multiplies by its gradient.
+    """
+    acc = torch.float32 if tok.device.type == "mps" else torch.promote_types(tok.dtype, torch.float64)  # MPS: no f64
+    return torch.zeros(n, dtype=acc, device=tok.device).index_add(0, row, tok.to(acc)).to(tok.dtype)
 
 
 def _acc(t: Tensor) -> torch.dtype:
