@@ -113,6 +113,6 @@ def test_the_default_task_evaluation_is_chosen_by_capability_not_by_name(files, 
         assert "--judge is used by --win-rate" in capsys.readouterr().err
         assert main(["eval", "--judge", "exact-task-judge", *data]) == 2  # gets past the judge, to the missing model
         err = capsys.readouterr().err
-        assert "--judge is used" not in err and "cannot load model" in err
+        assert "--judge is used" not in err and "--model" in err and "no such folder" in err
     finally:
         J.reset_judge_registry()

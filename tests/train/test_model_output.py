@@ -29,7 +29,8 @@ def test_the_final_readme_is_a_model_card_with_front_matter(tmp_path, tiny_dir, 
     assert meta["base_model"] == str(tiny_dir) and meta["library_name"] == "transformers"
     assert meta["datasets"] == [str(pairs_file)] and {"prefzoo", "simpo"} <= set(meta["tags"])
     assert meta["prefzoo"]["loss"] == "simpo"
-    assert meta["prefzoo"]["loss_params"] == {"beta": 2.5, "gamma_beta_ratio": 0.5}  # the one given, and the default
+    # the one given, and the defaults
+    assert meta["prefzoo"]["loss_params"] == {"beta": 2.5, "gamma_beta_ratio": 0.5, "label_smoothing": 0.0}
     assert meta["prefzoo"]["steps"] == 2 and meta["prefzoo"]["metrics"]["loss"] == res.history[-1]["loss"]
     card = ModelCard.load(res.final_dir / "README.md")  # the hub's own parser reads it
     assert card.data.base_model == str(tiny_dir) and "prefzoo" in card.data.tags
