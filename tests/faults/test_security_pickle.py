@@ -38,20 +38,14 @@ class _Payload:
 
 
 def _plant(ckpt: Path, rel: str, ran: Path) -> None:
-    """``ckpt/rel`` becomes the payload; the marker's manifest is made to match it."""
+    """``ckpt/rel`` becomes the payload; the marker's manifest (sizes and sha256) is made to match it, a file it did
+    not list added, as an attacker who can edit the folder would: the test reaches the loaders behind the marker."""
     target = ckpt / rel
     target.write_bytes(pickle.dumps(_Payload(ran)))
     marker_path = ckpt / MARKER_NAME
     marker = json.loads(marker_path.read_text())
-    files = marker.get("files", {})
-    size, digest = target.stat().st_size, hashlib.sha256(target.read_bytes()).hexdigest()
-    entry = files.get(rel)
-    if isinstance(entry, dict):
-        entry.update({k: size for k in entry if k in ("size", "bytes")})
-        entry.update({k: digest for k in entry if "sha256" in k})
-    else:
-        files[rel] = size
-    marker["files"] = files
+    marker.setdefault("files", {})[rel] = target.stat().st_size
+    marker.setdefault("sha256", {})[rel] = hashlib.sha256(target.read_bytes()).hexdigest()
     marker_path.write_text(json.dumps(marker))
 
 
