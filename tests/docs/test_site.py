@@ -30,7 +30,7 @@ WORK_LOG_PHRASES = (
     r"\bsince the table above", r"\bthe old command", r"\bthe new command",
 )
 WORK_LOG = re.compile("|".join(f"(?:{p})" for p in WORK_LOG_PHRASES), re.I)
-HISTORY_PAGES = ("changelog.md", "history/")  # where history belongs: not checked for work-log phrasing
+HISTORY_PAGES = ("changelog.md",)  # where history belongs: not checked for work-log phrasing
 MATH = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 
 
