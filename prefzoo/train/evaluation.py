@@ -16,7 +16,7 @@ import torch
 
 from prefzoo.data.progress import Progress, length
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
-from prefzoo.train.metrics import correct_rows
+from prefzoo.train.loop.metrics import correct_rows
 
 __all__ = ["evaluate", "score_batches", "tie_note"]
 

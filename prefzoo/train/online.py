@@ -23,7 +23,7 @@ generated completion as it is trained on.  The rows of every process are gathere
 process writes the whole round into each checkpoint (``online.json``); a run resumed mid-round trains on the same
 rows from the same micro-batch as the uninterrupted run (a round that starts at the resumed step is sampled anew,
 from the restored weights).  Callbacks see ``on_generation_begin``/``on_generation_end``/``on_judged``.
-:class:`OnlineRounds` is the run's data source (:mod:`prefzoo.train.source`): the same loop as offline epochs.
+:class:`OnlineRounds` is the run's data source (:mod:`prefzoo.train.loop.source`): the same loop as offline epochs.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ class OnlineRounds:
             out.append({key: (v.to(acc.device) if torch.is_tensor(v) else v) for key, v in batch.items()})
         return out
 
-    # -- the run's data source (prefzoo.train.source) -----------------------------------------------------------
+    # -- the run's data source (prefzoo.train.loop.source) ------------------------------------------------------
     def chunks(self, run: Any) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """(epoch, the micro-batches of each round) from the run's current step on (resumed mid-round: the saved
         rows); the epoch counts passes over the prompts."""

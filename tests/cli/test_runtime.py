@@ -155,7 +155,7 @@ def test_a_launched_worker_ends_at_once_with_its_status(env, ends):
 # and no interpreter teardown (which took 1.5 s after the line); a plain Ctrl-C keeps the teardown
 _STOPPED = (
     "import atexit, sys; atexit.register(lambda: print('TEARDOWN', flush=True)); "
-    "sys.argv = ['prefzoo', 'losses']; import prefzoo.cli.losses as cmd; from prefzoo.train.signals import "
+    "sys.argv = ['prefzoo', 'losses']; import prefzoo.cli.losses as cmd; from prefzoo.train.loop.signals import "
     "StoppedBeforeTraining as S; cmd.run = lambda args: (_ for _ in ()).throw({exc}); "
     "from prefzoo.cli.main import main; sys.exit(main())"
 )

@@ -69,7 +69,7 @@ def test_kill9_then_resume_logs_every_step_once(tmp_path, tiny_dir, pairs_file, 
 
 
 def test_resuming_drops_the_records_past_the_checkpoint_and_a_torn_line(tmp_path):
-    from prefzoo.train.metrics import JsonlWriter, last_logged
+    from prefzoo.train.loop.metrics import JsonlWriter, last_logged
 
     path = tmp_path / "metrics.jsonl"
     rows = [

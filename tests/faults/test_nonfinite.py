@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from prefzoo.train.guard import NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.loop.guard import NonFiniteStepsError, nonfinite_ids
 from prefzoo.types import PreferenceBatch, PreferenceBatchError
 from tests.faults._run import checkpoint_weights, max_diff
 from tests.faults.injector import SPEC as INJECTOR

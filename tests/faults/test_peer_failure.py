@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from prefzoo.train.guard import is_peer_failure
+from prefzoo.train.loop.guard import is_peer_failure
 from tests.faults._run import cli_args, env
 from tests.faults.injector import SPEC as INJECTOR
 from tests.train.helpers import base_config

@@ -17,7 +17,7 @@ import pytest
 from prefzoo.cli.main import main
 from prefzoo.train.checkpoint.outdir import FINISHED_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint
-from prefzoo.train.signals import PreemptionHandler
+from prefzoo.train.loop.signals import PreemptionHandler
 from tests.faults._run import (
     cli_args,
     env,
@@ -137,7 +137,7 @@ def test_ignored_sigint_stays_ignored_and_sigterm_still_preempts(sigint):
 # real signals sent by kill(2).  It prints what it saw as JSON.
 _CHILD = """
 import json, os, signal
-from prefzoo.train.signals import PreemptionHandler
+from prefzoo.train.loop.signals import PreemptionHandler
 seen = {"inherited": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
 with PreemptionHandler() as pre:
     seen["handled"] = list(pre.handled)
@@ -264,7 +264,7 @@ def test_a_resume_with_nothing_left_to_train_reports_the_run_s_numbers(tmp_path,
 def test_the_handler_unblocks_the_signals_it_handles():
     """A SIGINT/SIGTERM blocked by whoever started the run (a signal mask survives fork and exec) would never arrive:
     the handler unblocks what it handles, as a shell does."""
-    from prefzoo.train.signals import PreemptionHandler
+    from prefzoo.train.loop.signals import PreemptionHandler
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:

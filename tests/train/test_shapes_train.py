@@ -246,7 +246,7 @@ def test_train_kto_on_pairs_with_unpair(tmp_path, tiny_dir, capsys):
 
 
 def test_group_and_unpaired_metrics():
-    from prefzoo.train.metrics import step_metrics
+    from prefzoo.train.loop.metrics import step_metrics
     from prefzoo.types import GroupBatch, LossOutput, UnpairedBatch
 
     group = GroupBatch(policy_logps=torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, 0.0]]),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo._secrets import redact
-from prefzoo.train.guard import TrainingAborted
+from prefzoo.train.loop.guard import TrainingAborted
 
 __all__ = [
     "NonFiniteWeightsError",

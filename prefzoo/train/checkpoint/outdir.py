@@ -34,7 +34,7 @@ from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import NODE_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
-from prefzoo.train.guard import TrainingAborted
+from prefzoo.train.loop.guard import TrainingAborted
 from prefzoo.train.preflight import check_output_dir
 
 __all__ = [
@@ -138,7 +138,7 @@ def _trained_here(out: Path, checkpoints: bool) -> list[str]:
     """The names that show a run trained in ``out``: a checkpoint (complete or not), ``final/``, the finished
     marker, or a metrics.jsonl record of a step >= 1 (a run stopped before its first step logged only its
     evaluation at the start)."""
-    from prefzoo.train.metrics import last_step
+    from prefzoo.train.loop.metrics import last_step
 
     held = {
         "metrics.jsonl": last_step(out / "metrics.jsonl") >= 1,

@@ -45,6 +45,7 @@ from prefzoo.train.density_ratio import (
     reference_embedding,
 )
 from prefzoo.train.engines import Engine, build_accelerator, engine_for, make_gather
+from prefzoo.train.loop.source import EpochBatches
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.optim import build_optimizer, build_schedule
 from prefzoo.train.preflight import check_run_options
@@ -53,7 +54,6 @@ from prefzoo.train.setup import data as d
 from prefzoo.train.setup import model as m
 from prefzoo.train.setup.parts import Parts
 from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
-from prefzoo.train.source import EpochBatches
 from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need
 

@@ -1,4 +1,4 @@
-"""Where a run's micro-batches come from: one loop (:meth:`prefzoo.train.run.Run.train`) fed by a data source.
+"""Where a run's micro-batches come from: one loop (:meth:`prefzoo.train.loop.run.Run.train`) fed by a data source.
 
 A data source hands the loop *chunks*: (1-based epoch, the micro-batches to train on next).  After each chunk the
 loop asks whether a pass over the data ended (then it evaluates and calls ``on_epoch_end``), and it calls
@@ -25,7 +25,7 @@ __all__ = ["DataSource", "EpochBatches"]
 
 
 class DataSource(Protocol):
-    """What :meth:`prefzoo.train.run.Run.train` reads its micro-batches from."""
+    """What :meth:`prefzoo.train.loop.run.Run.train` reads its micro-batches from."""
 
     def chunks(self, run: Any) -> Iterator[tuple[int, Iterable[dict[str, Any]]]]:
         """(1-based epoch, micro-batches) from the run's current step on; called once, after setup."""

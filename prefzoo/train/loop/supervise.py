@@ -1,6 +1,6 @@
 """``train(cfg)``: one run of the shared trainer for every registered loss, inside signal and peer-failure handling.
 
-The run itself is :class:`prefzoo.train.run.Run` (phases: setup, step, after_step, evaluate, finish); this module
+The run itself is :class:`prefzoo.train.loop.run.Run` (phases: setup, step, after_step, evaluate, finish); this module
 adds what wraps a whole run: SIGTERM/SIGINT turned into a checkpoint, a failed collective turned into a message,
 and the callbacks from ``cfg.callbacks`` and the caller.
 """
@@ -17,11 +17,11 @@ from prefzoo.train.checkpoint.nodes import lost_ranks
 from prefzoo.train.checkpoint.outdir import claim_output_dir, finished_run
 from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
-from prefzoo.train.guard import PeerFailureError, explained, is_peer_failure
-from prefzoo.train.metrics import last_logged
+from prefzoo.train.loop.guard import PeerFailureError, explained, is_peer_failure
+from prefzoo.train.loop.metrics import last_logged
+from prefzoo.train.loop.run import Run, TrainResult, evaluate
+from prefzoo.train.loop.signals import PreemptionHandler
 from prefzoo.train.modifiers import build_loss, modifier_callbacks
-from prefzoo.train.run import Run, TrainResult, evaluate
-from prefzoo.train.signals import PreemptionHandler
 
 __all__ = ["TrainResult", "evaluate", "train"]
 
@@ -34,7 +34,7 @@ def train(
     ``callbacks`` (:class:`prefzoo.train.Callback` instances or specs) run after those of ``cfg.callbacks``.
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``), as does a
     callback setting ``state.should_stop``; before the first step (nothing to save yet) they raise
-    :class:`prefzoo.train.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
+    :class:`prefzoo.train.loop.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
     run finishes); a failed or hung peer process raises :class:`PeerFailureError`; too many
     non-finite steps in a row raise :class:`NonFiniteStepsError` after saving a checkpoint.  Another run holding
     ``cfg.output_dir`` raises :class:`OutputDirLockedError`, a folder holding another run's files (without

@@ -1,7 +1,7 @@
 """The micro-batch step of a run: batch → log-probs → loss → backward; at a step's last micro-batch, clip and step.
 
-:class:`StepPhase` is the part of :class:`prefzoo.train.run.Run` that trains: a non-finite value on any process
-skips the whole optimizer step on every process (:mod:`prefzoo.train.guard`), and an engine that steps inside
+:class:`StepPhase` is the part of :class:`prefzoo.train.loop.run.Run` that trains: a non-finite value on any process
+skips the whole optimizer step on every process (:mod:`prefzoo.train.loop.guard`), and an engine that steps inside
 backward is told to drop it its own way (:attr:`prefzoo.train.engines.Engine.steps_in_backward`).
 """
 
@@ -16,8 +16,8 @@ import torch
 from prefzoo.model import add_router_loss, router_metrics
 from prefzoo.train.batch import batch_fields, batch_type, float_fields
 from prefzoo.train.checkpoint import checkpoint_step, find_latest_checkpoint
-from prefzoo.train.guard import NonFiniteStepsError, nonfinite_ids
-from prefzoo.train.metrics import step_metrics
+from prefzoo.train.loop.guard import NonFiniteStepsError, nonfinite_ids
+from prefzoo.train.loop.metrics import step_metrics
 
 __all__ = ["RunFields", "StepPhase"]
 
@@ -38,7 +38,7 @@ class _Step:
 
 
 class RunFields:
-    """What every phase mixed into :class:`prefzoo.train.run.Run` reads (``Run.setup`` builds them)."""
+    """What every phase mixed into :class:`prefzoo.train.loop.run.Run` reads (``Run.setup`` builds them)."""
 
     parts: Any  # prefzoo.train.setup.Parts
     cfg: Any
@@ -49,7 +49,7 @@ class RunFields:
 
 
 class StepPhase(RunFields):
-    """The training half of a run's phases (mixed into :class:`prefzoo.train.run.Run`, which builds the state)."""
+    """The training half of a run's phases (mixed into :class:`prefzoo.train.loop.run.Run`, which builds the state)."""
 
     metrics: Any  # MetricsAccumulator
     step_state: _Step

@@ -1,7 +1,7 @@
 """Checkpoints and stops at a run's step boundaries: saving at save_steps and epoch ends, stopping on a signal or a
 callback's request, and the stop after too many non-finite steps in a row (each with a checkpoint).
 
-:class:`BoundaryPhase` is that part of :class:`prefzoo.train.run.Run`; what is written and how is
+:class:`BoundaryPhase` is that part of :class:`prefzoo.train.loop.run.Run`; what is written and how is
 :mod:`prefzoo.train.checkpoint`, what the engine adds :meth:`prefzoo.train.engines.Engine.save_shards`.
 """
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.train.checkpoint import save_checkpoint, save_loss_state, save_model_folder
-from prefzoo.train.guard import NonFiniteStepsError
-from prefzoo.train.step import RunFields
+from prefzoo.train.loop.guard import NonFiniteStepsError
+from prefzoo.train.loop.step import RunFields
 
 __all__ = ["BoundaryPhase"]
 
 
 class BoundaryPhase(RunFields):
-    """Saving and stopping (mixed into :class:`prefzoo.train.run.Run`, which builds the state)."""
+    """Saving and stopping (mixed into :class:`prefzoo.train.loop.run.Run`, which builds the state)."""
 
     result: Any  # TrainResult
     preemption: Any  # PreemptionHandler

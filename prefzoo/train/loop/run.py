@@ -21,11 +21,11 @@ from prefzoo.train.checkpoint.hub import push_folder, visibility_line
 from prefzoo.train.checkpoint.outdir import mark_finished
 from prefzoo.train.engines import end_accelerator
 from prefzoo.train.evaluation import evaluate, tie_note
-from prefzoo.train.guard import NonFiniteGuard
-from prefzoo.train.metrics import JsonlWriter, MetricsAccumulator, last_logged
+from prefzoo.train.loop.boundary import BoundaryPhase
+from prefzoo.train.loop.guard import NonFiniteGuard
+from prefzoo.train.loop.metrics import JsonlWriter, MetricsAccumulator, last_logged
+from prefzoo.train.loop.step import StepPhase, _Step
 from prefzoo.train.setup import Parts, setup, skip_batches_left
-from prefzoo.train.step import StepPhase, _Step
-from prefzoo.train.stopping import BoundaryPhase
 
 __all__ = ["Run", "TrainResult", "evaluate"]
 
@@ -55,8 +55,8 @@ class Run(StepPhase, BoundaryPhase):
     """One training run: ``Run(cfg, callbacks, preemption, loss).train(train_dataset, eval_dataset)``.
 
     The phases are methods: this class's (setup, the epoch loop, after_step, evaluate, log, finish), the micro-batch
-    step's (:class:`prefzoo.train.step.StepPhase`) and the step boundary's checkpoints and stops
-    (:class:`prefzoo.train.stopping.BoundaryPhase`).
+    step's (:class:`prefzoo.train.loop.step.StepPhase`) and the step boundary's checkpoints and stops
+    (:class:`prefzoo.train.loop.boundary.BoundaryPhase`).
     """
 
     # built by setup(), from the Parts
@@ -83,8 +83,8 @@ class Run(StepPhase, BoundaryPhase):
 
     # -- phases -------------------------------------------------------------------------------------------------
     def train(self, train_dataset: Any, eval_dataset: Any) -> TrainResult:
-        """Setup, then the source's chunks (:mod:`prefzoo.train.source`: offline epochs or on-policy rounds) through
-        the same steps; evaluation and ``on_epoch_end`` where a pass over the data ends."""
+        """Setup, then the source's chunks (:mod:`prefzoo.train.loop.source`: offline epochs or on-policy rounds)
+        through the same steps; evaluation and ``on_epoch_end`` where a pass over the data ends."""
         self.setup(train_dataset, eval_dataset)
         p, state, source = self.parts, self.state, self.parts.source
         self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
