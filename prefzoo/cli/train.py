@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.checkpoint.save import ResumeError
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.engines.deepspeed import DeepSpeedMissingError
-    from prefzoo.train.loop.guard import TrainingAborted
+    from prefzoo.train.errors import TrainingAborted
     from prefzoo.train.preflight import preflight
 
     _quiet_libraries()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.loop.guard import TrainingAborted, explained
+from prefzoo.train.errors import TrainingAborted, explained
 from prefzoo.types import error_summary
 
 __all__ = ["Callback", "CallbackError", "CallbackList", "RunState", "callback_name"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo._secrets import redact
-from prefzoo.train.loop.guard import TrainingAborted
+from prefzoo.train.errors import TrainingAborted
 
 __all__ = [
     "NonFiniteWeightsError",

@@ -34,7 +34,7 @@ from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import NODE_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
-from prefzoo.train.loop.guard import TrainingAborted
+from prefzoo.train.errors import TrainingAborted
 from prefzoo.train.preflight import check_output_dir
 
 __all__ = [

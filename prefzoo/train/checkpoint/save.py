@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from prefzoo.train.checkpoint.verify import Verdict, digest_folder, verify_files
-from prefzoo.train.loop.guard import TrainingAborted
+from prefzoo.train.errors import TrainingAborted
 
 __all__ = [
     "COMPLETE_MARKER",

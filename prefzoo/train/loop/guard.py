@@ -17,43 +17,16 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = [
-    "NonFiniteGuard",
-    "NonFiniteStepsError",
-    "PeerFailureError",
-    "TrainingAborted",
-    "explained",
-    "is_peer_failure",
-    "nonfinite_ids",
-]
+from prefzoo.train.errors import TrainingAborted
+
+__all__ = ["NonFiniteGuard", "NonFiniteStepsError", "PeerFailureError", "is_peer_failure", "nonfinite_ids"]
 
 log = logging.getLogger(__name__)
-
-
-class TrainingAborted(RuntimeError):
-    """The run stopped on purpose after a fault; the message says why and how to continue."""
-
-
-@contextmanager
-def explained(explain: Callable[[Exception], BaseException | None]) -> Iterator[None]:
-    """Runs the block; an error in it that is not already a :class:`TrainingAborted` goes to ``explain``, and what
-    that returns (a one-line error) is raised from it; ``None`` lets the error through as it is."""
-    try:
-        yield
-    except TrainingAborted:
-        raise
-    except Exception as e:
-        err = explain(e)
-        if err is None:
-            raise
-        raise err from e
 
 
 class NonFiniteStepsError(TrainingAborted):

@@ -17,7 +17,8 @@ from prefzoo.train.checkpoint.nodes import lost_ranks
 from prefzoo.train.checkpoint.outdir import claim_output_dir, finished_run
 from prefzoo.train.checkpoint.save import find_latest_checkpoint
 from prefzoo.train.config import TrainConfig
-from prefzoo.train.loop.guard import PeerFailureError, explained, is_peer_failure
+from prefzoo.train.errors import explained
+from prefzoo.train.loop.guard import PeerFailureError, is_peer_failure
 from prefzoo.train.loop.metrics import last_logged
 from prefzoo.train.loop.run import Run, TrainResult, evaluate
 from prefzoo.train.loop.signals import PreemptionHandler
