@@ -308,27 +308,26 @@ class OnlineRounds:
         return out
 
     # -- the run's data source (prefzoo.train.loop.source) ------------------------------------------------------
-    def chunks(self, run: Any) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-        """(epoch, the micro-batches of each round) from the run's current step on (resumed mid-round: the saved
+    def chunks(self, state: Any, callbacks: Any) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(epoch, the micro-batches of each round) from ``state.global_step`` on (resumed mid-round: the saved
         rows); the epoch counts passes over the prompts."""
-        state = run.state
         every = self.cfg.online_every
-        while state.global_step < run.parts.total_steps:
+        while state.global_step < self.parts.total_steps:
             r, done = divmod(state.global_step, every)
             if self.current is not None and self.current["round"] == r:
                 rows = self.current["rows"]  # resumed inside this round: the rows the interrupted run trained on
             else:
-                rows = self.sample_and_judge(r, state, run.callbacks)
+                rows = self.sample_and_judge(r, state, callbacks)
                 self.current = {"round": r, "rows": rows}
             batches = self.batches(rows, r)
             if not self.checked:  # the log-prob fast path against the model's own forward, on the first samples
                 self.checked = True
                 from prefzoo.model import run_self_check
 
-                p = run.parts
+                p = self.parts
                 if p.engine.self_check:
                     run_self_check(p.policy, p.reference, batches[0], self.cfg.logps_fallback, p.accelerator.print)
-            yield state.global_step // run.parts.steps_per_epoch + 1, batches[done * self.cfg.grad_accum :]
+            yield state.global_step // self.parts.steps_per_epoch + 1, batches[done * self.cfg.grad_accum :]
 
     def pass_ended(self, state: Any) -> bool:
         """A round ends a pass over the prompts when the step count reaches a multiple of the steps per pass."""

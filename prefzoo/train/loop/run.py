@@ -1,8 +1,10 @@
-"""A training run as small phases: ``setup`` → (``step`` per micro-batch → ``after_step``)* → ``evaluate`` → ``finish``.
+"""A training run as small phases: ``setup`` → (a micro-batch ``step`` → ``after_step``)* → ``evaluate`` → ``finish``.
 
-The step reads top to bottom: batch → log-probs → loss → backward → optimizer; everything else (logging,
-checkpoints, preemption, evaluation) happens in ``after_step`` and at epoch ends, and callbacks see each phase
-through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never looks at a loss's name.
+:class:`Run` builds the run's pieces once and calls them: the micro-batch :class:`~prefzoo.train.loop.step.Step`
+(batch → log-probs → loss → backward → optimizer, top to bottom) and the step
+:class:`~prefzoo.train.loop.boundary.Boundary` (checkpoints and stops); logging and evaluation are its own, and
+callbacks see each phase through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never looks at a
+loss's name.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from prefzoo.train.checkpoint.hub import push_folder, visibility_line
 from prefzoo.train.checkpoint.outdir import mark_finished
 from prefzoo.train.engines import end_accelerator
 from prefzoo.train.evaluation import evaluate, tie_note
-from prefzoo.train.loop.boundary import BoundaryPhase
+from prefzoo.train.loop.boundary import Boundary, Saver, SaveSettings
 from prefzoo.train.loop.guard import NonFiniteGuard
 from prefzoo.train.loop.metrics import JsonlWriter, MetricsAccumulator, last_logged
-from prefzoo.train.loop.step import StepPhase, _Step
+from prefzoo.train.loop.step import Step, StepSettings
 from prefzoo.train.setup import Parts, setup, skip_batches_left
 
 __all__ = ["Run", "TrainResult", "evaluate"]
@@ -51,15 +53,14 @@ class TrainResult:
     model_defaults: Any = None  # ModelDefaults: the dropout turned off (or kept) and the token limits used
 
 
-class Run(StepPhase, BoundaryPhase):
+class Run:
     """One training run: ``Run(cfg, callbacks, preemption, loss).train(train_dataset, eval_dataset)``.
 
-    The phases are methods: this class's (setup, the epoch loop, after_step, evaluate, log, finish), the micro-batch
-    step's (:class:`prefzoo.train.loop.step.StepPhase`) and the step boundary's checkpoints and stops
-    (:class:`prefzoo.train.loop.boundary.BoundaryPhase`).
+    ``setup`` builds the :class:`Parts` once, then the pieces that use them: the micro-batch :class:`Step`, the step
+    :class:`Boundary` and its :class:`Saver`, the metrics writer and the non-finite guard; the phases call them.
     """
 
-    # built by setup(), from the Parts
+    # built by setup()
     parts: Parts
     state: RunState  # what callbacks see
     result: TrainResult
@@ -68,17 +69,13 @@ class Run(StepPhase, BoundaryPhase):
     metrics: MetricsAccumulator  # this logging window's step metrics
     bar: Progress
     show_progress: bool
-    check_grads: bool
+    step: Step  # the micro-batch step
+    boundary: Boundary  # checkpoints and stops at step boundaries
 
     def __init__(self, cfg: Any, callbacks: CallbackList, preemption: Any, loss: Any = None) -> None:
         self.cfg, self.callbacks, self.preemption = cfg, callbacks, preemption
         self.loss = loss  # the run's loss (built from cfg by setup when None)
-        self.step_state = _Step()  # the optimizer step in flight
-        self.skip_left = 0  # --skip-batches micro-batches still to pass over (set by train())
         self.done = False  # every step of the run is trained
-        self.saved: Path | None = None  # checkpoint written at the current step boundary
-        self.stopped_by_callback = False
-        self.grad_norm: Any = None  # the last optimizer step's gradient norm
         self.t0 = 0.0  # start of the current logging window (perf_counter)
 
     # -- phases -------------------------------------------------------------------------------------------------
@@ -87,9 +84,9 @@ class Run(StepPhase, BoundaryPhase):
         through the same steps; evaluation and ``on_epoch_end`` where a pass over the data ends."""
         self.setup(train_dataset, eval_dataset)
         p, state, source = self.parts, self.state, self.parts.source
-        self.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
+        self.step.skip_left = skip_batches_left(self.cfg, p.start_step, p.skip_record, p.accelerator.print)
         self.preemption.start_training()  # from here a signal is a checkpoint at the next step boundary
-        for epoch, batches in source.chunks(self):
+        for epoch, batches in source.chunks(state, self.callbacks):
             if self.done:
                 break
             state.epoch = epoch
@@ -99,7 +96,7 @@ class Run(StepPhase, BoundaryPhase):
                 if p.eval_dl is not None:
                     self.evaluate()
                 self.callbacks.call("on_epoch_end", state, p.accelerator.unwrap_model(p.policy).lm)
-            if not self.done and self.stop_requested():
+            if not self.done and self.boundary.stop_requested():
                 break
         return self.finish()
 
@@ -113,7 +110,6 @@ class Run(StepPhase, BoundaryPhase):
         self.writer = JsonlWriter(Path(cfg.output_dir) / "metrics.jsonl", acc.is_main_process)
         self.guard = NonFiniteGuard(acc, cfg.max_consecutive_skips, self.writer)
         self.guard.skipped = p.start_skipped
-        self.check_grads = cfg.mixed_precision != "fp16"  # under fp16 the GradScaler already skips inf/NaN gradients
         self.metrics = MetricsAccumulator()
         self.result = TrainResult(
             global_step=p.start_step, data_stats=p.data_stats, tokenizer=p.tokenizer, model_defaults=p.model_defaults
@@ -129,10 +125,44 @@ class Run(StepPhase, BoundaryPhase):
         with showing(self.show_progress):  # a bar on a terminal, a line every 10 s in a log
             self.bar = Progress(p.total_steps, "prefzoo train", unit="steps", initial=p.start_step, delay=0.0,
                                 leave=True)  # fmt: skip
+        self.step = self.build_step(p)
+        self.boundary = self.build_boundary(p)
         self.callbacks.call("on_train_begin", self.state)
         if cfg.eval_at_start and p.start_step == 0 and p.eval_dl is not None:
             self.evaluate()
         self.t0 = time.perf_counter()
+
+    def build_step(self, p: Parts) -> Step:
+        cfg = self.cfg
+        settings = StepSettings(
+            grad_accum=cfg.grad_accum,
+            max_grad_norm=cfg.max_grad_norm,
+            check_grads=cfg.mixed_precision != "fp16",  # under fp16 the GradScaler already skips inf/NaN gradients
+            output_dir=str(cfg.output_dir),
+        )
+        return Step(
+            accelerator=p.accelerator, engine=p.engine, policy=p.policy, trainable=p.trainable, optimizer=p.optimizer,
+            schedule=p.schedule, loss=p.loss, reference=p.reference, gather=p.gather, density_ratio=p.density_ratio,
+            callbacks=self.callbacks, state=self.state, guard=self.guard, metrics=self.metrics, bar=self.bar,
+            settings=settings,
+        )  # fmt: skip
+
+    def build_boundary(self, p: Parts) -> Boundary:
+        cfg, ratio = self.cfg, p.density_ratio
+        settings = SaveSettings(
+            output_dir=str(cfg.output_dir), save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+            save_only_model=cfg.save_only_model, max_steps=cfg.max_steps, epochs=cfg.epochs,
+            max_consecutive_skips=cfg.max_consecutive_skips,
+        )  # fmt: skip
+        saver = Saver(
+            accelerator=p.accelerator, engine=p.engine, policy=p.policy, optimizer=p.optimizer, tokenizer=p.tokenizer,
+            model_defaults=p.model_defaults, loss=p.loss,
+            save_density_ratio=None if ratio is None else lambda folder: ratio.save(folder, cfg),
+            source=p.source, storage=p.storage, info=p.info, skip_record=p.skip_record, callbacks=self.callbacks,
+            state=self.state, settings=settings,
+        )  # fmt: skip
+        return Boundary(saver=saver, accelerator=p.accelerator, callbacks=self.callbacks, state=self.state,
+                        guard=self.guard, preemption=self.preemption, result=self.result, bar=self.bar)  # fmt: skip
 
     def drop_logged_after(self, step: int) -> None:
         """Resuming at ``step``: metrics.jsonl keeps no record of a later step (each step is logged once)."""
@@ -147,24 +177,24 @@ class Run(StepPhase, BoundaryPhase):
     def train_epoch(self, batches: Any) -> bool:
         """One pass over ``batches``; True when the run stops early (preemption, a callback, stop_after_steps)."""
         for batch in batches:
-            self.step(batch)
+            self.step.micro_batch(batch)
             if not self.parts.accelerator.sync_gradients:
                 continue
-            self.end_step()
+            self.step.end()
             if self.after_step():
                 return self.result.stopped_early
         return False
 
     def after_step(self) -> bool:
         """Logging, checkpoint, preemption and stop checks at a step boundary; True ends the epoch loop."""
-        state, total = self.state, self.parts.total_steps
+        state, total, boundary = self.state, self.parts.total_steps, self.boundary
         self.log()
         if self.eval_due():
             self.evaluate()
-        self.saved = self.checkpoint()
+        boundary.save_if_due()
         if self.guard.exhausted():
-            self.abort_nonfinite()
-        if self.stop_requested():
+            boundary.abort_nonfinite()
+        if boundary.stop_requested():
             return True
         if self.cfg.stop_after_steps is not None and state.global_step >= self.cfg.stop_after_steps:
             self.result.stopped_early = True
@@ -202,23 +232,18 @@ class Run(StepPhase, BoundaryPhase):
         self.callbacks.call("on_evaluate", state, ev)
 
     def finish(self) -> TrainResult:
-        p, result = self.parts, self.result
+        p, result, cfg = self.parts, self.result, self.cfg
         self.bar.close()
         result.global_step = self.state.global_step
         result.skipped_steps = self.guard.skipped
         if result.history:
             result.last_metrics = result.history[-1]
-        if not result.stopped_early or self.stopped_by_callback:
-            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, self.cfg, result, p.engine,
-                                                 p.loss)
+        if not result.stopped_early or self.boundary.stopped_by_callback:
+            result.final_dir = write_final_model(p.accelerator, p.policy, p.tokenizer, cfg, result, p.engine, p.loss)
             if p.storage is None or p.storage.writer:  # after write_final_model's last barrier: final/ is complete
-                mark_finished(self.cfg.output_dir, result.global_step, result.final_dir)
-            if self.cfg.push_to_hub and p.accelerator.is_main_process:
-                private = True if self.cfg.hub_private_repo else None  # None: the hub's default visibility
-                url, is_private = push_folder(result.final_dir, self.cfg.push_to_hub, f"prefzoo {self.cfg.loss} run",
-                                              private)  # fmt: skip
-                seen = visibility_line(self.cfg.push_to_hub, is_private, self.cfg.hub_private_repo)
-                p.accelerator.print(f"prefzoo train: pushed {result.final_dir} to {url}; {seen}")
+                mark_finished(cfg.output_dir, result.global_step, result.final_dir)
+            if cfg.push_to_hub and p.accelerator.is_main_process:
+                push_final(result.final_dir, cfg.push_to_hub, cfg.loss, cfg.hub_private_repo, p.accelerator.print)
         result.model = p.accelerator.unwrap_model(p.policy).lm
         self.callbacks.call("on_train_end", self.state)
         end_accelerator(p.accelerator, p.engine)  # also what the engine turned on process-wide
@@ -231,9 +256,10 @@ class Run(StepPhase, BoundaryPhase):
             return
         metrics, tokens = self.metrics.reduce(p.accelerator)
         elapsed = time.perf_counter() - self.t0
+        grad_norm = self.step.grad_norm  # the last optimizer step's
         metrics.update(
             skipped_steps=self.guard.skipped,
-            grad_norm=float(self.grad_norm) if self.grad_norm is not None else float("nan"),
+            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
             lr=float(p.schedule.get_last_lr()[0]),
             learning_rate=float(p.schedule.get_last_lr()[0]),  # TRL's / transformers' name for the same value
             tokens_per_second=tokens / max(elapsed, 1e-9),
@@ -250,3 +276,9 @@ class Run(StepPhase, BoundaryPhase):
         state.metrics = metrics
         self.callbacks.call("on_log", state, metrics)
 
+
+def push_final(folder: Path, repo: str, loss_name: str, asked_private: bool, say: Any) -> None:
+    """``--push-to-hub``: upload the final model folder and say who can read it (main process)."""
+    private = True if asked_private else None  # None: the hub's default visibility
+    url, is_private = push_folder(folder, repo, f"prefzoo {loss_name} run", private)
+    say(f"prefzoo train: pushed {folder} to {url}; {visibility_line(repo, is_private, asked_private)}")

@@ -27,8 +27,9 @@ __all__ = ["DataSource", "EpochBatches"]
 class DataSource(Protocol):
     """What :meth:`prefzoo.train.loop.run.Run.train` reads its micro-batches from."""
 
-    def chunks(self, run: Any) -> Iterator[tuple[int, Iterable[dict[str, Any]]]]:
-        """(1-based epoch, micro-batches) from the run's current step on; called once, after setup."""
+    def chunks(self, state: Any, callbacks: Any) -> Iterator[tuple[int, Iterable[dict[str, Any]]]]:
+        """(1-based epoch, micro-batches) from ``state.global_step`` on; called once, after setup (``callbacks``:
+        the run's CallbackList, for a source's own hooks)."""
         ...
 
     def pass_ended(self, state: Any) -> bool:
@@ -50,10 +51,10 @@ class EpochBatches:
 
     parts: Any  # prefzoo.train.setup.Parts (train_dl, steps_per_epoch, num_epochs)
 
-    def chunks(self, run: Any) -> Iterator[tuple[int, Iterable[dict[str, Any]]]]:
+    def chunks(self, state: Any, callbacks: Any) -> Iterator[tuple[int, Iterable[dict[str, Any]]]]:
         p = self.parts
-        start_epoch = run.state.global_step // p.steps_per_epoch
-        skip = (run.state.global_step - start_epoch * p.steps_per_epoch) * p.cfg.grad_accum  # micro-batches seen
+        start_epoch = state.global_step // p.steps_per_epoch
+        skip = (state.global_step - start_epoch * p.steps_per_epoch) * p.cfg.grad_accum  # micro-batches seen
         for epoch in range(start_epoch, p.num_epochs):
             p.train_dl.set_epoch(epoch)
             yield epoch + 1, p.accelerator.skip_first_batches(p.train_dl, skip) if skip else p.train_dl
