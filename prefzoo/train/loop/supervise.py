@@ -58,20 +58,20 @@ def train(
 
 def _train(cfg: TrainConfig, loss: Any, hooks: CallbackList, train_dataset: Any, eval_dataset: Any) -> TrainResult:
     with PreemptionHandler(immediate=True) as preemption:  # before the first step a signal stops the run at once
-        with explained(lambda e: _peer_failure(cfg, e)):
+        with explained(lambda e: _peer_failure(e, cfg.output_dir, cfg.dist_timeout)):
             return Run(cfg, hooks, preemption, loss).train(train_dataset, eval_dataset)
 
 
-def _peer_failure(cfg: TrainConfig, e: Exception) -> PeerFailureError | None:
+def _peer_failure(e: Exception, output_dir: str, dist_timeout: float) -> PeerFailureError | None:
     """A collective that failed or timed out, said in one line: which ranks are lost and where to resume (None: the
     error is not a peer's)."""
     if not (_world_size() > 1 and is_peer_failure(e)):
         return None
-    latest = find_latest_checkpoint(cfg.output_dir)
-    lost = lost_ranks(min(5.0, cfg.dist_timeout))  # the ranks that do not check in: dead or hung
+    latest = find_latest_checkpoint(output_dir)
+    lost = lost_ranks(min(5.0, dist_timeout))  # the ranks that do not check in: dead or hung
     who = f"lost rank(s) {', '.join(_rank_names(lost))}" if lost else "another process died or hung"
     return PeerFailureError(
-        f"a collective failed or waited longer than --dist-timeout={cfg.dist_timeout:g}s: {who} "
+        f"a collective failed or waited longer than --dist-timeout={dist_timeout:g}s: {who} "
         f"(see its log; {type(e).__name__}: {str(e).strip()[:200]!r}). "
         + (f"The newest complete checkpoint is {latest}: rerun with --resume auto." if latest
            else "No checkpoint was written yet.")
