@@ -1,6 +1,8 @@
 """The package's shape, checked: small functions and classes, and the sharding engines named in one place only.
 
 - No function or method in ``prefzoo/`` is over 60 lines, no class over 250 (a reader sees a piece whole).
+- No class in ``prefzoo/train/`` inherits from two or more others (``TrainConfig`` aside): the run composes its step
+  and boundary objects instead of mixing phases into one ``self``.
 - ``fsdp`` / ``deepspeed`` / ZeRO appear only under ``prefzoo/train/engines/`` and in the configuration and CLI that
   choose an engine: the trainer asks its engine (:class:`prefzoo.train.engines.Engine`) and never tests which it has.
 """
@@ -34,6 +36,12 @@ def oversized(source: str, name: str) -> list[str]:
     return out
 
 
+def mixed(source: str, name: str) -> list[str]:
+    """'name:line class C' for each class with two or more bases."""
+    classes = [n for n in ast.walk(ast.parse(source, name)) if isinstance(n, ast.ClassDef)]
+    return [f"{name}:{n.lineno} class {n.name}" for n in classes if len(n.bases) > 1]
+
+
 def engine_mentions(source: str, name: str) -> list[str]:
     """'name:line token' for every name, string or comment that names a sharding engine."""
     out = []
@@ -49,6 +57,19 @@ def _sources() -> list[tuple[str, str]]:
 
 def test_no_function_over_60_lines_and_no_class_over_250() -> None:
     assert [x for name, src in _sources() for x in oversized(src, name)] == []
+
+
+def test_no_class_in_the_trainer_inherits_from_two_or_more() -> None:
+    found = [x for name, src in _sources() if name.startswith("train/") for x in mixed(src, name)]
+    assert [x for x in found if not x.endswith(" class TrainConfig")] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [("class C(A, B):\n    pass\n", ["m.py:1 class C"]), ("class C(A):\n    pass\n", []), ("class C:\n    pass\n", [])],
+)
+def test_the_mixin_check_sees_two_bases(source, expected) -> None:
+    assert mixed(source, "m.py") == expected
 
 
 def test_only_the_engines_config_and_cli_name_a_sharding_engine() -> None:
