@@ -25,11 +25,11 @@ class SaveSettings:
     """The configuration the boundary reads."""
 
     output_dir: str
-    save_steps: int | None  # also a checkpoint every N optimizer steps (epoch ends always save)
-    save_total_limit: int | None  # checkpoints kept
+    save_steps: int  # also a checkpoint every N optimizer steps (0: epoch ends only, which always save)
+    save_total_limit: int  # complete checkpoints kept
     save_only_model: bool  # a plain model folder, no optimizer state (not resumable)
     max_steps: int | None  # written into the marker with epochs: a resume checks them
-    epochs: Any
+    epochs: float
     max_consecutive_skips: int  # said in the error that stops a run after that many non-finite steps
 
 
