@@ -29,7 +29,7 @@ from prefzoo.train.loop.metrics import JsonlWriter, MetricsAccumulator, last_log
 from prefzoo.train.loop.step import Step, StepSettings
 from prefzoo.train.setup import Parts, setup, skip_batches_left
 
-__all__ = ["Run", "TrainResult", "evaluate"]
+__all__ = ["Run", "TrainResult"]
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""``train(cfg)``: one run of the shared trainer for every registered loss, inside signal and peer-failure handling.
+"""``train(cfg)``: one run of the shared trainer for every registered loss, supervised: the output folder's lock,
+signal handling and peer-failure messages around it.
 
 The run itself is :class:`prefzoo.train.loop.run.Run` (phases: setup, step, after_step, evaluate, finish); this module
-adds what wraps a whole run: SIGTERM/SIGINT turned into a checkpoint, a failed collective turned into a message,
-and the callbacks from ``cfg.callbacks`` and the caller.
+adds what wraps a whole run: the output folder claimed (or a finished run's result returned), SIGTERM/SIGINT turned
+into a checkpoint, a failed collective turned into a message, and the callbacks from ``cfg.callbacks`` and the caller.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from prefzoo.train.config import TrainConfig
 from prefzoo.train.errors import explained
 from prefzoo.train.loop.guard import PeerFailureError, is_peer_failure
 from prefzoo.train.loop.metrics import last_logged
-from prefzoo.train.loop.run import Run, TrainResult, evaluate
+from prefzoo.train.loop.run import Run, TrainResult
 from prefzoo.train.loop.signals import PreemptionHandler
 from prefzoo.train.modifiers import build_loss, modifier_callbacks
 
-__all__ = ["TrainResult", "evaluate", "train"]
+__all__ = ["TrainResult", "train"]
 
 
 def train(
