@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefzoo.errors import ConfigError
-from prefzoo.train.schedules import SCHEDULES
+from prefzoo.train.setup.schedules import SCHEDULES
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "SECTIONS", "TORCH_DTYPES", "CheckpointSection", "DataSection",
            "EngineSection", "EvaluationSection", "FastPathSection", "LossSection", "ModelSection",

@@ -16,8 +16,8 @@ from prefzoo.train.checkpoint import Storage
 from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import agree_on_values, content_digest
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.shapes import ShapePlan, plan_shape
-from prefzoo.train.trackers import resolve_trackers
+from prefzoo.train.setup.shape_plan import ShapePlan, plan_shape
+from prefzoo.train.setup.trackers import resolve_trackers
 from prefzoo.types import Shape
 
 __all__ = [

@@ -22,7 +22,7 @@ from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.reference import model_identity
-from prefzoo.train.shapes import ShapePlan
+from prefzoo.train.setup.shape_plan import ShapePlan
 
 __all__ = ["check_token_ids", "fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]
 

@@ -36,25 +36,24 @@ from prefzoo.train.checkpoint import (
     resume_point,
 )
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.data import load_splits, prepare_datasets
-from prefzoo.train.density_ratio import (
+from prefzoo.train.engines import Engine, build_accelerator, engine_for, make_gather
+from prefzoo.train.reference import build_reference, precompute_reference
+from prefzoo.train.setup import data as d
+from prefzoo.train.setup import model as m
+from prefzoo.train.setup.density_ratio import (
     DensityRatioWeights,
     check_density_ratio,
     fit_density_ratio,
     read_density_ratio,
     reference_embedding,
 )
-from prefzoo.train.engines import Engine, build_accelerator, engine_for, make_gather
-from prefzoo.train.modifiers import build_loss
-from prefzoo.train.optim import build_optimizer, build_schedule
-from prefzoo.train.preflight import check_run_options
-from prefzoo.train.reference import build_reference, precompute_reference
-from prefzoo.train.setup import data as d
-from prefzoo.train.setup import model as m
+from prefzoo.train.setup.optimizer import build_optimizer, build_schedule
 from prefzoo.train.setup.parts import Parts
-from prefzoo.train.shapes import ShapePlan, online_plan, plan_shape
+from prefzoo.train.setup.preflight import check_run_options
+from prefzoo.train.setup.shape_plan import ShapePlan, online_plan, plan_shape
+from prefzoo.train.setup.splits import load_splits, prepare_datasets
+from prefzoo.train.setup.trackers import resolve_trackers
 from prefzoo.train.source import EpochBatches
-from prefzoo.train.trackers import resolve_trackers
 from prefzoo.types import Need
 
 __all__ = ["setup", "skip_batches_left"]
@@ -105,12 +104,12 @@ class _Build:
         self.accelerator.print(f"prefzoo train: {line}")
 
 
-def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss | None = None) -> Parts:
+def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -> Parts:
     """Build a run: every bad setting fails before the model loads, then model, data, reference, optimizer, resume.
 
-    ``loss``: the run's loss built from ``cfg`` (:func:`prefzoo.train.modifiers.build_loss`), built here if None.
+    ``loss``: the run's loss, built once from ``cfg`` (:func:`prefzoo.train.setup.loss.build_loss`).
     """
-    b = _Build(cfg, train_dataset, eval_dataset, loss if loss is not None else build_loss(cfg))
+    b = _Build(cfg, train_dataset, eval_dataset, loss)
     for step in _STEPS:
         step(b)
     return _parts(b)

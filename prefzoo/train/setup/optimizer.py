@@ -33,8 +33,8 @@ def build_schedule(
 ) -> Any:
     """transformers' schedule ``name`` (cosine: the paper's) after a linear warm-up over ``warmup_steps`` steps, or
     ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule).  Built by
-    :mod:`prefzoo.train.schedules` (the same LambdaLR without importing peft)."""
-    from prefzoo.train.schedules import get_schedule
+    :mod:`prefzoo.train.setup.schedules` (the same LambdaLR without importing peft)."""
+    from prefzoo.train.setup.schedules import get_schedule
 
     warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
     return get_schedule(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
