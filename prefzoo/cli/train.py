@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             result = train(cfg, loss=loss)
         _print_summary(result)
         if _is_main() and not result.already_complete:  # a finished run resumed wrote nothing
-            print(_produced(result, cfg))
+            print(_produced(result, cfg.output_dir))
         return 0
     except (
         ConfigError,
@@ -287,11 +287,11 @@ def _print_summary(result: Any) -> None:
     print(f"prefzoo train: {result.global_step} steps; {numbers}")
 
 
-def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
+def _produced(result: Any, output_dir: str, took: float | None = None) -> str:
     """The last line of a run: everything it wrote, by path."""
     from pathlib import Path
 
-    out = Path(cfg.output_dir)
+    out = Path(output_dir)
     parts = []
     if result.final_dir is not None:
         parts.append(f"final model {result.final_dir}")
@@ -360,7 +360,7 @@ def _train_default(cfg: Any, data: str, t0: float, loss: Any) -> int:
     _print_summary(result)
     if main and not result.already_complete and result.final_dir is not None and result.evals:
         _print_report(task, tokenizer, before, result)
-        print(_produced(result, cfg, time.perf_counter() - t0))
+        print(_produced(result, cfg.output_dir, time.perf_counter() - t0))
     return 0
 
 

@@ -36,6 +36,7 @@ from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import NODE_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
+from prefzoo.train.config.sections import CheckpointSection
 from prefzoo.train.guard import TrainingAborted
 
 __all__ = [
@@ -132,7 +133,7 @@ def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def claim_output_dir(cfg: Any) -> Iterator[None]:
+def claim_output_dir(cfg: CheckpointSection) -> Iterator[None]:
     """Make ``cfg.output_dir`` this run's, before any work, for the block: a writable folder (every process), then
     on each node's local rank 0 its lock, no symbolic link where the run writes, and no other run's files (refused
     without ``cfg.resume``; deleted first with ``cfg.overwrite_output_dir``).  A process that holds the claim
@@ -148,7 +149,7 @@ def claim_output_dir(cfg: Any) -> Iterator[None]:
         yield
 
 
-def _check_run_files(out: Path, cfg: Any) -> None:
+def _check_run_files(out: Path, cfg: CheckpointSection) -> None:
     root = out / "checkpoints"
     inside = sorted(root.iterdir()) if root.is_dir() and not root.is_symlink() else []
     refuse_symlinks([*(out / name for name in RUN_FILES), *inside])

@@ -35,7 +35,7 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any) -> tup
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
         )
-    differ = _differing_params(info.get("loss_params") or {}, cfg, loss)
+    differ = _differing_params(info.get("loss_params") or {}, loss)
     if differ:
         was = ", ".join(f"{k}={v[0]}" for k, v in differ.items())
         now = ", ".join(f"{k}={v[1]}" for k, v in differ.items())
@@ -46,14 +46,14 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any) -> tup
     return path, info
 
 
-def _differing_params(saved: dict[str, Any], cfg: Any, loss: Any) -> dict[str, tuple[str, str]]:
+def _differing_params(saved: dict[str, Any], loss: Any) -> dict[str, tuple[str, str]]:
     """{name: (checkpoint's, this run's)} for each parameter of the run's ``loss`` whose effective value differs,
     compared as text.
 
     A marker records every parameter with the value the run used; one written before that records only those set
     on the command line (as text), the others being the defaults of the loss's params class.
     """
-    now = {k: str(v) for k, v in loss_params(loss, cfg).items()}
+    now = {k: str(v) for k, v in loss_params(loss).items()}
     was = {**{k: str(v) for k, v in _default_params(loss).items()}, **{k: str(v) for k, v in saved.items()}}
     names = sorted(set(was) | set(now))
     return {k: (was.get(k, "unset"), now.get(k, "unset")) for k in names if was.get(k) != now.get(k)}

@@ -34,6 +34,7 @@ from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
 from prefzoo.train.checkpoint.save import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.config.sections import LossSection
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference, read_safetensors
 
 __all__ = [
@@ -106,7 +107,7 @@ def prompt_rows(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
     return batch["input_ids"][:, :t], prompt[:, :t].long()
 
 
-def _settings(cfg: TrainConfig) -> dict[str, str]:
+def _settings(cfg: LossSection) -> dict[str, str]:
     """What a saved classifier and its weights depend on besides the model, seed and data (checked by resume)."""
     return {k: repr(getattr(cfg, k)) for k in _OPTIONS}
 
@@ -140,7 +141,7 @@ class DensityRatioWeights:
         prob = torch.tensor([self.prob.get(rid, 1.0) for rid in ids], dtype=torch.float64)  # (N,) 1: desirable
         return udm_weights(prob, labels.cpu(), self.lo, self.hi).to(labels.device, torch.float32)
 
-    def save(self, folder: Path, cfg: TrainConfig) -> None:
+    def save(self, folder: Path, cfg: LossSection) -> None:
         """The classifier (w, b) and the settings it was fitted with, into checkpoint folder ``folder``."""
         from safetensors.torch import save_file
 
@@ -149,7 +150,7 @@ class DensityRatioWeights:
         save_file(state, str(Path(folder) / CLASSIFIER_FILE), metadata=meta)
 
 
-def read_density_ratio(cfg: TrainConfig, folder: Path | None) -> DensityRatioClassifier | None:
+def read_density_ratio(cfg: LossSection, folder: Path | None) -> DensityRatioClassifier | None:
     """The classifier saved in checkpoint ``folder`` when this run resumes one with ``--density-ratio`` (None for a
     fresh start or a run without it); a one-line ResumeError when the checkpoint and the run disagree."""
     if folder is None:
