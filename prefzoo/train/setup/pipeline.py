@@ -1,4 +1,5 @@
-"""The setup phase of a run as a pipeline of small steps, each reading what earlier steps built and adding its own.
+"""The setup phase of a run as a pipeline of small steps, each taking what it uses and returning a typed result
+(:mod:`prefzoo.train.setup.stages`) that later steps take.
 
 check options → start the processes (engine, accelerator, storage, resume point) → read the data and plan its
 shape → tokenizer and model → tokenize → adapt the model (LoRA, lean modules) → policy and reference → check the
@@ -77,12 +78,12 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -
     density = _density_ratio(cfg, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
     reference, ref_kind = _precompute_reference(cfg, procs, tok, built, model.identity, timings)
     _report(cfg.optimization, loss, procs, data.plan, ref_kind, wrapped.steps[1])
+    acc = procs.accelerator
+    info = d.run_info(cfg, model.identity, acc.num_processes, procs.engine, loss)  # every checkpoint marker's
     parts = Parts(
-        cfg, loss, procs.engine, procs.accelerator, model.tokenizer, wrapped.policy, wrapped.trainable,
-        wrapped.optimizer, wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference,
-        make_gather(procs.accelerator), d.run_info(cfg, model.identity, procs.accelerator.num_processes, procs.engine,
-                                                   loss),
-        tok.stats, model.defaults, *wrapped.steps, built.collate, procs.storage, density_ratio=density, timings=timings,
+        cfg, loss, procs.engine, acc, model.tokenizer, wrapped.policy, wrapped.trainable, wrapped.optimizer,
+        wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference, make_gather(acc), info, tok.stats,
+        model.defaults, *wrapped.steps, built.collate, procs.storage, density_ratio=density, timings=timings,
     )  # fmt: skip
     return _finish(cfg, parts, procs, data)
 
