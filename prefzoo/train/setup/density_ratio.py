@@ -51,8 +51,9 @@ _OPTIONS = {"density_ratio_prompts": 1024, "min_density_ratio": 0.5, "max_densit
 CLASSIFIER_FILE = "density_ratio.safetensors"  # in each checkpoint folder of a --density-ratio run
 
 
-def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
-    """One-line ConfigErrors for ``--density-ratio`` settings the run cannot serve, before any model loads."""
+def check_density_ratio(cfg: LossSection, loss: Any, online: bool) -> None:
+    """One-line ConfigErrors for ``--density-ratio`` settings the run cannot serve (``online``: an on-policy run),
+    before any model loads."""
     if not cfg.density_ratio:
         changed = [k for k, v in _OPTIONS.items() if getattr(cfg, k) != v]
         if changed:
@@ -69,12 +70,13 @@ def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
             f"; losses that do: {', '.join(takers) or 'none registered'}); drop --density-ratio"
         )
     refusals = {
-        "online": "--online: there are no labelled examples at the start to fit the classifier on",
-        "precompute_ref": "--precompute-ref: the prompts are embedded by the reference model, which it replaces by "
-        "a table",
+        "--online: there are no labelled examples at the start to fit the classifier on": online,
+        "--precompute-ref: the prompts are embedded by the reference model, which it replaces by a table": (
+            cfg.precompute_ref
+        ),
     }
-    for key, why in refusals.items():
-        if getattr(cfg, key):
+    for why, refused in refusals.items():
+        if refused:
             raise ConfigError(f"--density-ratio with {why}; drop one of them")
 
 

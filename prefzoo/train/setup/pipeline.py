@@ -137,7 +137,7 @@ def _read_data(cfg: TrainConfig, loss: Loss, procs: Processes, train_dataset: An
         data = RunData(train_dataset, eval_dataset, plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists,
                                                                cfg.unpair))  # fmt: skip
     d.check_shape_options(cfg, data.plan)
-    check_density_ratio(cfg, loss)
+    check_density_ratio(cfg.loss_section, loss, cfg.online)
     # a resumed --density-ratio run loads its classifier, never refits
     data = dataclasses.replace(data, saved_classifier=read_density_ratio(cfg.loss_section, procs.resume_path))
     if data.plan.batches != PAIRS or data.plan.data != PAIRS:  # plain pair runs print what they always printed
