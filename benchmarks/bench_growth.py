@@ -94,7 +94,7 @@ def _data_child(spec: dict[str, Any]) -> dict[str, Any]:
     before = _du(cache)
     if spec["side"] == "prefzoo":
         from prefzoo.train import TrainConfig
-        from prefzoo.train.data import prepare_datasets
+        from prefzoo.train.setup.splits import prepare_datasets
 
         cfg = TrainConfig(model=spec["model_dir"], eval_fraction=0.0, report_to="none", progress=False)
         t0 = time.perf_counter()

@@ -141,22 +141,18 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _validate_loss(values: dict[str, Any], pairs: list[str]) -> tuple[dict[str, Any], Any]:
-    """(loss params from YAML and --loss-param, the loss they build), validated by the loss's params class (before
-    any model loads)."""
-    from prefzoo.registry import get_loss, parse_loss_params
+    """(loss params from YAML and --loss-param, typed, and the run's loss they build), validated by the loss's params
+    class before any model loads.  The loss is built here once and handed to train(); its modifiers are checked
+    against the run's settings in preflight, once the config is whole."""
+    from prefzoo.registry import parse_loss_params
+    from prefzoo.train.setup.loss import make_loss
 
     loss = str(values.get("loss", "mmpo"))
     params = dict(values.get("loss_params") or {})
     if not isinstance(params, dict):
         raise CLIError("config key loss_params must be a mapping of parameter names to values")
     params = parse_loss_params(loss, {str(k): v for k, v in params.items()}) | parse_loss_params(loss, pairs)
-    built = get_loss(loss, modifiers=_as_list(values.get("modifiers")), **params)  # ranges, choices, modifier fit
-    from prefzoo.train.config import TrainConfig
-    from prefzoo.train.modifiers import check_modifiers
-
-    run_keys: dict[str, Any] = {k: values[k] for k in ("precompute_ref", "lora") if k in values}
-    check_modifiers(built, TrainConfig.from_dict(run_keys))  # e.g. tr-dpo with --precompute-ref: before any model loads
-    return params, built
+    return params, make_loss(loss, params, _as_list(values.get("modifiers")))  # ranges, choices, modifier fit
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from prefzoo.train.config import ConfigError, TrainConfig
     from prefzoo.train.engines.deepspeed import DeepSpeedMissingError
     from prefzoo.train.errors import TrainingAborted
-    from prefzoo.train.preflight import preflight
+    from prefzoo.train.setup.preflight import preflight
 
     _quiet_libraries()
     try:
@@ -196,15 +192,15 @@ def run(args: argparse.Namespace) -> int:
         if values.get("model") is None:
             return _run_default(values, _where(args), _flag_names(args), loss)
         cfg = TrainConfig.from_dict(values, where=_where(args), names=_flag_names(args))
-        preflight(loss, cfg)  # options the loss ignores, the output folder, the model folder: before anything loads
+        preflight(loss, cfg)  # modifiers, options the loss ignores, the output folder: before anything loads
         from prefzoo.train.checkpoint.outdir import claim_output_dir
         from prefzoo.train.loop import train
 
         with claim_output_dir(cfg):  # the lock, no other run's files, no link: before any work
-            result = train(cfg)
+            result = train(cfg, loss=loss)
         _print_summary(result)
         if _is_main() and not result.already_complete:  # a finished run resumed wrote nothing
-            print(_produced(result, cfg))
+            print(_produced(result, cfg.output_dir))
         return 0
     except (
         ConfigError,
@@ -291,11 +287,11 @@ def _print_summary(result: Any) -> None:
     print(f"prefzoo train: {result.global_step} steps; {numbers}")
 
 
-def _produced(result: Any, cfg: Any, took: float | None = None) -> str:
+def _produced(result: Any, output_dir: str, took: float | None = None) -> str:
     """The last line of a run: everything it wrote, by path."""
     from pathlib import Path
 
-    out = Path(cfg.output_dir)
+    out = Path(output_dir)
     parts = []
     if result.final_dir is not None:
         parts.append(f"final model {result.final_dir}")
@@ -318,7 +314,7 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss
     from prefzoo.data.default import RECOMMENDED
     from prefzoo.train.checkpoint.outdir import claim_output_dir
     from prefzoo.train.config import TrainConfig
-    from prefzoo.train.preflight import preflight
+    from prefzoo.train.setup.preflight import preflight
 
     t0 = time.perf_counter()
     seed = TrainConfig.from_dict({"seed": values.get("seed", 0)}, where, names).seed
@@ -327,10 +323,10 @@ def _run_default(values: dict[str, Any], where: str, names: dict[str, str], loss
     cfg = TrainConfig.from_dict({**merged, "model": None, "dataset": None}, where, names)
     preflight(loss, cfg)  # before the task loads and the starting policy is scored
     with claim_output_dir(cfg):
-        return _train_default(cfg, data, t0)
+        return _train_default(cfg, data, t0, loss)
 
 
-def _train_default(cfg: Any, data: str, t0: float) -> int:
+def _train_default(cfg: Any, data: str, t0: float, loss: Any) -> int:
     """Load the default task, score the starting policy, train ``cfg`` on it, and print the before/after table."""
     import dataclasses
     import time
@@ -360,11 +356,11 @@ def _train_default(cfg: Any, data: str, t0: float) -> int:
             flush=True,
         )
     before = evaluate_policy(task, task.load_model(), tokenizer) if main else {}
-    result = train(cfg, train_dataset=train_data, eval_dataset=eval_data)
+    result = train(cfg, train_dataset=train_data, eval_dataset=eval_data, loss=loss)
     _print_summary(result)
     if main and not result.already_complete and result.final_dir is not None and result.evals:
         _print_report(task, tokenizer, before, result)
-        print(_produced(result, cfg, time.perf_counter() - t0))
+        print(_produced(result, cfg.output_dir, time.perf_counter() - t0))
     return 0
 
 

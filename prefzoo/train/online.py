@@ -12,11 +12,11 @@ iterative DPO).  Round ``r``:
 3. **judge**: :func:`prefzoo.judge.scoring.score_groups` (a pointwise judge's scores, or round-robin Borda scores from
    a pairwise one); a prompt the judge fails on is a counted skip, too many skips stop the run in one line.
 4. **train**: the samples become list rows ``{id, prompt, completions, scores}`` and reach the loss through the run's
-   :class:`~prefzoo.train.shapes.ShapePlan` like offline lists do: list losses on all n, pairwise losses on the pairs
-   of ``--pairs-from-lists``, unpaired losses on labels from ``desirable_threshold`` (default: above the prompt's
-   mean score is desirable, below undesirable, equal left out).  Normalized, paired and tokenized by the row
-   functions offline data goes through (:func:`prefzoo.train.data.prepare_rows`: in memory, no ``datasets`` pass or
-   cache file per round), collated by the run's collator.
+   :class:`~prefzoo.train.setup.shape_plan.ShapePlan` like offline lists do: list losses on all n, pairwise losses
+   on the pairs of ``--pairs-from-lists``, unpaired losses on labels from ``desirable_threshold`` (default: above
+   the prompt's mean score is desirable, below undesirable, equal left out).  Normalized, paired and tokenized by
+   the row functions offline data goes through (:func:`prefzoo.train.setup.splits.prepare_rows`: in memory, no
+   ``datasets`` pass or cache file per round), collated by the run's collator.
 
 The reference stays the starting policy (frozen copy, or the adapter-disabled policy with LoRA), computed for each
 generated completion as it is trained on.  The rows of every process are gathered after judging, so the main
@@ -274,7 +274,7 @@ class OnlineRounds:
         """This process's ``micro_per_round`` collated micro-batches of a round's rows (cycled when fewer)."""
         import torch
 
-        from prefzoo.train.data import prepare_rows
+        from prefzoo.train.setup.splits import prepare_rows
 
         cfg, acc = self.cfg, self.parts.accelerator
         mine = [{k: v for k, v in row.items() if k not in ("rank", "slot")}

@@ -1,7 +1,7 @@
 """Worker side of tests/distributed/test_density_ratio_fit.py: the trainer's density-ratio fit on gloo ranks.
 
 Each spawned rank builds an ``Accelerator(cpu=True)`` (MULTI_CPU on gloo) and runs
-:func:`prefzoo.train.density_ratio.fit_density_ratio` with the production gather on a small tokenized unpaired
+:func:`prefzoo.train.setup.density_ratio.fit_density_ratio` with the production gather on a small tokenized unpaired
 dataset: each rank embeds its share of the seeded prompt sample (with a fixed token embedding: no model to load, so
 the test stays fast; the trainer's default embedding is tested in tests/train/test_density_ratio.py).
 """
@@ -49,7 +49,7 @@ def embed(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor
 def fit(accelerator, gather) -> torch.Tensor:
     """(D + 1,) the fitted (w, b) on this process."""
     from prefzoo.train.config import TrainConfig
-    from prefzoo.train.density_ratio import fit_density_ratio
+    from prefzoo.train.setup.density_ratio import fit_density_ratio
 
     cfg = TrainConfig(density_ratio=True, density_ratio_prompts=SAMPLE, per_device_batch_size=2, seed=3)
     w = fit_density_ratio(cfg, None, dataset(), 0, accelerator, gather, embed=embed)

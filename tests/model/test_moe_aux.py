@@ -131,7 +131,7 @@ def test_auto_fast_paths_read_the_router_capability():
 
     from prefzoo.data.shapes import PAIRS
     from prefzoo.train.setup.model import fast_paths as _fast_paths
-    from prefzoo.train.shapes import ShapePlan
+    from prefzoo.train.setup.shape_plan import ShapePlan
 
     cfg = SimpleNamespace(deepspeed=None, fsdp=False, share_prompt="auto", packing="auto", group_by_length="auto",
                           per_device_batch_size=2, seed=0)  # fmt: skip

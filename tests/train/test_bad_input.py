@@ -64,7 +64,7 @@ def test_an_output_dir_that_cannot_hold_the_run(tmp_path, tiny_dir, pairs_file, 
 
 
 def test_a_read_only_filesystem_is_named(tmp_path, monkeypatch):
-    from prefzoo.train.preflight import OutputDirError, check_output_dir
+    from prefzoo.train.setup.preflight import OutputDirError, check_output_dir
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")

@@ -3,10 +3,13 @@ the keys keep their flat names (attribute, YAML, flag)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 
+import prefzoo
 from prefzoo.train.config import SECTIONS, ConfigError, TrainConfig, section_keys
 
 # one out-of-range value per section: the section's own check must name the key
@@ -67,3 +70,60 @@ def test_sections_are_plain_dataclasses_of_their_own_keys() -> None:
     for cls in SECTIONS.values():
         assert dataclasses.is_dataclass(cls) and callable(cls.check)
         assert issubclass(TrainConfig, cls)
+
+
+def _view_name(section: str) -> str:
+    """``cfg.optimization``, ``cfg.fast_paths``; a section named like a key (``loss``): ``cfg.loss_section``."""
+    name = section.replace(" ", "_")
+    return f"{name}_section" if name in TrainConfig.keys() else name
+
+
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_each_section_is_a_typed_view_of_the_flat_keys(section: str) -> None:
+    cfg = TrainConfig.from_dict({"lr": 3e-6, "loss": "dpo", "lora": True, "save_steps": 7, "judge": "oracle"})
+    view = getattr(cfg, _view_name(section))
+    assert type(view) is SECTIONS[section]
+    assert dataclasses.asdict(view) == cfg.section(section)
+    key = section_keys(section)[0]
+    before = cfg.to_dict()[key]
+    setattr(view, key, "changed")  # a copy: the run's config is unchanged
+    assert cfg.to_dict()[key] == before
+    assert not set(map(_view_name, SECTIONS)) & set(TrainConfig.keys())  # no view hides a key
+
+
+# Functions of prefzoo that take the whole run config: a parameter annotated TrainConfig, or one named ``cfg``
+# (``config`` in train/ and cli/, where it would mean the run's) that is unannotated or typed Any.  The rest take
+# their section (``build_optimizer(params, cfg.optimization)``) or the values they read.
+WHOLE_CONFIG_LIMIT = 45
+
+
+def whole_config_functions(root: Path) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        names = ("cfg", "config") if rel.startswith(("prefzoo/train/", "prefzoo/cli/")) else ("cfg",)
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                note = ast.unparse(arg.annotation) if arg.annotation is not None else None
+                if (note is not None and "TrainConfig" in note) or (arg.arg in names and note in (None, "Any")):
+                    out.append(f"{rel}:{node.lineno} {node.name}")
+                    break
+    return out
+
+
+def test_few_functions_take_the_whole_run_config() -> None:
+    found = whole_config_functions(Path(prefzoo.__file__).parent)
+    assert len(found) <= WHOLE_CONFIG_LIMIT, "\n".join(found)
+
+
+def test_the_count_sees_each_way_to_take_the_whole_config(tmp_path: Path) -> None:
+    pkg = tmp_path / "prefzoo" / "train"
+    pkg.mkdir(parents=True)
+    (pkg / "m.py").write_text(
+        "def a(cfg): ...\ndef b(x, cfg: Any): ...\ndef c(c: TrainConfig): ...\ndef d(config): ...\n"
+        "def e(cfg: OptimizationSection): ...\ndef f(lr: float): ...\n"
+    )
+    (tmp_path / "prefzoo" / "model.py").write_text("def g(config): ...\n")  # a model's config, not the run's
+    assert [f.split()[-1] for f in whole_config_functions(tmp_path / "prefzoo")] == ["a", "b", "c", "d"]

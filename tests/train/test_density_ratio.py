@@ -145,7 +145,7 @@ def test_each_undesirable_prompt_is_embedded_once_and_weighted_as_per_batch(tiny
     from prefzoo.data.groups import UnpairedCollator
     from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
     from prefzoo.model.embedding import mean_pooled_hidden_states
-    from prefzoo.train.density_ratio import DensityRatioWeights, prompt_rows
+    from prefzoo.train.setup.density_ratio import DensityRatioWeights, prompt_rows
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     embed = mean_pooled_hidden_states(AutoModelForCausalLM.from_pretrained(tiny_dir).eval())
@@ -202,7 +202,7 @@ def test_a_resumed_density_ratio_run_loads_its_classifier_and_trains_bit_identic
     import shutil
 
     from prefzoo.losses.density_ratio import DensityRatioClassifier
-    from prefzoo.train.density_ratio import CLASSIFIER_FILE
+    from prefzoo.train.setup.density_ratio import CLASSIFIER_FILE
     from tests.train.helpers import params_of, run_inprocess
 
     out = bco_runs["root"] / "resumed"
@@ -247,7 +247,7 @@ def test_a_checkpoint_and_a_run_that_disagree_on_the_classifier_is_a_one_line_er
     import shutil
 
     from prefzoo.train.checkpoint.save import ResumeError
-    from prefzoo.train.density_ratio import CLASSIFIER_FILE
+    from prefzoo.train.setup.density_ratio import CLASSIFIER_FILE
     from tests.faults._run import reseal
     from tests.train.helpers import run_inprocess
 

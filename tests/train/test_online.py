@@ -261,8 +261,8 @@ def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
 
     from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED
     from prefzoo.model.context import ContextLimits
-    from prefzoo.train.data import prepare_datasets, prepare_rows
-    from prefzoo.train.shapes import ShapePlan
+    from prefzoo.train.setup.shape_plan import ShapePlan
+    from prefzoo.train.setup.splits import prepare_datasets, prepare_rows
 
     tok = task.load_tokenizer()
     rows = _rows()

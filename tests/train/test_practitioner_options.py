@@ -13,7 +13,7 @@ from prefzoo.cli.main import main
 from prefzoo.model.loading import LoadOptionError, enable_gradient_checkpointing, load_kwargs
 from prefzoo.model.logps import PolicyLogps, sequence_logps
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.optim import build_schedule
+from prefzoo.train.setup.optimizer import build_schedule
 from tests.support.tiny import build_model, build_tokenizer
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefzoo.train.config import LR_SCHEDULERS
-from prefzoo.train.schedules import SCHEDULES, get_schedule
+from prefzoo.train.setup.schedules import SCHEDULES, get_schedule
 
 transformers = pytest.importorskip("transformers")
 

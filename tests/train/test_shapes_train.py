@@ -14,7 +14,7 @@ import torch
 from prefzoo.cli.main import main
 from prefzoo.registry import get_loss, list_losses
 from prefzoo.spec import Loss
-from prefzoo.train.shapes import ShapeError, plan_shape
+from prefzoo.train.setup.shape_plan import ShapeError, plan_shape
 from prefzoo.types import Need, Shape
 from tests.support.shaped_data import make_lists, make_ultrafeedback_raw, make_unpaired
 from tests.support.tiny import make_pairs, write_jsonl

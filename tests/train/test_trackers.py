@@ -8,7 +8,7 @@ import pytest
 
 from prefzoo.cli.main import main
 from prefzoo.train.config import ConfigError
-from prefzoo.train.trackers import TRACKERS, resolve_trackers
+from prefzoo.train.setup.trackers import TRACKERS, resolve_trackers
 
 MISSING = [n for n, (module, _) in TRACKERS.items() if importlib.util.find_spec(module) is None]
 

@@ -139,11 +139,12 @@ def write_final_model(
         saved.append(save_model_folder(accelerator, policy, tokenizer, tmp, defaults, merge=cfg.merge_lora,
                                         engine=engine, finite=lambda sd: _refuse_nonfinite(accelerator, sd, final)))
         if accelerator.is_main_process:
-            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, loss_params(loss, cfg))
+            params = loss_params(loss) if loss is not None else dict(cfg.loss_params)
+            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, params)
 
     full = _enospc(write, Path(cfg.output_dir))
     if _any_process(accelerator, full is not None):
-        raise _final_disk_full(accelerator, cfg, tmp, full)
+        raise _final_disk_full(accelerator, cfg.output_dir, tmp, full)
     if accelerator.is_main_process:
         _move_into_place(tmp, final)
     accelerator.wait_for_everyone()
@@ -178,7 +179,7 @@ def load_final_model(folder: Path) -> Any:
     return model.eval()
 
 
-def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None) -> Any:
+def _final_disk_full(accelerator: Any, output_dir: str, tmp: Path, err: OSError | None) -> Any:
     from prefzoo.train.checkpoint.save import (
         DiskFullError,
         _bytes,
@@ -188,7 +189,7 @@ def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None)
     )
 
     written = _measure_and_remove(accelerator, tmp, accelerator.is_main_process)
-    latest = find_latest_checkpoint(cfg.output_dir)
+    latest = find_latest_checkpoint(output_dir)
     needed = max(written, _bytes(latest / "model.safetensors") if latest else 0)
     free, where = free_and_where(tmp, err)
     kept = f"the last checkpoint {latest} is intact" if latest else "no checkpoint was written"
@@ -199,12 +200,12 @@ def _final_disk_full(accelerator: Any, cfg: Any, tmp: Path, err: OSError | None)
     )
 
 
-def loss_params(loss: Any, cfg: Any) -> dict[str, Any]:
+def loss_params(loss: Any) -> dict[str, Any]:
     """Every parameter of ``loss`` (a Loss; a modifier's are prefixed with its name) with the value the run used,
-    defaults included; without one, the parameters ``cfg`` set."""
+    defaults included ({} for a loss whose params are not a dataclass)."""
     params = getattr(loss, "params", None)
     if params is None or not dataclasses.is_dataclass(params):
-        return dict(cfg.loss_params)
+        return {}
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
 

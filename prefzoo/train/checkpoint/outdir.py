@@ -23,8 +23,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -34,15 +36,17 @@ from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import NODE_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
+from prefzoo.train.config.sections import CheckpointSection
 from prefzoo.train.errors import TrainingAborted
-from prefzoo.train.preflight import check_output_dir
 
 __all__ = [
     "FINISHED_MARKER",
     "LOCK_FILE",
     "RUN_FILES",
+    "OutputDirError",
     "OutputDirHoldsRunError",
     "OutputDirLockedError",
+    "check_output_dir",
     "claim_output_dir",
     "finished_run",
     "mark_finished",
@@ -54,6 +58,34 @@ FINISHED_MARKER = ".prefzoo-finished.json"  # {"step": N, "final": path}: writte
 # what a run writes at the top of its output dir (the lock aside)
 RUN_FILES = ("metrics.jsonl", "checkpoints", "final", FINISHED_MARKER, ".tmp-final", "tb", NODE_MARKER)
 _held: set[str] = set()  # output dirs whose lock this process holds (the CLI's claim, then train()'s)
+
+
+class OutputDirError(ConfigError):
+    """``--output-dir`` cannot hold the run: a file, under a file, not writable, or on a read-only filesystem."""
+
+
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(output_dir: str | os.PathLike[str]) -> None:
+    """``output_dir`` is a folder this process can create and write in, or one line naming the path and the fix."""
+    out = Path(output_dir).expanduser()
+    fix = "give --output-dir a folder you can write to (it is created if missing)"
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"--output-dir {out} is a file, not a folder: {fix}")
+    ancestor = _first_existing(out)
+    if not ancestor.is_dir():
+        raise OutputDirError(f"--output-dir {out} lies under {ancestor}, which is a file: {fix}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".prefzoo-write-check-"):
+            pass
+    except OSError as e:
+        why = "the filesystem is read-only" if e.errno == errno.EROFS else (e.strerror or type(e).__name__).lower()
+        raise OutputDirError(f"--output-dir {out} cannot be written ({why}): {fix}") from None
 
 
 class OutputDirLockedError(TrainingAborted):
@@ -101,7 +133,7 @@ def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def claim_output_dir(cfg: Any) -> Iterator[None]:
+def claim_output_dir(cfg: CheckpointSection) -> Iterator[None]:
     """Make ``cfg.output_dir`` this run's, before any work, for the block: a writable folder (every process), then
     on each node's local rank 0 its lock, no symbolic link where the run writes, and no other run's files (refused
     without ``cfg.resume``; deleted first with ``cfg.overwrite_output_dir``).  A process that holds the claim
@@ -117,7 +149,7 @@ def claim_output_dir(cfg: Any) -> Iterator[None]:
         yield
 
 
-def _check_run_files(out: Path, cfg: Any) -> None:
+def _check_run_files(out: Path, cfg: CheckpointSection) -> None:
     root = out / "checkpoints"
     inside = sorted(root.iterdir()) if root.is_dir() and not root.is_symlink() else []
     refuse_symlinks([*(out / name for name in RUN_FILES), *inside])

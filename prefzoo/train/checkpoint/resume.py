@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from prefzoo.train.checkpoint.state import load_loss_state, restore_rng
 __all__ = ["batch_fits", "check_resumable", "fit_batch_to_checkpoint", "load_resumed_state", "resume_point"]
 
 
-def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any = None) -> tuple[Path | None, dict[str, Any]]:
+def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any) -> tuple[Path | None, dict[str, Any]]:
     """(the checkpoint every rank resumes from, its marker), the same step on all (see
     :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg`` and the run's ``loss`` (its effective
     parameters, defaults included, are compared); (None, {}) for a fresh start."""
@@ -34,7 +35,7 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any = None)
             f"--resume {path}: checkpoint was trained with loss {info.get('loss')!r} {info.get('loss_params')}, "
             f"this run asks for {cfg.loss!r} {cfg.loss_params}; use the same loss or a new --output-dir"
         )
-    differ = _differing_params(info.get("loss_params") or {}, cfg, loss)
+    differ = _differing_params(info.get("loss_params") or {}, loss)
     if differ:
         was = ", ".join(f"{k}={v[0]}" for k, v in differ.items())
         now = ", ".join(f"{k}={v[1]}" for k, v in differ.items())
@@ -45,32 +46,32 @@ def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any = None)
     return path, info
 
 
-def _differing_params(saved: dict[str, Any], cfg: Any, loss: Any) -> dict[str, tuple[str, str]]:
-    """{name: (checkpoint's, this run's)} for each loss parameter whose effective value differs, compared as text.
+def _differing_params(saved: dict[str, Any], loss: Any) -> dict[str, tuple[str, str]]:
+    """{name: (checkpoint's, this run's)} for each parameter of the run's ``loss`` whose effective value differs,
+    compared as text.
 
     A marker records every parameter with the value the run used; one written before that records only those set
-    on the command line (as text), the others being the loss's defaults.
+    on the command line (as text), the others being the defaults of the loss's params class.
     """
-
-    if loss is None:  # no bound loss: the parameters as set
-        now = {k: str(v) for k, v in cfg.loss_params.items()}
-        defaults: dict[str, Any] = {}
-    else:
-        now = {k: str(v) for k, v in loss_params(loss, cfg).items()}
-        defaults = _default_params(cfg)
-    was = {**{k: str(v) for k, v in defaults.items()}, **{k: str(v) for k, v in saved.items()}}
+    now = {k: str(v) for k, v in loss_params(loss).items()}
+    was = {**{k: str(v) for k, v in _default_params(loss).items()}, **{k: str(v) for k, v in saved.items()}}
     names = sorted(set(was) | set(now))
     return {k: (was.get(k, "unset"), now.get(k, "unset")) for k in names if was.get(k) != now.get(k)}
 
 
-def _default_params(cfg: Any) -> dict[str, Any]:
-    """The loss's parameters when none is set ({} where the loss needs one set)."""
-    from prefzoo.registry import get_loss
-
-    try:
-        return loss_params(get_loss(cfg.loss, modifiers=list(cfg.modifiers)), cfg)
-    except Exception:  # a loss with a required parameter: only what the marker lists is compared
+def _default_params(loss: Any) -> dict[str, Any]:
+    """The defaults of the loss's params class, read from its fields (a parameter without one is left out: only
+    what the marker lists is compared for it)."""
+    params = getattr(loss, "params", None)
+    if params is None or not dataclasses.is_dataclass(params):
         return {}
+    out = {}
+    for f in dataclasses.fields(params):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def check_resumable(path: Path, saved: dict[str, Any], run: dict[str, Any], batch_coupled: bool) -> None:

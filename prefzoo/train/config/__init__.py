@@ -1,7 +1,11 @@
 """`TrainConfig`: every training setting as one typed dataclass in named sections, loadable from YAML and flags.
 
 The sections (:mod:`prefzoo.train.config.sections`) group the keys as the docs and ``prefzoo train --help`` do; a
-key keeps its flat name everywhere (``cfg.lr``, ``lr:`` in YAML, ``--lr``).  TRL's option names are read through
+key keeps its flat name everywhere (``cfg.lr``, ``lr:`` in YAML, ``--lr``).  Each section is also a typed view
+(``cfg.optimization`` is an :class:`OptimizationSection` of the run's values), so a function that needs one section
+takes that section (``build_optimizer(params, cfg.optimization)``) and the type checker sees what it reads; the
+four sections whose name is a key (``loss``, ``model``, ``engine``, ``online``) are ``cfg.loss_section``,
+``cfg.model_section``, ``cfg.engine_section`` and ``cfg.online_section``.  TRL's option names are read through
 :mod:`prefzoo.train.config.aliases`, values through :mod:`prefzoo.train.config.values`.
 """
 
@@ -10,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prefzoo.errors import ConfigError
 from prefzoo.train.config.sections import (
@@ -33,6 +37,9 @@ from prefzoo.train.config.values import coerce, load_yaml_config, resolve_aliase
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "SECTIONS", "TORCH_DTYPES", "ConfigError", "TrainConfig",
            "field_docs", "load_yaml_config", "resolve_aliases", "section_keys", "unknown_keys_message"]  # fmt: skip
+
+
+_S = TypeVar("_S")
 
 
 # The bases are listed last section first: a dataclass takes its bases' fields in reverse order, so the keys
@@ -65,6 +72,50 @@ class TrainConfig(
             section.check(self)  # type: ignore[attr-defined]
         if (self.load_in_4bit or self.load_in_8bit) and self.deepspeed:
             raise ConfigError("load_in_4bit/load_in_8bit with --deepspeed is not supported: drop one of them")
+
+    def view(self, section: type[_S]) -> _S:
+        """A copy of one section's values as that section's dataclass (changing it changes nothing here)."""
+        return section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})  # type: ignore[arg-type]
+
+    @property
+    def loss_section(self) -> LossSection:
+        return self.view(LossSection)
+
+    @property
+    def data(self) -> DataSection:
+        return self.view(DataSection)
+
+    @property
+    def model_section(self) -> ModelSection:
+        return self.view(ModelSection)
+
+    @property
+    def optimization(self) -> OptimizationSection:
+        return self.view(OptimizationSection)
+
+    @property
+    def fast_paths(self) -> FastPathSection:
+        return self.view(FastPathSection)
+
+    @property
+    def engine_section(self) -> EngineSection:
+        return self.view(EngineSection)
+
+    @property
+    def checkpointing(self) -> CheckpointSection:
+        return self.view(CheckpointSection)
+
+    @property
+    def evaluation(self) -> EvaluationSection:
+        return self.view(EvaluationSection)
+
+    @property
+    def online_section(self) -> OnlineSection:
+        return self.view(OnlineSection)
+
+    @property
+    def monitoring(self) -> MonitoringSection:
+        return self.view(MonitoringSection)
 
     def section(self, name: str) -> dict[str, Any]:
         """The keys and values of one section (a key of SECTIONS), e.g. ``cfg.section("optimization")``."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefzoo.errors import ConfigError
-from prefzoo.train.schedules import SCHEDULES
+from prefzoo.train.setup.schedules import SCHEDULES
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "LR_SCHEDULERS", "SECTIONS", "TORCH_DTYPES", "CheckpointSection", "DataSection",
            "EngineSection", "EvaluationSection", "FastPathSection", "LossSection", "ModelSection",
@@ -24,23 +24,23 @@ LR_SCHEDULERS = SCHEDULES  # transformers.get_scheduler names that need no extra
 _LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _at_least(cfg: Any, names: tuple[str, ...], low: int, unset: str = "") -> None:
+def _at_least(section: Any, names: tuple[str, ...], low: int, unset: str = "") -> None:
     """Each of ``names`` that is set is >= ``low``; ``unset`` says what leaving it unset means."""
     for name in names:
-        value = getattr(cfg, name)
+        value = getattr(section, name)
         if value is not None and value < low:
             raise ConfigError(f"{name}={value} must be >= {low}{unset}")
 
 
-def _in_range(cfg: Any, name: str, low: float, high: float, closed_high: bool = False) -> None:
+def _in_range(section: Any, name: str, low: float, high: float, closed_high: bool = False) -> None:
     """``low <= value < high`` (``<= high`` with ``closed_high``)."""
-    value = getattr(cfg, name)
+    value = getattr(section, name)
     if not (low <= value <= high if closed_high else low <= value < high):
         raise ConfigError(f"{name}={value} must be in [{low:g}, {high:g}{']' if closed_high else ')'}")
 
 
-def _one_of(cfg: Any, name: str, choices: tuple[Any, ...]) -> None:
-    value = getattr(cfg, name)
+def _one_of(section: Any, name: str, choices: tuple[Any, ...]) -> None:
+    value = getattr(section, name)
     if value not in choices:
         named = [str(c) for c in choices if c is not None]
         listed = f"{', '.join(named[:-1])} or {named[-1]}" if len(named) > 1 else named[0]

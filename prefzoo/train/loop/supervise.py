@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefzoo.spec import Loss
 from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint.nodes import lost_ranks
 from prefzoo.train.checkpoint.outdir import claim_output_dir, finished_run
@@ -23,17 +24,23 @@ from prefzoo.train.loop.guard import PeerFailureError, is_peer_failure
 from prefzoo.train.loop.metrics import last_logged
 from prefzoo.train.loop.run import Run, TrainResult
 from prefzoo.train.loop.signals import PreemptionHandler
-from prefzoo.train.modifiers import build_loss, modifier_callbacks
+from prefzoo.train.setup.loss import build_loss, modifier_callbacks
 
 __all__ = ["TrainResult", "train"]
 
 
 def train(
-    cfg: TrainConfig, train_dataset: Any = None, eval_dataset: Any = None, *, callbacks: Sequence[Any] = ()
+    cfg: TrainConfig,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
+    *,
+    callbacks: Sequence[Any] = (),
+    loss: Loss | None = None,
 ) -> TrainResult:
     """Train ``cfg.model`` on preference pairs with ``cfg.loss``; datasets given here override ``cfg.dataset``.
 
     ``callbacks`` (:class:`prefzoo.train.Callback` instances or specs) run after those of ``cfg.callbacks``.
+    ``loss``: the run's loss as the CLI built and checked it from ``cfg`` (its preflight); built here when None.
     SIGTERM/SIGINT stop the run at the next optimizer step with a checkpoint (``result.stop_reason``), as does a
     callback setting ``state.should_stop``; before the first step (nothing to save yet) they raise
     :class:`prefzoo.train.loop.signals.StoppedBeforeTraining` at once, and during the last step they change nothing (the
@@ -44,7 +51,8 @@ def train(
     writes :class:`prefzoo._safefs.SymlinkError`; resuming a finished run returns at once with
     ``result.already_complete`` and touches nothing.
     """
-    loss = build_loss(cfg)  # unknown names, bad params, modifiers that do not fit: before anything loads
+    if loss is None:  # unknown names, bad params, modifiers that do not fit: before anything loads
+        loss = build_loss(cfg)
     installed = modifier_callbacks(loss)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
     hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
     with claim_output_dir(cfg):  # not writable, in use, holding another run, a link in it: before anything loads

@@ -16,8 +16,9 @@ from prefzoo.train.checkpoint import Storage
 from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import agree_on_values, content_digest
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.shapes import ShapePlan, plan_shape
-from prefzoo.train.trackers import resolve_trackers
+from prefzoo.train.config.sections import LossSection, OnlineSection, OptimizationSection
+from prefzoo.train.setup.shape_plan import ShapePlan, plan_shape
+from prefzoo.train.setup.trackers import resolve_trackers
 from prefzoo.types import Shape
 
 __all__ = [
@@ -44,10 +45,10 @@ def unit(plan: ShapePlan) -> str:
     return {LISTS: "lists", UNPAIRED: "examples"}.get(plan.batches, "pairs")
 
 
-def check_online_options(cfg: TrainConfig) -> None:
-    if cfg.precompute_ref:
+def check_online_options(precompute_ref: bool, skip_batches: int) -> None:
+    if precompute_ref:
         raise ConfigError("--precompute-ref with --online: generated completions are new each round; drop it")
-    if cfg.skip_batches:
+    if skip_batches:
         raise ConfigError("--skip-batches with --online: there is no fixed data order to skip in; drop it")
 
 
@@ -81,7 +82,7 @@ def as_dataset(prompts: list[Any]) -> Any:
     return datasets.Dataset.from_dict({"prompt": [json.dumps(p, sort_keys=True) for p in prompts]})
 
 
-def online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: Any) -> tuple[Any, Any]:
+def online_eval(loss: Loss, cfg: LossSection, eval_dataset: Any, accelerator: Any) -> tuple[Any, Any]:
     """(held-out data, its ShapePlan) of an on-policy run, or (None, None) when there is none or this loss cannot
     evaluate on it (said in one line)."""
     if eval_dataset is None or len(eval_dataset) == 0 or data_shape(eval_dataset) == PROMPTS:
@@ -97,7 +98,7 @@ def online_eval(loss: Loss, cfg: TrainConfig, eval_dataset: Any, accelerator: An
         return None, None
 
 
-def online_judge(cfg: TrainConfig) -> Any:
+def online_judge(cfg: OnlineSection) -> Any:
     """The judge of an on-policy run, built before the policy loads (bad names and options fail early)."""
     from prefzoo.judge import get_judge
     from prefzoo.train.online import OnlineError, parse_judge
@@ -138,7 +139,7 @@ def collator(plan: ShapePlan, pad_token_id: int, share_prompt: bool) -> Any:
 
 
 def dataloaders(
-    cfg: TrainConfig, collate: Any, train_tok: Any, eval_tok: Any, group: bool, eval_plan: ShapePlan | None,
+    cfg: OptimizationSection, collate: Any, train_tok: Any, eval_tok: Any, group: bool, eval_plan: ShapePlan | None,
     pad_token_id: int,
 ) -> tuple[Any, Any]:
     """(train DataLoader: shuffled, or length-grouped with ``group``; eval DataLoader or None).  An on-policy run
@@ -163,7 +164,7 @@ def dataloaders(
     return train_dl, eval_dl
 
 
-def step_counts(cfg: TrainConfig, examples: int, processes: int) -> tuple[int, int, int]:
+def step_counts(cfg: OptimizationSection, examples: int, processes: int) -> tuple[int, int, int]:
     """(optimizer steps per epoch, total steps, epochs to iterate)."""
     batches_per_process = math.ceil(examples / (cfg.per_device_batch_size * processes))
     steps_per_epoch = math.ceil(batches_per_process / cfg.grad_accum)  # e.g. 60k pairs / (2 × 16 × 4) ≈ 469
@@ -178,7 +179,7 @@ def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any, loss:
     return {
         **engine.marker(processes),
         "loss": cfg.loss,
-        "loss_params": loss_params(loss, cfg) if loss is not None else {k: str(v) for k, v in cfg.loss_params.items()},
+        "loss_params": loss_params(loss) if loss is not None else {k: str(v) for k, v in cfg.loss_params.items()},
         **({"modifiers": [str(m) for m in cfg.modifiers]} if cfg.modifiers else {}),
         "model": cfg.model,
         "model_identity": identity,
@@ -187,7 +188,7 @@ def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any, loss:
     }
 
 
-def skip_record(cfg: TrainConfig, resume_info: dict[str, Any], start_step: int) -> list[int] | None:
+def skip_record(cfg: OptimizationSection, resume_info: dict[str, Any], start_step: int) -> list[int] | None:
     """[start step, N] of ``--skip-batches N``: the resumed checkpoint's when it already applied the same skip."""
     if not cfg.skip_batches:
         return None
@@ -196,9 +197,10 @@ def skip_record(cfg: TrainConfig, resume_info: dict[str, Any], start_step: int) 
     return [int(done[0]), int(done[1])] if same else [start_step, cfg.skip_batches]  # type: ignore[index]
 
 
-def start_trackers(cfg: TrainConfig, accelerator: Any) -> None:
-    if resolve_trackers(cfg.report_to):
-        simple = {k: v for k, v in redact(cfg.to_dict()).items() if isinstance(v, int | float | str | bool)}
+def start_trackers(report_to: str | None, values: dict[str, Any], accelerator: Any) -> None:
+    """The trackers of ``--report-to``, given the run's config ``values`` (secrets redacted, scalars only)."""
+    if resolve_trackers(report_to):
+        simple = {k: v for k, v in redact(values).items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers("prefzoo", config=simple)
 
 

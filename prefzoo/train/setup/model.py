@@ -21,18 +21,21 @@ from prefzoo.model import (
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.config.sections import FastPathSection, ModelSection
 from prefzoo.train.reference import model_identity
-from prefzoo.train.shapes import ShapePlan
+from prefzoo.train.setup.shape_plan import ShapePlan
 
 __all__ = ["check_token_ids", "fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]
 
 
-def tokenizer_and_template(cfg: TrainConfig, train_dataset: Any, prompts: list[Any] | None) -> tuple[Any, str]:
+def tokenizer_and_template(
+    cfg: ModelSection, chat_template: str, train_dataset: Any, prompts: list[Any] | None
+) -> tuple[Any, str]:
     """(the tokenizer with ``--chat-template`` applied, what was decided), its template rendered once on the first
     example: a broken template is one line before the model loads."""
     assert cfg.model is not None  # checked first
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    template = set_chat_template(tokenizer, cfg.chat_template)
+    template = set_chat_template(tokenizer, chat_template)
     first = {"prompt": prompts[0]} if prompts else (train_dataset[0] if train_dataset is not None else None)
     if first:
         check_chat_template(tokenizer, first, template)
@@ -40,7 +43,7 @@ def tokenizer_and_template(cfg: TrainConfig, train_dataset: Any, prompts: list[A
 
 
 def load_model(
-    cfg: TrainConfig, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any], tokenizer: Any
+    cfg: ModelSection, accelerator: Any, resume_path: Path | None, resume_info: dict[str, Any], tokenizer: Any
 ) -> tuple[Any, Any, bool, str]:
     """(causal LM, ``tokenizer`` with a pad token, whether it came with an adapter, weight identity)."""
     assert cfg.model is not None  # checked first
@@ -64,7 +67,7 @@ def load_model(
     return lm, tokenizer, has_adapter, identity
 
 
-def _prepare_for_training(cfg: TrainConfig, lm: Any, accelerator: Any) -> None:
+def _prepare_for_training(cfg: ModelSection, lm: Any, accelerator: Any) -> None:
     """Quantised base weights (peft's k-bit preparation) and activation checkpointing, said in one line each."""
     if cfg.load_in_4bit or cfg.load_in_8bit:
         prepare_quantized(lm, cfg.gradient_checkpointing)
@@ -78,7 +81,7 @@ def _prepare_for_training(cfg: TrainConfig, lm: Any, accelerator: Any) -> None:
         )
 
 
-def lean_modules(cfg: TrainConfig, lm: Any, accelerator: Any) -> None:
+def lean_modules(cfg: FastPathSection, lm: Any, accelerator: Any) -> None:
     """Fused gated MLPs, lean RMSNorms and sparse dropout where the run keeps them on, said in one line each."""
     if cfg.fused_mlp:  # prefzoo/model/fast/fused_mlp.py
         _say_switched(accelerator, fuse_gated_mlps(lm), "gated MLPs recompute silu(gate) and the product in "
@@ -114,7 +117,7 @@ def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm
     return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, unwrap(lm))
 
 
-def check_token_ids(cfg: TrainConfig, lm: Any, tokenizer: Any, *splits: Any) -> None:
+def check_token_ids(model: str | None, lm: Any, tokenizer: Any, *splits: Any) -> None:
     """Every token id of the tokenized ``splits`` (and the pad id) is a row of the model's embedding: a tokenizer
     that is not the model's is one line here, not an IndexError in the self-check (a device-side assert on CUDA)."""
     embedding = lm.get_input_embeddings()
@@ -125,7 +128,7 @@ def check_token_ids(cfg: TrainConfig, lm: Any, tokenizer: Any, *splits: Any) -> 
     highest = max([-1 if pad is None else int(pad), *(max_token_id(s) for s in splits if s is not None)])
     if highest >= rows:
         raise ConfigError(
-            f"--model {cfg.model}: the tokenizer gives token id {highest} but the model's embedding has {rows} rows "
+            f"--model {model}: the tokenizer gives token id {highest} but the model's embedding has {rows} rows "
             f"(ids 0..{rows - 1}); use the tokenizer saved with this model (tokenizer.save_pretrained into the model "
             "folder), or resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)))"
         )

@@ -34,6 +34,7 @@ from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
 from prefzoo.train.checkpoint.save import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.config.sections import LossSection
 from prefzoo.train.reference import AdapterDisabledReference, FrozenReference, read_safetensors
 
 __all__ = [
@@ -50,8 +51,9 @@ _OPTIONS = {"density_ratio_prompts": 1024, "min_density_ratio": 0.5, "max_densit
 CLASSIFIER_FILE = "density_ratio.safetensors"  # in each checkpoint folder of a --density-ratio run
 
 
-def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
-    """One-line ConfigErrors for ``--density-ratio`` settings the run cannot serve, before any model loads."""
+def check_density_ratio(cfg: LossSection, loss: Any, online: bool) -> None:
+    """One-line ConfigErrors for ``--density-ratio`` settings the run cannot serve (``online``: an on-policy run),
+    before any model loads."""
     if not cfg.density_ratio:
         changed = [k for k, v in _OPTIONS.items() if getattr(cfg, k) != v]
         if changed:
@@ -68,12 +70,13 @@ def check_density_ratio(cfg: TrainConfig, loss: Any) -> None:
             f"; losses that do: {', '.join(takers) or 'none registered'}); drop --density-ratio"
         )
     refusals = {
-        "online": "--online: there are no labelled examples at the start to fit the classifier on",
-        "precompute_ref": "--precompute-ref: the prompts are embedded by the reference model, which it replaces by "
-        "a table",
+        "--online: there are no labelled examples at the start to fit the classifier on": online,
+        "--precompute-ref: the prompts are embedded by the reference model, which it replaces by a table": (
+            cfg.precompute_ref
+        ),
     }
-    for key, why in refusals.items():
-        if getattr(cfg, key):
+    for why, refused in refusals.items():
+        if refused:
             raise ConfigError(f"--density-ratio with {why}; drop one of them")
 
 
@@ -106,7 +109,7 @@ def prompt_rows(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
     return batch["input_ids"][:, :t], prompt[:, :t].long()
 
 
-def _settings(cfg: TrainConfig) -> dict[str, str]:
+def _settings(cfg: LossSection) -> dict[str, str]:
     """What a saved classifier and its weights depend on besides the model, seed and data (checked by resume)."""
     return {k: repr(getattr(cfg, k)) for k in _OPTIONS}
 
@@ -140,7 +143,7 @@ class DensityRatioWeights:
         prob = torch.tensor([self.prob.get(rid, 1.0) for rid in ids], dtype=torch.float64)  # (N,) 1: desirable
         return udm_weights(prob, labels.cpu(), self.lo, self.hi).to(labels.device, torch.float32)
 
-    def save(self, folder: Path, cfg: TrainConfig) -> None:
+    def save(self, folder: Path, cfg: LossSection) -> None:
         """The classifier (w, b) and the settings it was fitted with, into checkpoint folder ``folder``."""
         from safetensors.torch import save_file
 
@@ -149,7 +152,7 @@ class DensityRatioWeights:
         save_file(state, str(Path(folder) / CLASSIFIER_FILE), metadata=meta)
 
 
-def read_density_ratio(cfg: TrainConfig, folder: Path | None) -> DensityRatioClassifier | None:
+def read_density_ratio(cfg: LossSection, folder: Path | None) -> DensityRatioClassifier | None:
     """The classifier saved in checkpoint ``folder`` when this run resumes one with ``--density-ratio`` (None for a
     fresh start or a run without it); a one-line ResumeError when the checkpoint and the run disagree."""
     if folder is None:

@@ -9,15 +9,17 @@ from torch import nn
 
 from prefzoo.errors import install_hint
 from prefzoo.model import LoadOptionError
+from prefzoo.train.config.sections import OptimizationSection
 
 __all__ = ["build_optimizer", "build_schedule"]
 
 
-def build_optimizer(
-    params: list[nn.Parameter], name: str, lr: float, betas: tuple[float, float], weight_decay: float
-) -> Any:
-    """torch AdamW or bitsandbytes AdamW8bit (which also steps on CPU)."""
-    if name == "adamw8bit":
+def build_optimizer(params: list[nn.Parameter], cfg: OptimizationSection) -> Any:
+    """torch AdamW or bitsandbytes AdamW8bit (which also steps on CPU), as ``cfg.optim`` names, with ``cfg.lr``,
+    ``cfg.adam_betas`` and ``cfg.weight_decay``."""
+    lr, weight_decay = cfg.lr, cfg.weight_decay
+    betas = (float(cfg.adam_betas[0]), float(cfg.adam_betas[1]))
+    if cfg.optim == "adamw8bit":
         try:
             import bitsandbytes as bnb
         except ImportError:
@@ -33,8 +35,8 @@ def build_schedule(
 ) -> Any:
     """transformers' schedule ``name`` (cosine: the paper's) after a linear warm-up over ``warmup_steps`` steps, or
     ``ceil(warmup_ratio × total_steps)`` when ``warmup_steps`` is 0 (TRL's rule).  Built by
-    :mod:`prefzoo.train.schedules` (the same LambdaLR without importing peft)."""
-    from prefzoo.train.schedules import get_schedule
+    :mod:`prefzoo.train.setup.schedules` (the same LambdaLR without importing peft)."""
+    from prefzoo.train.setup.schedules import get_schedule
 
     warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
     return get_schedule(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)

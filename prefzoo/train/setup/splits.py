@@ -67,9 +67,10 @@ def prepare_datasets(
     """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``.
 
     ``limits``: the token limits fitted to the model's context (default: ``cfg``'s, unset ones at their defaults).
-    ``plan``: the :class:`prefzoo.train.shapes.ShapePlan` that brings the data to the loss's shape (default: as is).
+    ``plan``: the :class:`prefzoo.train.setup.shape_plan.ShapePlan` that brings the data to the loss's shape
+    (default: as is).
     """
-    from prefzoo.train.shapes import convert
+    from prefzoo.train.setup.shape_plan import convert
 
     if limits is None:
         p = cfg.max_prompt_length or DEFAULT_MAX_PROMPT_LENGTH

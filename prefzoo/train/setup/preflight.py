@@ -1,26 +1,22 @@
 """What a run checks before anything loads: options the loss cannot use, and the output folder.
 
 Each failure is one :class:`~prefzoo.errors.ConfigError` line naming the option or path and the fix, raised before
-torch loads a model or datasets tokenizes a row (the CLI calls :func:`preflight` right after reading its flags;
-:func:`prefzoo.train.train` calls it again for runs started from Python).
+torch loads a model or datasets tokenizes a row.  The CLI calls :func:`preflight` right after reading its flags; a
+run started from Python passes the same checks in :func:`prefzoo.train.train` (the modifiers where it builds the
+loss, :func:`prefzoo.train.setup.loss.build_loss`; the options in setup; the output folder where it claims it).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from prefzoo.errors import ConfigError
+from prefzoo.train.checkpoint.outdir import OutputDirError, check_output_dir
+from prefzoo.train.setup.loss import check_modifiers
 from prefzoo.types import Need
 
-__all__ = ["OutputDirError", "check_output_dir", "check_run_options", "preflight", "uses_reference"]
-
-
-class OutputDirError(ConfigError):
-    """``--output-dir`` cannot hold the run: a file, under a file, not writable, or on a read-only filesystem."""
+__all__ = ["OutputDirError", "check_modifiers", "check_output_dir", "check_run_options", "preflight", "uses_reference"]
 
 
 def uses_reference(loss: Any) -> bool:
@@ -43,33 +39,11 @@ def check_run_options(loss: Any, cfg: Any) -> None:
         )
 
 
-def _first_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_output_dir(output_dir: str | os.PathLike[str]) -> None:
-    """``output_dir`` is a folder this process can create and write in, or one line naming the path and the fix."""
-    out = Path(output_dir).expanduser()
-    fix = "give --output-dir a folder you can write to (it is created if missing)"
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"--output-dir {out} is a file, not a folder: {fix}")
-    ancestor = _first_existing(out)
-    if not ancestor.is_dir():
-        raise OutputDirError(f"--output-dir {out} lies under {ancestor}, which is a file: {fix}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".prefzoo-write-check-"):
-            pass
-    except OSError as e:
-        why = "the filesystem is read-only" if e.errno == errno.EROFS else (e.strerror or type(e).__name__).lower()
-        raise OutputDirError(f"--output-dir {out} cannot be written ({why}): {fix}") from None
-
-
 def preflight(loss: Any, cfg: Any) -> None:
-    """The checks of this module that need neither data nor model: options, then the output folder.  The model
+    """The checks that need neither data nor model: the modifiers against the run's settings, options, then the
+    output folder.  The model
     folder is checked where the run first reads it (:func:`prefzoo.model.load_tokenizer`), after the data's shape
     is checked against the loss, and still before anything loads."""
+    check_modifiers(loss, precompute_ref=cfg.precompute_ref, lora=cfg.lora)
     check_run_options(loss, cfg)
     check_output_dir(cfg.output_dir)
