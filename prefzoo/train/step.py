@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from prefzoo.model import add_router_loss, router_metrics
-from prefzoo.train.batch import batch_fields, batch_type, float_fields
+from prefzoo.scoring import batch_fields, batch_type, float_fields
 from prefzoo.train.checkpoint import checkpoint_step, find_latest_checkpoint
 from prefzoo.train.guard import NonFiniteStepsError, nonfinite_ids
 from prefzoo.train.metrics import step_metrics

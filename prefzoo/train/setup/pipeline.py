@@ -25,6 +25,7 @@ from prefzoo.model import (
     remote_code_note,
     run_self_check,
 )
+from prefzoo.scoring import build_reference, make_gather, precompute_reference
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import (
     Storage,
@@ -44,11 +45,10 @@ from prefzoo.train.density_ratio import (
     read_density_ratio,
     reference_embedding,
 )
-from prefzoo.train.engines import Engine, build_accelerator, engine_for, make_gather
+from prefzoo.train.engines import Engine, build_accelerator, engine_for
 from prefzoo.train.modifiers import build_loss
 from prefzoo.train.optim import build_optimizer, build_schedule
 from prefzoo.train.preflight import check_run_options
-from prefzoo.train.reference import build_reference, precompute_reference
 from prefzoo.train.setup import data as d
 from prefzoo.train.setup import model as m
 from prefzoo.train.setup.parts import Parts
@@ -229,7 +229,7 @@ def _build_policy(b: _Build) -> None:
         b.lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=b.fast.packing
     )
     b.policy.train()
-    b.reference, b.ref_kind = build_reference(b.loss, cfg, b.policy, b.has_adapter, b.accelerator, b.engine)
+    b.reference, b.ref_kind = build_reference(b.loss, b.policy, cfg.lora, b.has_adapter, b.accelerator, b.engine)
     b.collate = d.collator(b.plan, b.tokenizer.pad_token_id, b.fast.share_prompt)
 
 
@@ -286,8 +286,12 @@ def _precompute_reference(b: _Build) -> None:
     if b.reference is None or not b.cfg.precompute_ref:
         return
     t0 = time.perf_counter()
+    cfg = b.cfg
     b.reference, b.ref_kind = precompute_reference(
-        b.cfg, b.reference, b.accelerator, b.train_tok, b.eval_tok, b.collate, b.identity
+        b.reference, b.accelerator, b.train_tok, b.eval_tok, b.collate, b.identity,
+        batch_size=cfg.per_device_batch_size, max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length, mixed_precision=cfg.mixed_precision,
+        cache_dir=cfg.ref_cache_dir,
     )
     b.timings["reference"] = time.perf_counter() - t0
 
