@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     "prefzoo.registry": 11,
     "prefzoo.data": 12,
     "prefzoo.model": 13,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
-    "prefzoo": 14,  # the package's __init__: re-exports of registry, losses, spec and types, lazily model's sequence_logps
+    "prefzoo": 14,  # the package's __init__: re-exports registry, losses, spec, types and (lazily) sequence_logps
     "prefzoo.nn": 15,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
     "prefzoo.judge": 16,  # judges, generation engines, scoring: used by online training and by evaluation
     "prefzoo.testing": 17,
@@ -210,7 +210,7 @@ def test_other_packages_use_only_the_public_surface(graph, package) -> None:
 
 
 def test_a_package_on_the_same_layer_is_an_upward_arrow(tmp_path) -> None:
-    """Strict layering: eval -> train is fine by rank (21 over 20), train -> eval is not, nor two packages on one layer."""
+    """Strict layering: eval -> train passes by rank (21 over 20), train -> eval does not, nor two on one layer."""
     graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.step"}}
     assert upward_arrows(graph) == [
         "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 20, prefzoo.eval is layer 21)"

@@ -14,8 +14,9 @@ A callback asks the run to stop with ``state.should_stop = True`` (and optionall
 process stops at the next optimizer-step boundary with a checkpoint, as on SIGTERM, and the final model is written.
 Callbacks come from ``train(cfg, callbacks=[...])``, from ``cfg.callbacks`` / ``--callback SPEC`` where SPEC is
 ``module:Class`` or a name (an entry point of group ``prefzoo.callbacks``: prefzoo's own are declared there too),
-optionally followed by ``:KEY=VALUE,KEY=VALUE`` constructor arguments; in YAML also ``{callback: SPEC, KEY: VALUE, ...}``.  A callback
-that raises stops the run with a one-line :class:`CallbackError` naming it and the hook.
+optionally followed by ``:KEY=VALUE,KEY=VALUE`` constructor arguments; in YAML also
+``{callback: SPEC, KEY: VALUE, ...}``.  A callback that raises stops the run with a one-line :class:`CallbackError`
+naming it and the hook.
 """
 
 from __future__ import annotations
