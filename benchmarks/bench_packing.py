@@ -27,7 +27,7 @@ from prefzoo.data.collate import PreferenceCollator
 from prefzoo.model.fast.packing import pack_rows
 from prefzoo.model.loading import apply_lora
 from prefzoo.model.logps import PolicyLogps, sequence_logps
-from prefzoo.train.reference import AdapterDisabledReference
+from prefzoo.scoring import AdapterDisabledReference
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

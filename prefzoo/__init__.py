@@ -109,7 +109,8 @@ __all__ = [
 ]
 
 # module -> the public names it defines: the TYPE_CHECKING imports above (tests/test_package.py keeps them in step),
-# and sequence_logps, whose model package sits above this package's layer (tests/test_import_layers.py)
+# and sequence_logps, whose model package (torch code) loads on first use; this __init__ ranks above it
+# (tests/test_import_layers.py)
 _MODULES: dict[str, tuple[str, ...]] = {
     "prefzoo.hookspecs": ("hookimpl", "hookspec"),
     "prefzoo.losses.combine": ("CombinedLoss",),

@@ -699,7 +699,7 @@ class ModifierSpec:
     preserves_monotone: bool = True  # a monotone loss stays monotone (weights ≥ 0, increasing transforms)
     preserves_shift_invariance: bool = True
     updates_reference: bool = False  # the reference model changes during training (no cache, no adapter-disabled)
-    callback: str = ""  # 'module:Class' of the trainer callback it installs, constructed with its params as kwargs
+    callback: str = ""  # the trainer callback it installs (a --callback name or 'module:Class'), given its params
     # stateful modifiers (β-DPO's running margin statistics): params -> the state before step one; fn then reads
     # ctx.state (its own keys) and returns its next state in LossOutput.state, as a stateful loss does
     initial_state: Callable[[Any], LossState] | None = None

@@ -1,12 +1,16 @@
-"""The package's imports point down (cli → train/eval/testing → nn → model → data/registry → losses → spec → types).
+"""The package's imports point down (cli → integrations → eval → train → scoring → callbacks → testing → judge → nn
+→ prefzoo's __init__ → model → data → registry → losses → spec → types → private helpers).
 
 No cycles. Every ``import`` in ``prefzoo/`` is read with ``ast`` (function-level and ``TYPE_CHECKING`` imports
-count: a lazy import is still an arrow); nothing is imported, so the test needs no optional dependency.
+count: a lazy import is still an arrow), and so is every string constant that is a module path,
+``"prefzoo.pkg.module"`` or ``"prefzoo.pkg.module:Name"`` (what importlib, an entry point or a registry table
+resolves later); nothing is imported, so the test needs no optional dependency.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,25 +19,35 @@ PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
 
 # rank of each layer, one package a layer: a module may import its own package, or a package of a lower rank
 LAYERS: dict[str, int] = {
-    "prefzoo.types": 0,
-    "prefzoo.errors": 1,
-    "prefzoo.spec": 2,
-    "prefzoo.hookspecs": 3,
-    "prefzoo.losses": 4,
-    "prefzoo.modifiers": 5,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
-    "prefzoo.registry": 6,
-    "prefzoo": 7,  # the package's __init__: re-exports of registry, losses, spec and types
-    "prefzoo.data": 8,
-    "prefzoo.model": 9,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
-    "prefzoo.nn": 10,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
-    "prefzoo.judge": 11,  # judges, generation engines, scoring: used by online training and by evaluation
-    "prefzoo.testing": 12,
-    "prefzoo.train": 13,
-    "prefzoo.eval": 14,  # a top layer beside train: reward accuracy, win-rate, lm-eval (uses train's callbacks)
-    "prefzoo.integrations": 15,  # other trainers (TRL) around prefzoo's losses and gather
-    "prefzoo.cli": 16,
-    "prefzoo.__main__": 17,
+    "prefzoo._safefs": 0,  # the package's private helpers, below everything: no-follow file access, ...
+    "prefzoo._filelock": 1,
+    "prefzoo._attrs": 2,
+    "prefzoo._lazy": 3,
+    "prefzoo._secrets": 4,
+    "prefzoo.types": 5,
+    "prefzoo.errors": 6,
+    "prefzoo.spec": 7,
+    "prefzoo.hookspecs": 8,
+    "prefzoo.losses": 9,
+    "prefzoo.modifiers": 10,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
+    "prefzoo.registry": 11,
+    "prefzoo.data": 12,
+    "prefzoo.model": 13,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
+    "prefzoo": 14,  # the package's __init__: re-exports registry, losses, spec, types and (lazily) sequence_logps
+    "prefzoo.nn": 15,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
+    "prefzoo.judge": 16,  # judges, generation engines, scoring: used by online training and by evaluation
+    "prefzoo.testing": 17,
+    "prefzoo.callbacks": 18,  # the callback API (Callback, RunState): the trainer calls it, evaluation implements it
+    "prefzoo.scoring": 19,  # a batch -> the loss's fields, scoring batches, the reference variants, the gather
+    "prefzoo.train": 20,
+    "prefzoo.eval": 21,  # beside train on scoring and callbacks: reward accuracy, win-rate, lm-eval (no train import)
+    "prefzoo.integrations": 22,  # other trainers (TRL) around prefzoo's losses and scoring's gather (no train import)
+    "prefzoo.cli": 23,
+    "prefzoo.__main__": 24,
 }
+
+# a string constant that names a module of the package, optionally ``:Attr``: an import resolved later
+MODULE_PATH = re.compile(r"(prefzoo(?:\.[a-z_]+)+)(?::[A-Za-z_][A-Za-z0-9_.]*)?")
 
 
 def module_files(root: Path = PACKAGE) -> dict[str, Path]:
@@ -54,7 +68,9 @@ def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
         targets: set[str] = set()
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                targets |= _named_module(node.value, files)
+            elif isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -71,6 +87,19 @@ def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
         targets.discard(mod)
         graph[mod] = targets
     return graph
+
+
+def _named_module(text: str, files: dict[str, Path]) -> set[str]:
+    """The module a ``"prefzoo.pkg.module[:Name]"`` string names (the whole string is the path): its longest
+    prefix that is a module of the package, so ``"prefzoo.eval.callbacks.WinRateCallback"`` names eval.callbacks."""
+    match = MODULE_PATH.fullmatch(text.strip())
+    if match is None:
+        return set()
+    parts = match.group(1).split(".")
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in files:
+            return {".".join(parts[:n])}
+    return set()
 
 
 def layer(mod: str) -> str:
@@ -157,19 +186,19 @@ def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
     g = import_graph(module_files(pkg))
     assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
     assert upward_arrows(g) == [
-        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 8, prefzoo.eval is layer 14)",
-        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 4, prefzoo.registry is layer 6)",
+        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 12, prefzoo.eval is layer 21)",
+        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 9, prefzoo.registry is layer 11)",
     ]
     assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
 
 
 # packages whose ``__init__`` is their whole public surface: no other package imports their modules
-SURFACE_ONLY = ("prefzoo.model", "prefzoo.judge")
+SURFACE_ONLY = ("prefzoo.model", "prefzoo.judge", "prefzoo.scoring")
 
 
 @pytest.mark.parametrize("package", SURFACE_ONLY)
 def test_other_packages_use_only_the_public_surface(graph, package) -> None:
-    """Other packages use the model engine and the judges through ``prefzoo.model`` / ``prefzoo.judge``."""
+    """Other packages use the model engine, the judges and scoring through their ``__init__``."""
     bad = sorted(
         f"{mod} -> {t}"
         for mod, targets in graph.items()
@@ -181,10 +210,10 @@ def test_other_packages_use_only_the_public_surface(graph, package) -> None:
 
 
 def test_a_package_on_the_same_layer_is_an_upward_arrow(tmp_path) -> None:
-    """Strict layering: eval -> train is fine (14 over 13), train -> eval is not, nor two packages on one layer."""
-    graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.batch"}}
+    """Strict layering: eval -> train passes by rank (21 over 20), train -> eval does not, nor two on one layer."""
+    graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.step"}}
     assert upward_arrows(graph) == [
-        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 13, prefzoo.eval is layer 14)"
+        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 20, prefzoo.eval is layer 21)"
     ]
     assert len(set(LAYERS.values())) == len(LAYERS)  # one package a layer
 
@@ -200,3 +229,37 @@ def test_the_model_package_imports_neither_the_trainer_nor_accelerate() -> None:
             bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "accelerate" or n.startswith(
                 ("prefzoo.train", "prefzoo.eval", "prefzoo.cli", "prefzoo.integrations"))]
     assert bad == []
+
+
+def test_a_module_path_string_is_an_arrow(tmp_path) -> None:
+    """``"prefzoo.pkg.module:Name"`` strings (a registry table, an importlib target) are arrows like imports, so a
+    name table pointing up, or closing a circle, fails; prose that mentions a module in passing is no arrow."""
+    pkg = tmp_path / "prefzoo"
+    for sub in ("train", "eval", "modifiers"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train" / "loading.py").write_text('BUILTIN = {"win-rate": "prefzoo.eval.callbacks:WinRateCallback"}\n')
+    (pkg / "eval" / "callbacks.py").write_text("from prefzoo.train.loading import BUILTIN\n")
+    (pkg / "modifiers" / "trdpo.py").write_text(
+        '"""Its callback lives in prefzoo.train.loading (prose)."""\nCALLBACK = "prefzoo.train.loading"\n'
+    )
+    g = import_graph(module_files(pkg))
+    assert g["prefzoo.train.loading"] == {"prefzoo.eval.callbacks"}
+    assert g["prefzoo.modifiers.trdpo"] == {"prefzoo.train.loading"}
+    assert cycles(g) == [["prefzoo.eval.callbacks", "prefzoo.train.loading"]]
+    assert upward_arrows(g) == [
+        "prefzoo.modifiers.trdpo -> prefzoo.train.loading (prefzoo.modifiers is layer 10, prefzoo.train is layer 20)",
+        "prefzoo.train.loading -> prefzoo.eval.callbacks (prefzoo.train is layer 20, prefzoo.eval is layer 21)",
+    ]
+
+
+@pytest.mark.parametrize("package", ["prefzoo.eval", "prefzoo.integrations", "prefzoo.modifiers"])
+def test_beside_the_trainer_nothing_names_it(graph, package) -> None:
+    """Evaluation, the integrations and the modifiers stand beside the trainer (on scoring and the callback API):
+    no import of ``prefzoo.train``, no module-path string naming it, not even in prose."""
+    arrows = sorted(f"{m} -> {t}" for m, ts in graph.items() if layer(m) == package for t in ts
+                    if layer(t) == "prefzoo.train")  # fmt: skip
+    root = PACKAGE.joinpath(*package.split(".")[1:])
+    named = sorted(str(p.relative_to(PACKAGE)) for p in root.rglob("*.py") if "prefzoo.train" in p.read_text())
+    assert (arrows, named) == ([], [])

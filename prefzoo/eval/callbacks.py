@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefzoo.train.callbacks import Callback, RunState
+from prefzoo.callbacks import Callback, RunState
 
 __all__ = ["WinRateCallback", "read_prompts"]
 

@@ -77,12 +77,11 @@ def _score(
     loss_fn: Any, policy: Any, ref: Any, enc: Any, collate: Any, batch_size: int
 ) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """(correct, ties, margins, losses) per batch of ``enc``: the trainer's scoring loop
-    (:func:`prefzoo.train.evaluation.score_batches`) on this process, the reference in eval mode too.  Pairs with
+    (:func:`prefzoo.scoring.score_batches`) on this process, the reference in eval mode too.  Pairs with
     a non-finite log-prob, loss or reward are left out (as in the trainer's evaluation)."""
     import torch
 
-    from prefzoo.train.evaluation import score_batches
-    from prefzoo.train.reference import FrozenReference
+    from prefzoo.scoring import FrozenReference, score_batches
 
     device = next(policy.parameters()).device
     reference = FrozenReference.around(ref) if ref is not None else None

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefzoo.hookspecs import hookimpl
 from prefzoo.judge.generation import padding_side
+from prefzoo.judge.spec import JudgeSpec
 
 __all__ = ["DEFAULT_LLM_TEMPLATE", "LLMJudge", "OracleJudge", "RewardModelJudge", "prefzoo_register_judges"]
 
@@ -182,8 +183,6 @@ class LLMJudge(_PairJudge):
 
 @hookimpl
 def prefzoo_register_judges() -> list[Any]:
-    from prefzoo.judge.registry import JudgeSpec
-
     return [
         JudgeSpec(
             name="oracle",

@@ -193,7 +193,7 @@ def run_self_check(policy: Any, reference: Any, batch: dict[str, Any], fallback:
     """The run-start check (called by the loop on the first batch); raises or switches both to the model's forward.
 
     ``policy`` is the (possibly accelerate-wrapped) :class:`PolicyLogps`; ``reference`` a
-    :class:`prefzoo.train.reference.Reference` or None; ``say`` prints one line on the main process.
+    :class:`prefzoo.scoring.Reference` or None; ``say`` prints one line on the main process.
     """
     inner = unwrap(policy, "policy")
     result = check_logps(inner, batch)

@@ -1,16 +1,15 @@
-"""Shared pieces of the built-in modifiers: the loss capabilities they read, and per-response sums over token masks."""
+"""Shared pieces of the built-in modifiers: the loss capabilities they read, pair margins, registration."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from prefzoo.hookspecs import hookimpl
-from prefzoo.spec import Applicability, LossSpec, ModifierSpec
-from prefzoo.types import Need, PreferenceBatch
+from prefzoo.spec import Applicability, ModifierSpec
+from prefzoo.types import PreferenceBatch
 
 __all__ = ["ANY_PER_PAIR", "LOGP_REWARD", "REWARD_DIFFERENCE", "WITH_REFERENCE", "pair_margin_inputs", "registers",
            "soft_exp"]
@@ -56,11 +55,3 @@ def soft_exp(x: Tensor, cap: float) -> Tensor:
     c = torch.as_tensor(cap, dtype=x.dtype, device=x.device)
     return torch.where(x <= c, torch.exp(torch.minimum(x, c)), torch.exp(c) * (1 + x - c))
 
-
-def token_masks(batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
-    assert batch.chosen_mask is not None and batch.rejected_mask is not None
-    return batch.chosen_mask, batch.rejected_mask
-
-
-def reference_free(spec: LossSpec, p: Any) -> bool:
-    return Need.REFERENCE not in spec.needs

@@ -34,10 +34,10 @@ _SPECS: tuple[ModifierSpec, ...] = (
                       r"\alpha)\cdot\theta_{\mathrm{ref}}\ (\text{soft};\ \alpha = 1\text{: hard})",
         applies=WITH_REFERENCE,
         updates_reference=True,
-        callback="prefzoo.train.callbacks.ref_sync:ReferenceSync",
+        callback="reference-sync",
         trl="DPOConfig.sync_ref_model, ref_model_mixup_alpha, ref_model_sync_steps",
-        description="Trust-region DPO: the reference follows the policy during training, installed as the "
-        "trainer callback prefzoo.train.callbacks.ref_sync.ReferenceSync.",
+        description="Trust-region DPO: the reference follows the policy during training, through the trainer "
+        "callback reference-sync (which it installs).",
         notes="Needs a separate reference copy: not with --precompute-ref nor with a LoRA adapter-disabled "
         "reference (both keep the reference fixed).",
     ),

@@ -72,7 +72,7 @@ def test_resume_with_precompute_ref_after_the_cache_changed(
     (path,) = cache.glob("ref-logps-*.safetensors")
     good = _table(path)
     corrupt(path)
-    with caplog.at_level(logging.WARNING, logger="prefzoo.train.reference"):
+    with caplog.at_level(logging.WARNING, logger="prefzoo.scoring.reference_cache"):
         res = run_inprocess({**cfg, "resume": "auto"})
     assert res.global_step == 4
     if message:

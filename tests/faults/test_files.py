@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import prefzoo
+from prefzoo.scoring import Reference, load_or_compute_reference_table
+from prefzoo.scoring.reference_cache import _cache_file
 from prefzoo.train.checkpoint.save import ResumeError, find_latest_checkpoint
-from prefzoo.train.reference import Reference, _cache_file, load_or_compute_reference_table
 from tests.faults._run import reseal
 from tests.train.helpers import base_config, run_inprocess
 

@@ -212,7 +212,7 @@ def test_adapter_disabled_reference_scores_in_eval_mode_even_with_kept_dropout()
 
     from prefzoo.model.loading import apply_lora
     from prefzoo.model.logps import PolicyLogps
-    from prefzoo.train.reference import AdapterDisabledReference
+    from prefzoo.scoring import AdapterDisabledReference
 
     lm, _ = llama(attention_dropout=0.5)
     policy = PolicyLogps(apply_lora(lm, 4, 4, 0.3, ["q_proj"]))

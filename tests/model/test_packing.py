@@ -12,8 +12,7 @@ from prefzoo.data.groups import GroupCollator
 from prefzoo.model.fast.packing import PackingError, pack_rows
 from prefzoo.model.logps import PolicyLogps, sequence_logps
 from prefzoo.registry import get_loss
-from prefzoo.train.batch import batch_fields
-from prefzoo.train.reference import FrozenReference
+from prefzoo.scoring import FrozenReference, batch_fields
 from prefzoo.types import PreferenceBatch
 
 EXAMPLES = [  # lengths 6+3+2, 1+5+1, 6+1+6, 2+2+2: rows of several lengths, some of which share a packed row

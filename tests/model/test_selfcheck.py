@@ -56,7 +56,7 @@ def test_an_unknown_logit_transform_stops_the_run_with_one_line():
 def test_fallback_switches_policy_and_reference_to_the_models_forward():
     from prefzoo.model.logps import PolicyLogps
     from prefzoo.model.selfcheck import run_self_check
-    from prefzoo.train.reference import FrozenReference
+    from prefzoo.scoring import FrozenReference
 
     model = _scaled_llama(3.0)
     policy, ref = PolicyLogps(model), FrozenReference(model, 1024)

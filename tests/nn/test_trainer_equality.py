@@ -1,6 +1,6 @@
 """prefzoo.nn on a model's last hidden states equals the trainer's loss and gradients on the same collated batch.
 
-The trainer's side is ``prefzoo.train.batch.batch_fields`` (the step's own assembly: PolicyLogps, the reference, the
+The trainer's side is ``prefzoo.scoring.batch_fields`` (the step's own assembly: PolicyLogps, the reference, the
 batch the loss declares) and ``loss(batch).losses.mean()``; the module's side runs the decoder, shifts the targets
 (-100 off the completions) and calls ``FusedLinearPreferenceLoss`` with the LM head's weight.  Every parameter's
 gradient is compared, the decoder's included, for a pair, a list and an unpaired loss.
@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from prefzoo.model import PolicyLogps, sequence_logps
 from prefzoo.nn import FusedLinearPreferenceLoss
 from prefzoo.registry import get_loss
-from prefzoo.train.batch import batch_fields, batch_type
+from prefzoo.scoring import batch_fields, batch_type
 from tests.support.tiny import build_model, build_tokenizer
 
 IGNORE = -100

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 import textwrap
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 from prefzoo.train import Callback
-from prefzoo.train.callbacks import CallbackError, load_callback
+from prefzoo.train.callbacks import ENTRY_POINT_GROUP, CallbackError, builtin_callbacks, load_callback
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
 from prefzoo.train.config import ConfigError
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
@@ -258,3 +261,50 @@ def test_cli_and_yaml_callbacks_run_in_training(installed_callback, tmp_path, ti
     assert (tmp_path / "flag.txt").read_text() == "2,4"  # and the flag's, added to it
     card = json.loads((tmp_path / "run" / "final" / "run_card.json").read_text())
     assert len(card["config"]["callbacks"]) == 2
+
+
+def test_the_built_in_callbacks_are_entry_points_declared_where_they_live():
+    """prefzoo's own callbacks are entry points of group ``prefzoo.callbacks`` in its pyproject.toml, as a plugin
+    declares its own (the trainer names none of them); the installed metadata holds them and each name loads."""
+    tomllib = pytest.importorskip("tomllib")
+    from prefzoo.eval.callbacks import WinRateCallback
+    from prefzoo.train.callbacks import EarlyStopping
+    from prefzoo.train.callbacks.ref_sync import ReferenceSync
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
+    eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    installed = {ep.name: ep.value for ep in eps if ep.dist is not None and ep.dist.name == "prefzoo"}
+    assert installed == declared, "prefzoo's installed metadata is stale: reinstall it (pip install -e .)"
+    assert builtin_callbacks() == ["early-stopping", "reference-sync", "win-rate"]
+    assert type(load_callback("early-stopping:patience=2")) is EarlyStopping
+    assert type(load_callback("reference-sync:sync_steps=4")) is ReferenceSync
+    assert type(load_callback({"callback": "win-rate", "prompts": ["1+2="]})) is WinRateCallback
+
+
+def _cli_train(tmp_path, *callbacks: str) -> subprocess.CompletedProcess:
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"prompt": "1+2=", "chosen": "3", "rejected": "4"}) + "\n")
+    args = [sys.executable, "-m", "prefzoo", "train", "--model", str(tmp_path / "no-model"), "--dataset", str(data),
+            "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    for cb in callbacks:
+        args += ["--callback", cb]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_callback_names_from_the_cli(tmp_path):
+    """``prefzoo train --callback NAME`` as a user runs it: the three built-in names load (the run goes on to the
+    missing model), and an unknown name is one error line listing them."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1+2=\n")
+    ok = _cli_train(tmp_path, f"win-rate:prompts={prompts}", "reference-sync:sync_steps=2", "early-stopping")
+    assert ok.returncode != 0 and "--callback" not in ok.stderr and "--model" in ok.stderr.splitlines()[-1], ok.stderr
+    bad = _cli_train(tmp_path, "no-such-callback")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.splitlines()[-1] == (
+        "prefzoo train: error: --callback 'no-such-callback': cannot load it (LookupError: no callback named "
+        "'no-such-callback' (known: early-stopping, reference-sync, win-rate); or give module:Class); give an "
+        "importable module:Class, a built-in (early-stopping, reference-sync, win-rate) or an entry point of group "
+        "'prefzoo.callbacks'"
+    )
+

@@ -8,7 +8,7 @@ import torch
 from prefzoo.data.collate import PreferenceCollator
 from prefzoo.model.loading import LoRATargetError, apply_lora
 from prefzoo.model.logps import PolicyLogps
-from prefzoo.train.reference import AdapterDisabledReference
+from prefzoo.scoring import AdapterDisabledReference
 from tests.train.helpers import base_config, run_inprocess
 
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from prefzoo.model.loading import apply_lora
 from prefzoo.model.logps import PolicyLogps
-from prefzoo.train.reference import AdapterDisabledReference
+from prefzoo.scoring import AdapterDisabledReference
 from tests.train.test_lora import _batch
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from prefzoo.train.reference import _cache_file
+from prefzoo.scoring.reference_cache import _cache_file
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 

@@ -91,8 +91,8 @@ def test_precompute_ref_with_kl_rows_is_refused_before_any_model_loads(tmp_path,
 def test_precompute_ref_on_lists_and_unpaired_equals_the_live_reference(tmp_path, tiny_dir, loss, make):
     """Reference log-probs of every list completion / unpaired example computed once, cached and looked up by row:
     the same training as the reference running alongside (weights within float32 rounding), and a cache hit next."""
+    from prefzoo.scoring import PrecomputedReference
     from prefzoo.train.callbacks import Callback
-    from prefzoo.train.reference import PrecomputedReference
     from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
     _needs(loss)
@@ -129,8 +129,7 @@ def test_group_fields_place_each_completion_in_its_slot(tiny_dir):
     from prefzoo.data.formats import normalize
     from prefzoo.data.groups import GroupCollator, tokenize_lists
     from prefzoo.model.logps import PolicyLogps, sequence_logps
-    from prefzoo.train.batch import batch_fields, batch_type
-    from prefzoo.train.reference import FrozenReference
+    from prefzoo.scoring import FrozenReference, batch_fields, batch_type
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     lm = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
@@ -161,8 +160,7 @@ def test_unpaired_fields_score_the_mismatched_kl_pairs(tiny_dir):
     from prefzoo.data.formats import normalize
     from prefzoo.data.groups import UnpairedCollator, tokenize_unpaired
     from prefzoo.model.logps import PolicyLogps, sequence_logps
-    from prefzoo.train.batch import batch_fields
-    from prefzoo.train.reference import FrozenReference
+    from prefzoo.scoring import FrozenReference, batch_fields
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     lm = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()

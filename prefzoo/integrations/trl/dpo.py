@@ -39,8 +39,8 @@ from prefzoo.integrations.trl._common import (
 from prefzoo.losses.combine import CombinedLoss
 from prefzoo.modifiers.compose import ModifiedLoss
 from prefzoo.registry import combine, modifier_spec, modify
+from prefzoo.scoring import make_gather
 from prefzoo.spec import Loss, LossParamError, ModifierError
-from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, PreferenceBatch, Shape
 
 __all__ = ["CONFIG_MODIFIERS", "CONFIG_PARAMS", "DPOTrainer", "resolve_loss"]

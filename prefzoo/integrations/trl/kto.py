@@ -33,8 +33,8 @@ from prefzoo.integrations.trl._common import (
     terms,
     trl_init_signature,
 )
+from prefzoo.scoring import make_gather
 from prefzoo.spec import Loss, LossParamError
-from prefzoo.train.engines import make_gather
 from prefzoo.types import LossOutput, Need, Shape, UnpairedBatch
 
 __all__ = ["KTO_CONFIG_PARAMS", "KTOTrainer", "resolve_unpaired_loss"]

@@ -1,4 +1,9 @@
-"""Loading callbacks from specs: ``module:Class[:K=V,...]``, a built-in name, or a ``prefzoo.callbacks`` entry point."""
+"""Loading callbacks from specs: ``module:Class[:K=V,...]`` or a name, an entry point of group ``prefzoo.callbacks``.
+
+Each callback is registered where it lives: prefzoo's own (``early-stopping``, ``reference-sync``, ``win-rate``)
+are declared in its ``pyproject.toml`` under that group, as a third-party package declares its own, so this module
+names no callback module.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,24 @@ from typing import Any
 
 from prefzoo.types import error_summary
 
-__all__ = ["BUILTIN_CALLBACKS", "ENTRY_POINT_GROUP", "load_callback", "load_callbacks"]
+__all__ = ["ENTRY_POINT_GROUP", "builtin_callbacks", "load_callback", "load_callbacks"]
 
 ENTRY_POINT_GROUP = "prefzoo.callbacks"
-BUILTIN_CALLBACKS = {  # name -> module:Class (third-party callbacks use the entry-point group instead)
-    "early-stopping": "prefzoo.train.callbacks.early_stopping:EarlyStopping",
-    "win-rate": "prefzoo.eval.callbacks:WinRateCallback",
-    "reference-sync": "prefzoo.train.callbacks.ref_sync:ReferenceSync",
-}
+_DISTRIBUTION = "prefzoo"  # the distribution whose entry points of the group are the built-ins
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _builtin(ep: Any) -> bool:
+    dist = getattr(ep, "dist", None)
+    return dist is not None and str(dist.name).lower() == _DISTRIBUTION
+
+
+def builtin_callbacks() -> list[str]:
+    """The names of the callbacks prefzoo ships (its own entry points of the group), as installed."""
+    return sorted(name for name, ep in _entry_points().items() if _builtin(ep))
 
 
 def _value(text: str) -> Any:
@@ -44,20 +59,20 @@ def _split_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def _resolve(target: str) -> Any:
-    """The class (or factory) a 'module:Class' path or a built-in / entry-point name points to."""
+    """The class (or factory) a 'module:Class' path or an entry-point name points to."""
     if ":" in target:
         module, _, attr = target.partition(":")
         obj: Any = importlib.import_module(module)
         for name in attr.split("."):
             obj = getattr(obj, name)
         return obj
-    if target in BUILTIN_CALLBACKS:
-        return _resolve(BUILTIN_CALLBACKS[target])
-    eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    eps = _entry_points()
     if target in eps:
         return eps[target].load()
-    known = sorted({*BUILTIN_CALLBACKS, *eps})
-    raise LookupError(f"no callback named {target!r} (known: {', '.join(known)}); or give module:Class")
+    stale = "" if any(map(_builtin, eps.values())) else (
+        "; prefzoo's installed metadata declares none of its own callbacks: reinstall it (pip install -e .)"
+    )
+    raise LookupError(f"no callback named {target!r} (known: {', '.join(sorted(eps))}){stale}; or give module:Class")
 
 
 def load_callback(spec: Any) -> Any:
@@ -83,7 +98,7 @@ def load_callback(spec: Any) -> Any:
     except Exception as e:
         raise ConfigError(
             f"--callback {target!r}: cannot load it ({error_summary(e)}); give an importable module:Class, "
-            f"a built-in ({', '.join(BUILTIN_CALLBACKS)}) or an entry point of group {ENTRY_POINT_GROUP!r}"
+            f"a built-in ({', '.join(builtin_callbacks())}) or an entry point of group {ENTRY_POINT_GROUP!r}"
         ) from None
 
 

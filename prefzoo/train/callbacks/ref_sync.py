@@ -1,9 +1,10 @@
-"""TR-DPO's reference update as a trainer callback: θ_ref ← α·θ + (1 − α)·θ_ref every τ optimizer steps.
+"""The reference model following the policy, as a trainer callback: θ_ref ← α·θ + (1 − α)·θ_ref every τ optimizer steps.
 
-Installed by the ``tr-dpo`` modifier (``ModifierSpec.callback``), or by hand:
+Registered as ``reference-sync`` (an entry point of group ``prefzoo.callbacks``): installed by a modifier that names
+it (``ModifierSpec.callback``; the callback then carries the modifier's name), or by hand:
 ``--callback reference-sync:sync_steps=64``.
 As TRL 1.16's ``SyncRefModelCallback`` (``ref_model_mixup_alpha``, ``ref_model_sync_steps``).  At each update it
-logs the reference's mean log-probs of the step's last micro-batch before and after (``tr-dpo/ref_logps_*``), so the
+logs the reference's mean log-probs of the step's last micro-batch before and after (``<name>/ref_logps_*``), so the
 reference is seen to move.  The updated reference is saved with every checkpoint and restored on resume.
 """
 
@@ -14,9 +15,9 @@ from typing import Any
 
 import torch
 
+from prefzoo.scoring import FrozenReference
 from prefzoo.train.callbacks.base import Callback, RunState
 from prefzoo.train.config import ConfigError
-from prefzoo.train.reference import FrozenReference
 
 __all__ = ["REFERENCE_FILE", "ReferenceSync", "mix_into"]
 
@@ -31,11 +32,11 @@ def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> 
 
 
 class ReferenceSync(Callback):
-    name = "tr-dpo"
+    name = "reference-sync"  # the modifier that installs it names it after itself; the prefix of its metrics
 
     def __init__(self, mixup_alpha: float = 0.6, sync_steps: int = 512) -> None:
         if not 0 < float(mixup_alpha) <= 1 or int(sync_steps) < 1:
-            raise ConfigError(f"reference-sync: mixup_alpha={mixup_alpha} must be in (0, 1], sync_steps >= 1")
+            raise ConfigError(f"{self.name}: mixup_alpha={mixup_alpha} must be in (0, 1], sync_steps >= 1")
         self.alpha, self.every = float(mixup_alpha), int(sync_steps)
 
     def _ref_lm(self, state: RunState) -> torch.nn.Module:
@@ -43,7 +44,7 @@ class ReferenceSync(Callback):
         module = getattr(ref, "module", None)
         if not isinstance(ref, FrozenReference) or not hasattr(module, "lm"):
             raise ConfigError(
-                f"tr-dpo needs a separate reference copy to update, but the run's reference is "
+                f"{self.name} needs a separate reference copy to update, but the run's reference is "
                 f"{type(ref).__name__ if ref is not None else 'none'} (precomputed, LoRA adapter-disabled or "
                 "partitioned references stay fixed)"
             )
@@ -67,9 +68,9 @@ class ReferenceSync(Callback):
         before = self._probe(state)
         mix_into(ref_lm, self._policy_lm(state), self.alpha)
         after = self._probe(state)
-        record: dict[str, Any] = {"step": state.global_step, "tr-dpo/synced": 1}
+        record: dict[str, Any] = {"step": state.global_step, f"{self.name}/synced": 1}
         if before is not None and after is not None:
-            record.update({"tr-dpo/ref_logps_before": before, "tr-dpo/ref_logps_after": after})
+            record.update({f"{self.name}/ref_logps_before": before, f"{self.name}/ref_logps_after": after})
         state.log_metrics(record)
 
     def _probe(self, state: RunState) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prefzoo.train.engines.base import Engine
 from prefzoo.train.engines.choice import engine_for, resume_refusal
-from prefzoo.train.engines.launch import build_accelerator, end_accelerator, make_gather
+from prefzoo.train.engines.launch import build_accelerator, end_accelerator
 
 __all__ = [
     "ENGINE_PACKAGES",
@@ -17,7 +17,6 @@ __all__ = [
     "build_accelerator",
     "end_accelerator",
     "engine_for",
-    "make_gather",
     "resume_refusal",
 ]
 

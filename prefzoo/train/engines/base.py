@@ -80,7 +80,7 @@ class Engine:
     # -- building the run -----------------------------------------------------------------------------------------
     def frozen_reference(self, policy: Any, accelerator: Any) -> tuple[Any, str]:
         """(a frozen copy of the starting model for a reference, how it is made); built before wrapping."""
-        from prefzoo.train.reference import FrozenReference
+        from prefzoo.scoring import FrozenReference
 
         ref = FrozenReference(policy.lm, self.cfg.logp_chunk_size, policy.packing)
         ref.module.to(accelerator.device)

@@ -92,7 +92,7 @@ class DeepSpeedEngine(Engine):
         import deepspeed
 
         from prefzoo.model import PolicyLogps, load_model_and_tokenizer
-        from prefzoo.train.reference import FrozenReference
+        from prefzoo.scoring import FrozenReference
 
         cfg = self.cfg
         ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)

@@ -114,7 +114,7 @@ class FsdpEngine(Engine):
 
     def shard(self, accelerator: Any, policy: Any, reference: Any) -> str | None:
         """Shard the policy and a frozen reference copy (gathered layer by layer under no_grad)."""
-        from prefzoo.train.reference import FrozenReference
+        from prefzoo.scoring import FrozenReference
 
         self._build_mesh(accelerator)
         layers = self._shard(policy)

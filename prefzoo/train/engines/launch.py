@@ -1,40 +1,17 @@
-"""The accelerate side of every engine: building the Accelerator with what the run's engine adds, ending it, and a
-rank-ordered gather."""
+"""The accelerate side of every engine: building the Accelerator with what the run's engine adds, and ending it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from prefzoo.train.engines.choice import engine_for
 
-__all__ = ["build_accelerator", "end_accelerator", "make_gather"]
-
-
-def make_gather(accelerator: Any) -> Callable[[Tensor], Tensor]:
-    """``gather(t)``: concatenation of ``t`` (dim 0, any per-rank length) over processes in rank order.
-
-    gloo refuses uneven all_gathers, so sizes are gathered first, every rank pads to the largest, and the padding is
-    trimmed afterwards.  Not differentiable (losses only gather detached tensors).
-    """
-    if accelerator.num_processes == 1:
-        return lambda t: t
-
-    def gather(t: Tensor) -> Tensor:
-        t = t.detach().contiguous()
-        sizes = accelerator.gather(torch.tensor([t.shape[0]], device=t.device)).tolist()  # (P,)
-        padded = accelerator.pad_across_processes(t, dim=0)  # (max_size, ...)
-        allt = accelerator.gather(padded)  # (P·max_size, ...)
-        m = max(sizes)
-        return torch.cat([allt[r * m : r * m + n] for r, n in enumerate(sizes)], dim=0)
-
-    return gather
+__all__ = ["build_accelerator", "end_accelerator"]
 
 
 def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:

@@ -12,24 +12,16 @@ import torch
 from torch import Tensor
 
 from prefzoo._safefs import open_nofollow
-from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch, UnpairedBatch
+from prefzoo.scoring import correct_rows
+from prefzoo.types import GroupBatch, LossOutput, PreferenceBatch
 
-__all__ = ["JsonlWriter", "MetricsAccumulator", "correct_rows", "last_logged", "last_step", "step_metrics"]
+__all__ = ["JsonlWriter", "MetricsAccumulator", "last_logged", "last_step", "step_metrics"]
 
 
 def _scalar(t: Any) -> float:
     if isinstance(t, Tensor):
         return float(t.detach().float().mean())
     return float(t)
-
-
-def correct_rows(batch: Any, out: LossOutput) -> Tensor:
-    """(B,) float 1/0 per example: chosen_rewards > rejected_rewards (pairs; lists: the best over the worst), and
-    for unpaired data whether that comparison agrees with the label (LossOutput's convention)."""
-    right = out.chosen_rewards.detach() > out.rejected_rewards.detach()
-    if isinstance(batch, UnpairedBatch):
-        right = right == batch.labels
-    return right.float()
 
 
 def best_first(batch: GroupBatch, rewards: Tensor) -> Tensor:

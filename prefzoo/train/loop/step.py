@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from prefzoo.model import add_router_loss, router_metrics
-from prefzoo.train.batch import batch_fields, batch_type, float_fields
+from prefzoo.scoring import batch_fields, batch_type, float_fields
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint import checkpoint_step, find_latest_checkpoint
 from prefzoo.train.loop.guard import NonFiniteGuard, NonFiniteStepsError, nonfinite_ids

@@ -32,10 +32,10 @@ from torch import Tensor
 
 from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
+from prefzoo.scoring import AdapterDisabledReference, FrozenReference, read_safetensors
 from prefzoo.train.checkpoint.save import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.config.sections import LossSection
-from prefzoo.train.reference import AdapterDisabledReference, FrozenReference, read_safetensors
 
 __all__ = [
     "CLASSIFIER_FILE",

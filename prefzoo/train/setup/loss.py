@@ -58,12 +58,15 @@ def check_modifiers(loss: Loss, *, precompute_ref: bool, lora: bool) -> None:
 
 
 def modifier_callbacks(loss: Loss) -> list[Any]:
-    """The trainer callbacks the run's modifiers install (``ModifierSpec.callback``), built with their params."""
+    """The trainer callbacks the run's modifiers install (``ModifierSpec.callback``: a registered callback name or
+    ``module:Class``), built with their params and named after the modifier (its errors and metrics say which)."""
     from prefzoo.train.callbacks import load_callback
 
     out = []
     for m in _modifiers(loss):
         if m.spec.callback:
             kwargs = {k: getattr(m.params, k) for k in type(m.params).__dataclass_fields__}
-            out.append(load_callback({"callback": m.spec.callback, **kwargs}))
+            cb = load_callback({"callback": m.spec.callback, **kwargs})
+            cb.name = m.name
+            out.append(cb)
     return out

@@ -18,11 +18,11 @@ from prefzoo.model import (
     prepare_quantized,
     sparsify_dropout,
 )
+from prefzoo.scoring import model_identity
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.config.sections import FastPathSection, ModelSection
-from prefzoo.train.reference import model_identity
 from prefzoo.train.setup.shape_plan import ShapePlan
 
 __all__ = ["check_token_ids", "fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]

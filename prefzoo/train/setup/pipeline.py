@@ -25,6 +25,7 @@ from prefzoo.model import (
     remote_code_note,
     run_self_check,
 )
+from prefzoo.scoring import build_reference, make_gather, precompute_reference
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import (
     check_resumable,
@@ -36,9 +37,8 @@ from prefzoo.train.checkpoint import (
 )
 from prefzoo.train.config import ConfigError, TrainConfig
 from prefzoo.train.config.sections import OptimizationSection
-from prefzoo.train.engines import Engine, build_accelerator, engine_for, make_gather
+from prefzoo.train.engines import Engine, build_accelerator, engine_for
 from prefzoo.train.loop.source import EpochBatches
-from prefzoo.train.reference import build_reference, precompute_reference
 from prefzoo.train.setup import data as d
 from prefzoo.train.setup import model as m
 from prefzoo.train.setup.density_ratio import (
@@ -205,7 +205,7 @@ def _build_policy(
     procs.say(fast.line())
     policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=fast.packing)
     policy.train()
-    reference, ref_kind = build_reference(loss, cfg, policy, model.has_adapter, procs.accelerator, procs.engine)
+    reference, ref_kind = build_reference(loss, policy, cfg.lora, model.has_adapter, procs.accelerator, procs.engine)
     return PolicyParts(fast, policy, reference, ref_kind, d.collator(data.plan, model.tokenizer.pad_token_id,
                                                                      fast.share_prompt))  # fmt: skip
 
@@ -274,7 +274,10 @@ def _precompute_reference(
         return built.reference, built.ref_kind
     t0 = time.perf_counter()
     reference, ref_kind = precompute_reference(
-        cfg, built.reference, procs.accelerator, tok.train, tok.eval, built.collate, identity
+        built.reference, procs.accelerator, tok.train, tok.eval, built.collate, identity,
+        batch_size=cfg.per_device_batch_size, max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length, mixed_precision=cfg.mixed_precision,
+        cache_dir=cfg.ref_cache_dir,
     )
     timings["reference"] = time.perf_counter() - t0
     return reference, ref_kind

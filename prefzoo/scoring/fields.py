@@ -1,6 +1,7 @@
-"""Batch assembly: a collated batch's policy (and reference) log-probs as the batch fields a loss needs.
+"""A collated batch's policy (and reference) log-probs as the batch fields a loss needs.
 
-The trainer's step, its evaluation and ``prefzoo.eval.reward`` all build their batches here.  The collated batch
+The trainer's step, :func:`prefzoo.scoring.score_batches` (the trainer's evaluation, ``prefzoo eval``) and the
+integrations' tests all build their batches here.  The collated batch
 says its shape (:func:`batch_type`): pairs give :class:`PreferenceBatch` fields, lists (``group_mask``) the
 :class:`GroupBatch` fields from one forward over all G·K completions, unpaired examples (``labels``) the
 :class:`UnpairedBatch` fields, with KTO's mismatched KL rows scored without gradient when collated.
