@@ -58,6 +58,7 @@ __all__ = [
     "read_literal",
     "read_scalar",
     "tex_to_text",
+    "text_of",
     "value_type",
 ]
 
@@ -205,7 +206,8 @@ class LossParams:
                 value = float(value)
             why = info.check(value)
             if why is not None:
-                raise LossParamError(f"{type(self).__name__}: parameter {info.name!r} = {value!r} {why} ({info.doc})")
+                doc = text_of(info.doc)
+                raise LossParamError(f"{type(self).__name__}: parameter {info.name!r} = {value!r} {why} ({doc})")
         self.check()
 
     def check(self) -> None:
@@ -251,12 +253,13 @@ _TEX_SYMBOLS = {
     "theta": "θ", "lambda": "λ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "psi": "ψ", "sum": "Σ",
     "cdot": "·", "leftarrow": "←", "le": "≤", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋",
     "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "leq": "≤", "gt": ">", "lt": "<",
-    "equiv": "≡", "log": "log", "exp": "exp", "max": "max", "min": "min", "quad": " ", "qquad": " ",
+    "equiv": "≡", "approx": "≈", "nabla": "∇", "partial": "∂", "to": "→", "infty": "∞", "Vert": "‖", "ln": "ln",
+    "log": "log", "exp": "exp", "max": "max", "min": "min", "quad": " ", "qquad": " ",
 }
 _TEX_DROPPED = ("left", "right", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr")
-_TEX_FUNCTIONS = ("log", "exp", "max", "min")  # a space after them when a name follows: \log\sigma -> "log σ"
+_TEX_FUNCTIONS = ("log", "exp", "max", "min", "ln")  # a space after them when a name follows: \log\sigma -> "log σ"
 # commands whose following space is printed: functions, spacing and relations (\leftarrow w -> "← w")
-_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "geq", "leq", "le", "gt", "lt")
+_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "approx", "to", "geq", "leq", "le", "gt", "lt")
 
 
 def _command_end(tex: str, i: int) -> int:
@@ -327,7 +330,7 @@ def tex_to_text(tex: str) -> str:
                 elif len(text) == 1 or all(c.isalnum() or c in ",'" for c in text):
                     out.append(text)
                 else:
-                    out.append("{" + text + "}")
+                    out.append(f"({text})" if ch == "^" else "{" + text + "}")
             continue
         j = _command_end(tex, i)
         name = tex[i + 1 : j]
@@ -338,9 +341,13 @@ def tex_to_text(tex: str) -> str:
             num, j = _tex_group(tex, j)
             den, j = _tex_group(tex, j)
             out.append(_frac_text(tex_to_text(num), tex_to_text(den)))
-        elif name == "hat":
+        elif name == "sqrt":
             arg, j = _tex_group(tex, j)
-            out.append(tex_to_text(arg) + "\u0302")
+            inner = tex_to_text(arg)
+            out.append("√" + (inner if len(inner) == 1 else f"({inner})"))
+        elif name in ("hat", "bar"):
+            arg, j = _tex_group(tex, j)
+            out.append(tex_to_text(arg) + ("\u0302" if name == "hat" else "\u0304"))
         elif name in _TEX_DROPPED:
             pass
         elif name in _TEX_SYMBOLS:
@@ -354,6 +361,19 @@ def tex_to_text(tex: str) -> str:
         i = j
     text = " ".join("".join(out).split()).replace("( ", "(").replace(" )", ")")
     return unicodedata.normalize("NFC", re.sub(r"\b(log|exp|max|min) \(", r"\1(", text))  # H + ̂ -> Ĥ
+
+
+_INLINE_MATH = re.compile(r"\$([^$]+)\$")
+
+
+def text_of(prose: str) -> str:
+    r"""Prose with inline math (``$\beta\cdot\Delta$``) as plain text (``β·Δ``): how the CLI prints a spec's text.
+
+    A spec's prose (``scores``, ``notes``, ``description``, a parameter's doc, what a modifier applies to) writes
+    its formulas as ``$...$``, which the docs pages typeset; a terminal and an error message read them through
+    :func:`tex_to_text`.  Prose without ``$`` (a plugin's plain text) is returned as it is.
+    """
+    return _INLINE_MATH.sub(lambda m: tex_to_text(m.group(1)), prose)
 
 
 LossFn = Callable[[Any, Any, LossContext], LossOutput]  # (PreferenceBatch | GroupBatch | UnpairedBatch, params, ctx)
@@ -744,4 +764,5 @@ class ModifierSpec:
             )
         if self.applies(loss, loss_params):
             return None
-        return f"modifier {self.name!r} cannot modify loss {loss.name!r}: {self.name} applies to {self.applies.text}"
+        applies = text_of(self.applies.text)
+        return f"modifier {self.name!r} cannot modify loss {loss.name!r}: {self.name} applies to {applies}"

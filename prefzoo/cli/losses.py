@@ -9,7 +9,7 @@ from typing import Any
 
 from prefzoo.cli.families import GROUPS, group_of
 from prefzoo.registry import get_registry, loss_spec
-from prefzoo.spec import LossSpec, ModifierSpec, param_infos
+from prefzoo.spec import LossSpec, ModifierSpec, param_infos, text_of
 from prefzoo.types import Shape
 
 
@@ -96,7 +96,8 @@ def list_table() -> str:
     return with_failures(text, reg)
 
 
-_SHAPE_TEXT = {Shape.PAIR: "pairs (PreferenceBatch)", Shape.LIST: "lists of K ≥ 2 ranked completions (GroupBatch)",
+_SHAPE_TEXT = {Shape.PAIR: "pairs "
+    "(PreferenceBatch)", Shape.LIST: "lists of $K \\geq 2$ ranked completions (GroupBatch)",
                Shape.UNPAIRED: "unpaired labelled completions (UnpairedBatch)"}
 
 
@@ -104,7 +105,7 @@ def takes(spec: LossSpec) -> str:
     """The batch shapes a loss takes, in words (pairs reach a list-only loss as K = 2 groups)."""
     text = "; ".join(_SHAPE_TEXT[x] for x in Shape if x in spec.shapes)
     if Shape.PAIR not in spec.shapes and spec.accepts(Shape.PAIR):
-        text += "; pairs as K = 2 groups"
+        text += "; pairs as $K = 2$ groups"
     return text
 
 
@@ -113,24 +114,24 @@ def describe(spec: LossSpec) -> str:
         f"{spec.name}  ({spec.family} family, {source_of(spec)}: {spec.plugin})",
         "",
         f"  loss:    L = {spec.formula}",
-        f"  scores:  {spec.scores}",
+        f"  scores:  {text_of(spec.scores)}",
         f"  needs:   {', '.join(sorted(n.value for n in spec.needs)) or 'policy log-probs only'}",
         f"  batch:   {_BATCH_TEXT[coupling(spec)]}",
         f"  paper:   {spec.paper}",
     ]
     if spec.shapes != {Shape.PAIR}:
-        lines.insert(5, f"  takes:   {takes(spec)}")
+        lines.insert(5, f"  takes:   {text_of(takes(spec))}")
     return "\n".join(lines + describe_tail(spec.description, spec.notes, spec.params_cls, "--loss-param KEY=VALUE"))
 
 
 def describe_tail(description: str, notes: str, params_cls: type, usage: str) -> list[str]:
     """The lines every ``describe`` ends with (losses and modifiers alike): description, note, parameters."""
-    lines = ["", f"  {description}"] if description else []
+    lines = ["", f"  {text_of(description)}"] if description else []
     if notes:
-        lines += [f"  Note: {notes}"]
+        lines += [f"  Note: {text_of(notes)}"]
     infos = param_infos(params_cls)
     lines += ["", f"  parameters ({usage}):" if infos else "  parameters: none"]
-    lines += [f"    {i.name} = {i.default!r}   [{i.range_text()}]  {i.doc}" for i in infos]
+    lines += [f"    {i.name} = {i.default!r}   [{i.range_text()}]  {text_of(i.doc)}" for i in infos]
     return lines
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from prefzoo.cli.main import CLIError
 
+INDEX_REQUIREMENT = "prefzoo[testing]"  # what the generated tox.ini and CI install when prefzoo's origin is unknown
+_REMOTE = re.compile(r"(https://|ssh://)[^\s@'\"]+|git@[\w.-]+:[\w./-]+")  # a URL a CI runner can clone
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")  # a loss name: lower-case words joined by '-'
 
 
@@ -44,7 +46,42 @@ def names(raw: str) -> dict[str, str]:
         "dist": f"prefzoo-{name}",
         "package": f"prefzoo_{ident}",
         "params": "".join(w.capitalize() for w in name.split("-")) + "Params",
+        "requirement": INDEX_REQUIREMENT,
     }
+
+
+def prefzoo_requirement() -> str:
+    """Where the generated plugin's tox.ini and CI install prefzoo from: the git remote prefzoo was installed from.
+
+    pip records a VCS install's URL (``direct_url.json``); an install from a clone (``pip install -e .``) is
+    traced to the clone's ``origin`` remote. A remote a CI runner cannot reach (a local path) or none gives the
+    index requirement; the files say how to change it (``PREFZOO_REQUIREMENT``).
+    """
+    import json
+    import subprocess
+    from importlib import metadata
+
+    try:
+        direct = json.loads(metadata.distribution("prefzoo").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return INDEX_REQUIREMENT
+    url = str(direct.get("url", ""))
+    if "vcs_info" in direct:
+        remote = url
+    elif url.startswith("file://"):
+        try:
+            got = subprocess.run(["git", "-C", url.removeprefix("file://"), "remote", "get-url", "origin"],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return INDEX_REQUIREMENT
+        remote = got.stdout.strip() if got.returncode == 0 else ""
+    else:
+        remote = ""
+    if not _REMOTE.fullmatch(remote):
+        return INDEX_REQUIREMENT
+    if remote.startswith("git@"):  # scp-like syntax: pip needs ssh://git@host/path
+        remote = "ssh://" + remote.replace(":", "/", 1)
+    return f"{INDEX_REQUIREMENT} @ git+{remote}"
 
 
 def target_dir(raw: str | None, values: dict[str, str]) -> Path:
@@ -76,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     values = names(args.name)
     root = target_dir(args.dir, values)
+    values["requirement"] = prefzoo_requirement()
     from prefzoo.registry import list_losses, loss_spec
 
     if values["name"] in list_losses():  # the registry imports torch: after the checks that need nothing
@@ -88,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"prefzoo new-loss: wrote the plugin package {values['dist']} for the loss {values['name']!r} in {root}/")
     for path in sorted(written):
         print(f"  {path.relative_to(root).as_posix()}")
+    if values["requirement"] != INDEX_REQUIREMENT:
+        print(f"  (its tox.ini and CI install {values['requirement']}: where this prefzoo came from)")
     print(f"\nnext:\n  pip install -e {_quote(root)}\n  prefzoo losses {values['name']}\n"
           f"  prefzoo check {values['name']}\n  pytest {_quote(root / 'tests')}\n"
           f"  prefzoo train --loss {values['name']} --max-steps 2")

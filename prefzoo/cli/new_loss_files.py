@@ -162,13 +162,14 @@ def test_bad_beta_names_the_parameter():
 
 TOX = """\
 # The property matrix: the plugin's tests and `prefzoo check` with float64, float32 and bfloat16 inputs.
-# PREFZOO_REQUIREMENT says where prefzoo comes from (default: the index): a name, a git URL or a path, e.g.
+# PREFZOO_REQUIREMENT says where prefzoo comes from (default below: the git remote `prefzoo new-loss` was
+# installed from, else the index): a name, a git URL or a path, e.g.
 #   PREFZOO_REQUIREMENT="prefzoo[testing] @ git+https://example.org/prefzoo.git" tox
 [tox]
 env_list = fp64, fp32, bf16
 
 [testenv]
-deps = {env:PREFZOO_REQUIREMENT:prefzoo[testing]}
+deps = {env:PREFZOO_REQUIREMENT:$requirement}
 extras = test
 pass_env = PIP_*, UV_*, HOME, TMPDIR
 set_env =
@@ -196,7 +197,7 @@ jobs:
     env:
       PIP_EXTRA_INDEX_URL: https://download.pytorch.org/whl/cpu  # CPU torch in every tox env
       # where prefzoo comes from (tox.ini): an index name, or e.g. "prefzoo[testing] @ git+https://..."
-      PREFZOO_REQUIREMENT: prefzoo[testing]
+      PREFZOO_REQUIREMENT: "$requirement"
     steps:
       - uses: actions/checkout@v4
       - uses: actions/setup-python@v5

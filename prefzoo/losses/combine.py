@@ -173,7 +173,7 @@ def parse_params(text: str, values: Mapping[str, Any], lookup: SpecLookup) -> di
 
 @dataclass(frozen=True, kw_only=True)
 class MPOParams(LossParams):
-    beta: float = param(0.1, "β of the dpo and bco-pair terms", gt=0.0)
+    beta: float = param(0.1, r"$\beta$ of the dpo and bco-pair terms", gt=0.0)
     dpo_weight: float = param(0.8, "weight of the dpo (sigmoid) term", ge=0.0)
     bco_weight: float = param(0.2, "weight of the bco-pair term", ge=0.0)
     sft_weight: float = param(1.0, "weight of the sft term", ge=0.0)
@@ -181,8 +181,9 @@ class MPOParams(LossParams):
 
 @dataclass(frozen=True, kw_only=True)
 class RPOParams(LossParams):
-    beta: float = param(0.1, "β of the dpo term", gt=0.0)
-    alpha: float = param(1.0, "α (TRL's sft loss weight, formerly rpo_alpha): weight of the NLL on y_w", ge=0.0)
+    beta: float = param(0.1, r"$\beta$ of the dpo term", gt=0.0)
+    alpha: float = param(1.0, r"$\alpha$ (TRL's sft loss weight, formerly rpo_alpha): weight of the NLL on "
+        r"$y_w$", ge=0.0)
     nll_reduction: str = param(
         "batch-tokens",
         "NLL over all chosen tokens of the batch ('batch-tokens', TRL's) or averaged per example ('example')",
@@ -244,7 +245,7 @@ def prefzoo_register_losses() -> list[LossSpec]:
                         r"\log\sigma(-\beta\rho_l)\bigr] + 1.0\,\left[-\frac{\log\pi(y_w\mid x)}{\lvert "
                         r"y_w\rvert}\right]",
             paper="Wang et al. 2024, arXiv:2411.10442 (MPO), as TRL's loss_type=['sigmoid','bco_pair','sft']",
-            scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",
+            scores=r"$\beta\cdot(\log\pi_\theta(y\mid x) - \log\pi_{\mathrm{ref}}(y\mid x))$ (DPO implicit reward)",
             needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
             description="Mixed Preference Optimization: a fixed weighted sum of dpo, bco-pair and sft "
             "(any weights via '--loss \"0.8*dpo + 0.2*bco-pair + 1.0*sft\"').",
@@ -258,11 +259,12 @@ def prefzoo_register_losses() -> list[LossSpec]:
                         r"y_w\rvert}\quad\text{(the NLL over all chosen tokens of the batch by default)}",
             paper="Pang et al. 2024, arXiv:2404.19733 (Iterative RPO), as TRL's loss_type=['sigmoid','sft'] with "
             "loss_weights=[1, α]",
-            scores="β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)",
+            scores=r"$\beta\cdot(\log\pi_\theta(y\mid x) - \log\pi_{\mathrm{ref}}(y\mid x))$ (DPO implicit reward)",
             needs=frozenset({Need.REFERENCE, Need.LENGTHS}),
             batch_coupled=nll_coupled,
-            description="The loss of Iterative Reasoning Preference Optimization (RPO): DPO plus α·NLL on the chosen "
-            "response; the same as '--loss \"dpo + α*sft\"' with sft.nll_reduction=batch-tokens.",
+            description=r"The loss of Iterative Reasoning Preference Optimization (RPO): DPO plus $\alpha\cdot$NLL on "
+            "the chosen response; at the default alpha the same as `--loss \"dpo + 1.0*sft\"` with "
+            "sft.nll_reduction=batch-tokens.",
             notes="nll_reduction defaults to 'batch-tokens' here, unlike sft, cpo and orpo: rpo exists to match TRL's "
             "RPO preset, whose NLL is the mean over all chosen tokens of the batch. 'example' gives each example's "
             "own token mean.",

@@ -43,53 +43,61 @@ from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 _CAP_NOTE = (
-    "forward_kl and alpha_divergence: e^x is TRL's up to x = 80 (TRL's own α-divergence clamp), then "
-    "e^80·(1 + 0.1·u/(0.1 + u)) with u = x − 80: same slope at 80, still increasing (non-zero gradient) and at most "
-    "1.1·e^80, where TRL's forward KL overflows float32 (x > 88.7) and its α-divergence is flat with zero gradient."
+    r"forward_kl and alpha_divergence: $e^x$ is TRL's up to $x = 80$ (TRL's own $\alpha$-divergence clamp), then "
+    r"$e^{80}\cdot(1 + 0.1\cdot u/(0.1 + u))$ with $u = x - 80$: same slope at 80, still increasing (non-zero "
+    r"gradient) and at most $1.1\cdot e^{80}$, where TRL's forward KL overflows float32 ($x > 88.7$) and its "
+    r"$\alpha$-divergence is flat with zero gradient."
 )
 _IPO_MAX_DELTA = 1e18  # (1e18)² = 1e36 < float32 max 3.4e38; only exponential f-divergences get this far
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPOParams(LossParams):
-    beta: float = param(0.1, "β: inverse temperature of the implicit reward β·log(π/π_ref)", gt=0.0)
+    beta: float = param(0.1, r"$\beta$: inverse temperature of the implicit reward "
+        r"$\beta\cdot\log(\pi/\pi_{\mathrm{ref}})$", gt=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FDPOParams(DPOParams):
     f_divergence: str = param("reverse_kl", "f-DPO divergence (reverse_kl is plain DPO)", choices=F_DIVERGENCES)
-    alpha_divergence_coef: float = param(0.5, "α of the alpha_divergence f'(t) = (t^(α−1) − 1)/(α − 1)", gt=0.0)
+    alpha_divergence_coef: float = param(0.5, r"$\alpha$ of the alpha_divergence $f'(t) = (t^{\alpha-1} - 1)/(\alpha - "
+        r"1)$", gt=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CDPOParams(FDPOParams):
-    label_smoothing: float = param(0.1, "ε: probability that a preference label is flipped", ge=0.0, lt=0.5)
+    label_smoothing: float = param(0.1, r"$\varepsilon$: probability that a preference label is "
+        r"flipped", ge=0.0, lt=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EXOParams(FDPOParams):
-    label_smoothing: float = param(1e-3, "ε of the target distribution [1 − ε, ε] (EXO paper: 1e-3)", gt=0.0, lt=1.0)
+    label_smoothing: float = param(1e-3, r"$\varepsilon$ of the target distribution $[1 - \varepsilon, \varepsilon]$ "
+        r"(EXO paper: 1e-3)", gt=0.0, lt=1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class AOTParams(DPOParams):
-    label_smoothing: float = param(0.0, "ε: label smoothing of the sorted logistic loss", ge=0.0, lt=0.5)
+    label_smoothing: float = param(0.0, r"$\varepsilon$: label smoothing of the sorted logistic loss", ge=0.0, lt=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiscoPOPParams(FDPOParams):
-    tau: float = param(0.05, "τ: temperature of the logistic/exponential mixing (DiscoPOP paper: 0.05)", gt=0.0)
+    tau: float = param(0.05, r"$\tau$: temperature of the logistic/exponential mixing (DiscoPOP paper: 0.05)", gt=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RDPOParams(FDPOParams):
-    alpha: float = param(0.01, "α: weight of the length difference |y_w| − |y_l| inside the sigmoid")
+    alpha: float = param(0.01, r"$\alpha$: weight of the length difference $\lvert y_w\rvert - \lvert y_l\rvert$ "
+        r"inside the sigmoid")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPOPParams(DPOParams):
     dpop_lambda: float = param(
-        50.0, "λ: weight of the penalty max(0, −ρ_w), active once log π(y_w) < log π_ref(y_w) (Smaug: 50)", ge=0.0
+        50.0, r"$\lambda$: weight of the penalty $\max(0, -\rho_w)$, active once $\log\pi(y_w) < "
+            r"\log\pi_{\mathrm{ref}}(y_w)$ "
+        r"(Smaug: 50)", ge=0.0
     )
 
 
@@ -322,7 +330,7 @@ def sft_loss(batch: PreferenceBatch, p: SFTParams, ctx: LossContext) -> LossOutp
 
 _REF = frozenset({Need.REFERENCE})
 _REF_LEN = frozenset({Need.REFERENCE, Need.LENGTHS})
-_SCORES = "β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)"
+_SCORES = r"$\beta\cdot(\log\pi_\theta(y\mid x) - \log\pi_{\mathrm{ref}}(y\mid x))$ (DPO implicit reward)"
 
 
 def _reverse_kl(p: Any) -> bool:
@@ -358,7 +366,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "Mitchell 2023, 'A note on DPO with noisy preferences' (cDPO)",
         monotone=False,
         reward_difference=_reverse_kl,
-        description="Conservative DPO: DPO with label smoothing ε (labels flipped with probability ε).",
+        description=r"Conservative DPO: DPO with label smoothing $\varepsilon$ (labels flipped with probability "
+            r"$\varepsilon$).",
     ),
     _spec(
         "hinge",
@@ -378,8 +387,9 @@ _SPECS: tuple[LossSpec, ...] = (
         needs=_REF_LEN,
         monotone=False,
         description="Identity Preference Optimization, squared loss on per-token averaged log-ratios (as TRL).",
-        notes="Past |Δ̄ − 1/(2β)| = 1e18 (reached only through exponential f-divergences) the square continues as "
-        "1e36·(1 + 2·log(|u|/1e18)): finite in float32 and still pulling back, where a clamp would be flat. "
+        notes=r"Past $\lvert\bar{\Delta} - 1/(2\beta)\rvert = 10^{18}$ (reached only through exponential "
+        r"f-divergences) the square continues as $10^{36}\cdot(1 + 2\cdot\log(\lvert u\rvert/10^{18}))$: finite in "
+        "float32 and still pulling back, where a clamp would be flat. "
         + _CAP_NOTE,
     ),
     _spec(
@@ -390,7 +400,7 @@ _SPECS: tuple[LossSpec, ...] = (
         r"2\varepsilon}",
         "Chowdhury et al. 2024, arXiv:2403.00409",
         reward_difference=_reverse_kl,
-        description="Robust DPO: an unbiased loss under preference labels flipped with probability ε.",
+        description=r"Robust DPO: an unbiased loss under preference labels flipped with probability $\varepsilon$.",
     ),
     _spec(
         "exo-pair",
@@ -401,8 +411,8 @@ _SPECS: tuple[LossSpec, ...] = (
         "Ji et al. 2024, arXiv:2402.00856 (EXO)",
         monotone=False,
         reward_difference=_reverse_kl,
-        description="Efficient Exact Optimization: reverse KL between the pair's model distribution and "
-        "[1 − ε, ε].",
+        description=r"Efficient Exact Optimization: reverse KL between the pair's model distribution and "
+        r"$[1 - \varepsilon, \varepsilon]$.",
     ),
     _spec(
         "nca-pair",
@@ -485,9 +495,9 @@ _SPECS: tuple[LossSpec, ...] = (
         monotone=False,
         reward_difference=_reverse_kl,
         description="Discovered Preference Optimization: log-ratio modulated blend of logistic and exponential.",
-        notes="With τ > 1 the exponential term grows like exp(−βΔ(1 − 1/τ)) as Δ → −∞; past an exponent of 80 "
-        "it is capped like f-DPO's e^x (bounded, still increasing) instead of overflowing, where TRL's exp(−βΔ) "
-        "is inf beyond 88.7.",
+        notes=r"With $\tau > 1$ the exponential term grows like $\exp(-\beta\Delta(1 - 1/\tau))$ as "
+        r"$\Delta \to -\infty$; past an exponent of 80 it is capped like f-DPO's $e^x$ (bounded, still increasing) "
+        r"instead of overflowing, where TRL's $\exp(-\beta\Delta)$ is inf beyond 88.7.",
     ),
     _spec(
         "sigmoid-norm",
@@ -524,7 +534,7 @@ _SPECS: tuple[LossSpec, ...] = (
         family="dpo",
         formula_tex=r"-\frac{\log\pi_\theta(y_w\mid x)}{\lvert y_w\rvert}",
         paper="TRL 1.16 loss_type='sft' (the SFT term of MPO, arXiv:2411.10442)",
-        scores="log π_θ(y|x)/|y| (per-token average log-prob)",
+        scores=r"$\log\pi_\theta(y\mid x)/\lvert y\rvert$ (per-token average log-prob)",
         needs=frozenset({Need.LENGTHS}),
         batch_coupled=nll_coupled,
         description="Supervised fine-tuning on the chosen response, per-token NLL; reference-free.",

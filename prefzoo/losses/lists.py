@@ -39,7 +39,8 @@ LISTS = frozenset({Shape.LIST})
 class MMLParams(MMPOParams):
     reward_from: str = param(
         "rank",
-        "where r_k comes from: 'rank' (r_ε for the best completion, rejected_reward for the rest) or 'score' "
+        r"where $r_k$ comes from: 'rank' ($r_\varepsilon$ for the best completion, rejected_reward for the rest) or "
+        "'score' "
         "(the scores, or without scores the rank grade, the number of completions ranked below, min-max scaled to "
         "[0, 1] over the gathered batch)",
         choices=("rank", "score"),
@@ -48,12 +49,13 @@ class MMLParams(MMPOParams):
 
 @dataclass(frozen=True, kw_only=True)
 class PLDPOParams(LossParams):
-    beta: float = param(0.1, "β: inverse temperature of the implicit reward β·log(π/π_ref)", gt=0.0)
+    beta: float = param(0.1, r"$\beta$: inverse temperature of the implicit reward "
+        r"$\beta\cdot\log(\pi/\pi_{\mathrm{ref}})$", gt=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RRHFParams(LossParams):
-    sft_weight: float = param(1.0, "weight of the SFT term −log π(z_best|x)", ge=0.0)
+    sft_weight: float = param(1.0, r"weight of the SFT term $-\log\pi(z_{\mathrm{best}}\mid x)$", ge=0.0)
 
 
 # --- shared pieces ------------------------------------------------------------------------------------------------
@@ -221,8 +223,11 @@ def rrhf_loss(batch: GroupBatch, p: RRHFParams, ctx: LossContext) -> LossOutput:
 
 # --- registration -------------------------------------------------------------------------------------------------
 
-_MML_SCORES = "s_k = log π_θ(z_k|x) + R̂_k (R = r + β·log π_ref, min-max normalised over the gathered batch)"
-_DPO_SCORES = "u_k = β·(log π_θ(z_k|x) − log π_ref(z_k|x)) (DPO implicit reward)"
+_MML_SCORES = (
+    r"$s_k = \log\pi_\theta(z_k\mid x) + \hat{R}_k$ ($R = r + \beta\cdot\log\pi_{\mathrm{ref}}$, min-max "
+    r"normalised over the gathered batch)"
+)
+_DPO_SCORES = r"$u_k = \beta\cdot(\log\pi_\theta(z_k\mid x) - \log\pi_{\mathrm{ref}}(z_k\mid x))$ (DPO implicit reward)"
 _REF = frozenset({Need.REFERENCE})
 
 _MML_COMMON: dict[str, Any] = dict(family="mmpo", params_cls=MMLParams, scores=_MML_SCORES, needs=_REF,
@@ -239,12 +244,13 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\operatorname{logsumexp}_k s_k\quad\text{over the K completions}",
         paper=f"{MMPO_PAPER}; Eq. 4 (the n-sample MML estimator)",
         monotone=False,
-        description="The paper's MML estimator with n = K samples per prompt: Ĵ = logsumexp_k s_k, rewards r_k "
-        "from the rank (r_ε for the best, the listing's 0.1 for the rest) or from the scores, plus β·log π_ref, "
+        description=r"The paper's MML estimator with $n = K$ samples per prompt: $\hat{J} = \operatorname{logsumexp}_k "
+        r"s_k$, rewards $r_k$ from the rank ($r_\varepsilon$ for the best, the listing's 0.1 for the rest) or from the "
+        r"scores, plus $\beta\cdot\log\pi_{\mathrm{ref}}$, "
         "min-max normalised over the whole gathered batch as in the listing. K = 2 with reward_from='rank' is "
         "mmpo-no-aux exactly.",
-        notes="Theorem 3.1 for n samples: −∂L/∂log π(z_k|x) = softmax(s)_k, so every completion's likelihood "
-        "rises, the highest-scored most.",
+        notes=r"Theorem 3.1 for $n$ samples: $-\partial L/\partial\log\pi(z_k\mid x) = \mathrm{softmax}(s)_k$, so "
+        "every completion's likelihood rises, the highest-scored most.",
         **_MML_COMMON,
     ),
     LossSpec(
@@ -254,9 +260,11 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"-s_{\mathrm{best}} + \text{PL NLL of the ranking of the rest})",
         paper=f"{MMPO_PAPER}, generalised to K completions with a Plackett–Luce auxiliary term",
         description="MMPO for lists: the MML logsumexp plus the Plackett–Luce negative log-likelihood of the "
-        "ranking under s, the list generalisation of the listing's −log σ(s_w − s_l). K = 2 is mmpo exactly.",
-        notes="The first Plackett–Luce factor cancels the logsumexp: with a unique best, L = −s_best + "
-        "Σ_{j≥2} [logsumexp_{m≥j} s_π(m) − s_π(j)], NLL on the best plus a ranking loss over the rest that does "
+        r"ranking under $s$, the list generalisation of the listing's $-\log\sigma(s_w - s_l)$. $K = 2$ is mmpo "
+            r"exactly.",
+        notes=r"The first Plackett–Luce factor cancels the logsumexp: with a unique best, $L = -s_{\mathrm{best}} + "
+        r"\sum_{j\geq2} [\operatorname{logsumexp}_{m\geq{}j} s_{\pi(m)} - s_{\pi(j)}]$, NLL on the best plus a "
+        "ranking loss over the rest that does "
         "not involve the best (docs/theory.md).",
         **_MML_COMMON,
     ),
@@ -278,11 +286,12 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"\lvert 2^{\psi_i} - 2^{\psi_j}\rvert\cdot\left\lvert\frac{1}{\log_2(1 + \tau_i)} - "
                     r"\frac{1}{\log_2(1 + \tau_j)}\right\rvert",
         paper="Liu et al. 2024, arXiv:2402.01878 (LiPO-λ), Eq. 5",
-        description="LiPO-λ: every correctly labelled pair's DPO loss weighted by LambdaLoss's ΔNDCG, the change "
-        "of NDCG if the pair swapped places in the ranking by u (τ). Labels ψ are the scores (without scores, the "
+        description=r"LiPO-$\lambda$: every correctly labelled pair's DPO loss weighted by LambdaLoss's "
+        r"$\Delta\mathrm{NDCG}$, the change of NDCG if the pair swapped places in the ranking by $u$ ($\tau$). "
+        r"Labels $\psi$ are the scores (without scores, the "
         "rank grade: how many completions are ranked below).",
-        notes="Δ is held constant (the ranks τ come from a sort). D uses log₂ as NDCG does; a natural log only "
-        "scales every Δ by ln 2.",
+        notes=r"$\Delta$ is held constant (the ranks $\tau$ come from a sort). $D$ uses $\log_2$ as NDCG does; a "
+        r"natural log only scales every $\Delta$ by $\ln 2$.",
     ),
     LossSpec(
         name="rrhf",
@@ -292,7 +301,7 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"\sum_{r_i < r_j} \max(0, p_i - p_j) - \log\pi(z_{\mathrm{best}}\mid x),\quad p = "
                     r"\frac{\log\pi_\theta(z\mid x)}{\lvert z\rvert}",
         paper="Yuan et al. 2023, arXiv:2304.05302 (RRHF), Eqs. 1–3",
-        scores="p_k = log π_θ(z_k|x)/|z_k| (length-normalised log-prob)",
+        scores=r"$p_k = \log\pi_\theta(z_k\mid x)/\lvert z_k\rvert$ (length-normalised log-prob)",
         needs=frozenset({Need.LENGTHS}),
         shapes=LISTS,
         description="RRHF: a ranking hinge on length-normalised log-probs over every ordered pair, plus SFT "

@@ -32,16 +32,20 @@ PAPER = "Najafi & Fyshe, Offline Preference Optimization via Maximum Marginal Li
 
 @dataclass(frozen=True, kw_only=True)
 class MMPOParams(LossParams):
-    beta: float = param(0.1, "β: weight of log π_ref inside the reward R = r + β·log π_ref", ge=0.0)
-    reward_epsilon: float = param(0.6, "r_ε: reward r(y, y_w) of the chosen response (the target margin)")
+    beta: float = param(0.1, r"$\beta$: weight of $\log\pi_{\mathrm{ref}}$ inside the reward $R = r + "
+        r"\beta\cdot\log\pi_{\mathrm{ref}}$", ge=0.0)
+    reward_epsilon: float = param(0.6, r"$r_\varepsilon$: reward $r(y, y_w)$ of the chosen response (the target "
+        r"margin)")
     rejected_reward: float = param(0.1, "reward r(y, y_l) of the rejected response; the listing's constant 0.1")
-    norm_eps: float = param(1e-6, "ε of the min-max normalization (R + ε − min)/(max + ε − min)", ge=0.0)
+    norm_eps: float = param(1e-6, r"$\varepsilon$ of the min-max normalization $(R + \varepsilon - \min)/(\max + "
+        r"\varepsilon - \min)$", ge=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MMPOEntropyParams(MMPOParams):
     entropy_beta: float | None = param(
-        None, "weight of the entropy bonus; None uses β as the paper does (β·H(π(·|x)))", ge=0.0
+        None, r"weight of the entropy bonus; None uses $\beta$ as the paper does ($\beta\cdot H(\pi(\cdot\mid "
+            r"x))$)", ge=0.0
     )
 
 
@@ -137,7 +141,7 @@ def mmpo_entropy_loss(batch: PreferenceBatch, p: MMPOEntropyParams, ctx: LossCon
     return _output(_mml(s_w, s_l, aux=True) - weight * h, s_w, s_l, m)
 
 
-_SCORES = "s_w, s_l: log π_θ(y|x) plus the in-batch min-max normalized reward (paper, appendix)"
+_SCORES = r"$s_w, s_l$: $\log\pi_\theta(y\mid x)$ plus the in-batch min-max normalized reward (paper, appendix)"
 _REF = frozenset({Need.REFERENCE})
 
 _COMMON: dict[str, Any] = dict(family="mmpo", paper=PAPER, scores=_SCORES, batch_coupled=True)
@@ -152,9 +156,9 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\operatorname{logsumexp}(s_w, s_l) - \log\sigma(s_w - s_l)\quad(\equiv -s_w)",
         needs=_REF,
         description="MMPO as listed in the paper: the MML logsumexp term plus the DPO-style auxiliary term, "
-        "on rewards r + β·log π_ref min-max normalized over the gathered batch.",
-        notes="The two terms sum to −s_w exactly, so the gradient is −∇log π(y_w|x): NLL on the chosen "
-        "response, independent of β, r_ε, the reference and the rejected response.",
+        r"on rewards $r + \beta\cdot\log\pi_{\mathrm{ref}}$ min-max normalized over the gathered batch.",
+        notes=r"The two terms sum to $-s_w$ exactly, so the gradient is $-\nabla\log\pi(y_w\mid x)$: NLL on the chosen "
+        r"response, independent of $\beta$, $r_\varepsilon$, the reference and the rejected response.",
         **_COMMON,
     ),
     LossSpec(
@@ -164,10 +168,12 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\operatorname{logsumexp}(s_w, s_l)",
         needs=_REF,
         monotone=False,
-        description="Ablation: MMPO without the auxiliary −log σ(s_w − s_l) term. Its gradient is Theorem 3.1's "
-        "−σ(s_w − s_l)∇log π(y_w) − σ(s_l − s_w)∇log π(y_l).",
-        notes="Raises the likelihood of both responses (∂L/∂log π(y_l) = −σ(s_l − s_w) ≤ 0), weighting the "
-        "chosen one more when s_w > s_l.",
+        description=r"Ablation: MMPO without the auxiliary $-\log\sigma(s_w - s_l)$ term. Its gradient is Theorem "
+            r"3.1's "
+        r"$-\sigma(s_w - s_l)\nabla\log\pi(y_w) - \sigma(s_l - s_w)\nabla\log\pi(y_l)$.",
+        notes=r"Raises the likelihood of both responses ($\partial L/\partial\log\pi(y_l) = -\sigma(s_l - s_w) \le "
+            r"0$), weighting the "
+        r"chosen one more when $s_w > s_l$.",
         **_COMMON,
     ),
     LossSpec(
@@ -177,7 +183,8 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\operatorname{logsumexp}(s_w, s_l) - \log\sigma(s_w - s_l),\quad s = \log\pi + "
                     r"R\;\text{(unnormalized)}",
         needs=_REF,
-        description="Ablation: MMPO with raw rewards R = r + β·log π_ref, no in-batch normalization.",
+        description=r"Ablation: MMPO with raw rewards $R = r + \beta\cdot\log\pi_{\mathrm{ref}}$, no in-batch "
+            r"normalization.",
         notes="Still ≡ −s_w; without normalization no example depends on another.",
         **{**_COMMON, "batch_coupled": False},
     ),
@@ -189,7 +196,7 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"\frac{\log\pi_{\mathrm{ref}}(y\mid x)}{\lvert y\rvert}",
         needs=_REF | {Need.LENGTHS},
         description="Ablation: MMPO on per-token average log-probs of the policy and the reference.",
-        notes="Still ≡ −s_w: its gradient is −∇log π(y_w|x)/|y_w|, a per-token NLL.",
+        notes=r"Still $\equiv -s_w$: its gradient is $-\nabla\log\pi(y_w\mid x)/\lvert y_w\rvert$, a per-token NLL.",
         **_COMMON,
     ),
     LossSpec(
@@ -200,9 +207,11 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"x))",
         needs=_REF | {Need.TOKEN_LOGPS, Need.TOKEN_ENTROPIES},
         monotone=False,
-        description="Ablation: MMPO plus entropy maximization with the appendix's estimator ∇P1 + ∇P2 over "
+        description=r"Ablation: MMPO plus entropy maximization with the appendix's estimator $\nabla P_1 + \nabla P_2$ "
+            r"over "
         "per-token log-probs and entropies of both completions.",
-        notes="Ĥ's value is Σ_t H_t; its gradient is the score-function term ∇P1 plus the pathwise ∇P2.",
+        notes=r"$\hat{H}$'s value is $\sum_t H_t$; its gradient is the score-function term $\nabla P_1$ plus the "
+        r"pathwise $\nabla P_2$.",
         **_COMMON,
     ),
     )

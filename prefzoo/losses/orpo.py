@@ -24,7 +24,7 @@ _MAX_AVG_LOGP = -1e-6
 
 @dataclass(frozen=True, kw_only=True)
 class ORPOParams(LossParams):
-    beta: float = param(0.1, "λ (TRL beta): weight of the odds-ratio term", gt=0.0)
+    beta: float = param(0.1, r"$\lambda$ (TRL beta): weight of the odds-ratio term", gt=0.0)
     nll_reduction: str = nll_reduction_param()
 
 
@@ -53,7 +53,7 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - "
                     r"\beta\cdot\log\sigma\bigl(\log\operatorname{odds}(y_w) - \log\operatorname{odds}(y_l)\bigr)",
         paper="Hong et al. 2024, arXiv:2403.07691 (ORPO)",
-        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        scores=r"$\beta\cdot\log\pi_\theta(y\mid x)/\lvert y\rvert$ (average log-prob)",
         needs=frozenset({Need.LENGTHS}),
         batch_coupled=nll_coupled,
         description="Monolithic preference optimization: NLL plus a log odds-ratio penalty, reference-free.",

@@ -22,7 +22,10 @@ from prefzoo.losses._common import (
 from prefzoo.spec import LossFn, LossParams, LossSpec, param
 from prefzoo.types import LossContext, LossOutput, Need, PreferenceBatch
 
-_SMOOTHING = "ε: label smoothing, −(1 − ε)·log σ(z) − ε·log σ(−z) (TRL CPO and Liger label_smoothing)"
+_SMOOTHING = (
+    r"$\varepsilon$: label smoothing, $-(1 - \varepsilon)\cdot\log\sigma(z) - \varepsilon\cdot\log\sigma(-z)$ "
+    r"(TRL CPO and Liger label_smoothing)"
+)
 
 
 def _unsmoothed(p: Any) -> bool:
@@ -37,15 +40,15 @@ def smoothed_logistic(z: Tensor, eps: float) -> Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class SimPOParams(LossParams):
-    beta: float = param(2.0, "β: reward scale of the average log-prob", gt=0.0)
-    gamma_beta_ratio: float = param(0.5, "γ/β: target reward margin divided by β", ge=0.0)
+    beta: float = param(2.0, r"$\beta$: reward scale of the average log-prob", gt=0.0)
+    gamma_beta_ratio: float = param(0.5, r"$\gamma/\beta$: target reward margin divided by $\beta$", ge=0.0)
     label_smoothing: float = param(0.0, _SMOOTHING, ge=0.0, lt=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CPOParams(LossParams):
-    beta: float = param(0.1, "β: temperature of the preference term", gt=0.0)
-    alpha: float = param(1.0, "α: weight of the NLL term on the chosen response (TRL cpo_alpha)", ge=0.0)
+    beta: float = param(0.1, r"$\beta$: temperature of the preference term", gt=0.0)
+    alpha: float = param(1.0, r"$\alpha$: weight of the NLL term on the chosen response (TRL cpo_alpha)", ge=0.0)
     nll_reduction: str = nll_reduction_param()
 
 
@@ -56,8 +59,9 @@ class CPOSigmoidParams(CPOParams):
 
 @dataclass(frozen=True, kw_only=True)
 class CPOSimPOParams(CPOSigmoidParams):
-    beta: float = param(2.0, "β: reward scale of the average log-prob (SimPO's; TRL CPO's beta)", gt=0.0)
-    gamma_beta_ratio: float = param(0.5, "γ/β: target reward margin divided by β (TRL: simpo_gamma / beta)", ge=0.0)
+    beta: float = param(2.0, r"$\beta$: reward scale of the average log-prob (SimPO's; TRL CPO's beta)", gt=0.0)
+    gamma_beta_ratio: float = param(0.5, r"$\gamma/\beta$: target reward margin divided by $\beta$ (TRL: simpo_gamma / "
+        r"beta)", ge=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +71,10 @@ class SimPERParams(LossParams):
 
 @dataclass(frozen=True, kw_only=True)
 class SLiCParams(LossParams):
-    delta: float = param(1.0, "δ: margin of the calibration hinge on log π(y_w|x) − log π(y_l|x)", gt=0.0)
-    reg_lambda: float = param(0.5, "λ: weight of the regulariser −log π(y_w|x) (SLiC-HF direct: y_ref = y_w)", ge=0.0)
+    delta: float = param(1.0, r"$\delta$: margin of the calibration hinge on $\log\pi(y_w\mid x) - \log\pi(y_l\mid "
+        r"x)$", gt=0.0)
+    reg_lambda: float = param(0.5, r"$\lambda$: weight of the regulariser $-\log\pi(y_w\mid x)$ (SLiC-HF direct: "
+        r"$y_{\mathrm{ref}} = y_w$)", ge=0.0)
 
 
 def simpo_loss(batch: PreferenceBatch, p: SimPOParams, ctx: LossContext) -> LossOutput:
@@ -162,7 +168,7 @@ def _cpo(
     formula_tex: str,
     description: str,
     paper: str = _CPO_PAPER,
-    scores: str = "β·log π_θ(y|x) (summed log-prob)",
+    scores: str = r"$\beta\cdot\log\pi_\theta(y\mid x)$ (summed log-prob)",
     monotone: bool | Callable[[Any], bool] = True,
 ) -> LossSpec:
     """A CPO-family spec: reference-free, needs lengths, coupled by the batch-token NLL when asked for."""
@@ -192,7 +198,7 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\log\sigma\left(\beta\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - "
                     r"\beta\cdot\frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert} - \gamma\right)",
         paper="Meng et al. 2024, arXiv:2405.14734 (SimPO)",
-        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        scores=r"$\beta\cdot\log\pi_\theta(y\mid x)/\lvert y\rvert$ (average log-prob)",
         needs=_LEN,
         logp_reward="average",
         monotone=_unsmoothed,
@@ -223,7 +229,7 @@ _SPECS: tuple[LossSpec, ...] = (
         r"\left(\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert} - \frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert} - "
         r"\frac{1}{2\beta}\right)^2 - \alpha\cdot\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert}",
         "CPO with IPO's squared preference term on average log-probs (TRL CPOTrainer loss_type='ipo').",
-        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        scores=r"$\beta\cdot\log\pi_\theta(y\mid x)/\lvert y\rvert$ (average log-prob)",
         monotone=False,
     ),
     _cpo(
@@ -236,7 +242,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "(TRL CPOTrainer loss_type='simpo' with cpo_alpha).",
         paper="Meng et al. 2024, arXiv:2405.14734 (SimPO) + Xu et al. 2024, arXiv:2401.08417 (CPO), "
         "as TRL 1.16 trl.experimental.cpo",
-        scores="β·log π_θ(y|x)/|y| (average log-prob)",
+        scores=r"$\beta\cdot\log\pi_\theta(y\mid x)/\lvert y\rvert$ (average log-prob)",
         monotone=_unsmoothed,
     ),
     LossSpec(
@@ -247,7 +253,7 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"-\exp\left(\frac{\log\pi(y_w\mid x)}{\lvert y_w\rvert}\right) + "
                     r"\exp\left(\frac{\log\pi(y_l\mid x)}{\lvert y_l\rvert}\right)",
         paper="Xiao et al. 2025, arXiv:2502.00883 (SimPER)",
-        scores="exp(log π_θ(y|x)/|y|) (inverse perplexity)",
+        scores=r"$\exp(\log\pi_\theta(y\mid x)/\lvert y\rvert)$ (inverse perplexity)",
         needs=_LEN,
         description="Simple Preference optimization with pERplexity: hyperparameter-free and reference-free; "
         "raises the chosen response's inverse perplexity and lowers the rejected one's.",
@@ -260,7 +266,7 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"\max\bigl(0, \delta - \log\pi(y_w\mid x) + \log\pi(y_l\mid x)\bigr) - "
                     r"\lambda\cdot\log\pi(y_w\mid x)",
         paper="Zhao et al. 2023, arXiv:2305.10425 (SLiC-HF)",
-        scores="log π_θ(y|x) (summed log-prob)",
+        scores=r"$\log\pi_\theta(y\mid x)$ (summed log-prob)",
         description="Sequence Likelihood Calibration with Human Feedback, direct: a rank-calibration hinge on "
         "summed log-probs plus an NLL regulariser on the chosen response (y_ref = y_w); reference-free.",
         notes="The regulariser is the summed (sequence) NLL, as the paper; `hinge` is the reference-based "

@@ -39,14 +39,16 @@ UNPAIRED = frozenset({Shape.UNPAIRED})
 
 @dataclass(frozen=True, kw_only=True)
 class KTOParams(LossParams):
-    beta: float = param(0.1, "β: inverse temperature of the implicit reward β·log(π/π_ref)", gt=0.0)
-    desirable_weight: float = param(1.0, "λ_D: weight of each desirable example's loss", gt=0.0)
-    undesirable_weight: float = param(1.0, "λ_U: weight of each undesirable example's loss", gt=0.0)
+    beta: float = param(0.1, r"$\beta$: inverse temperature of the implicit reward "
+        r"$\beta\cdot\log(\pi/\pi_{\mathrm{ref}})$", gt=0.0)
+    desirable_weight: float = param(1.0, r"$\lambda_D$: weight of each desirable example's loss", gt=0.0)
+    undesirable_weight: float = param(1.0, r"$\lambda_U$: weight of each undesirable example's loss", gt=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class BCOParams(LossParams):
-    beta: float = param(0.1, "β: inverse temperature of the implicit reward β·log(π/π_ref)", gt=0.0)
+    beta: float = param(0.1, r"$\beta$: inverse temperature of the implicit reward "
+        r"$\beta\cdot\log(\pi/\pi_{\mathrm{ref}})$", gt=0.0)
 
 
 def _field(batch: UnpairedBatch, name: str) -> Tensor:
@@ -132,7 +134,10 @@ def bco_loss(batch: UnpairedBatch, p: BCOParams, ctx: LossContext) -> LossOutput
     return out
 
 
-_SCORES = "β·ρ of the completion (chosen_rewards) against the point it is compared with (rejected_rewards)"
+_SCORES = (
+    r"$\beta\cdot\rho$ of the completion (chosen_rewards) against the point it is compared with "
+    r"(rejected_rewards)"
+)
 
 _COMMON: dict[str, Any] = dict(family="unpaired", shapes=UNPAIRED, shift_invariant=True)
 
@@ -148,15 +153,18 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"\max\bigl(0, \operatorname{mean}_{\text{batch}}(\log\pi_\theta(y'\mid x) - "
                     r"\log\pi_{\mathrm{ref}}(y'\mid x))\bigr)",
         paper=KTO_PAPER,
-        scores=_SCORES + ": β·z₀",
+        scores=_SCORES + r": $\beta\cdot z_0$",
         needs=frozenset({Need.REFERENCE, Need.KL_REFERENCE}),
         batch_coupled=True,
         description="Kahneman–Tversky Optimization on thumbs-up/down data: each completion's implicit reward "
-        "is compared with a reference point z₀, an estimate of KL(π_θ‖π_ref) from mismatched "
+        r"is compared with a reference point $z_0$, an estimate of "
+            r"$\mathrm{KL}(\pi_\theta\,\Vert\,\pi_{\mathrm{ref}})$ "
+        "from mismatched "
         "prompt/completion pairs, averaged over the whole gathered batch (all processes).",
-        notes="z₀ is a constant (no gradient), as in TRL. TRL averages the per-process means of the KL "
+        notes=r"$z_0$ is a constant (no gradient), as in TRL. TRL averages the per-process means of the KL "
         "estimate; prefzoo takes the mean over the gathered batch, equal for equal shards and independent of "
-        "how an uneven batch is split. Set λ_D·n_D/(λ_U·n_U) in [1, 4/3] when the classes are imbalanced "
+        r"how an uneven batch is split. Set $\lambda_D n_D/(\lambda_U n_U)$ in $[1, 4/3]$ when the classes are "
+        "imbalanced "
         "(KTO paper, Eq. 8).",
         **_COMMON,
     ),
@@ -167,11 +175,11 @@ _SPECS: tuple[LossSpec, ...] = (
         formula_tex=r"\lambda_D\cdot\bigl(1 - \sigma(\beta\rho)\bigr)\ \text{desirable},\quad "
                     r"\lambda_U\cdot\sigma(\beta\rho)\ \text{undesirable}",
         paper=APO_PAPER,
-        scores=_SCORES + ": 0",
+        scores=_SCORES + ": $0$",
         needs=frozenset({Need.REFERENCE}),
         description="Anchored Preference Optimization (zero anchor) on unpaired data: raise the likelihood "
         "of desirable and lower that of undesirable completions relative to the reference, for data better "
-        "than the model's own outputs. KTO with z₀ = 0 and no KL completions.",
+        r"than the model's own outputs. KTO with $z_0 = 0$ and no KL completions.",
         **_COMMON,
     ),
     LossSpec(
@@ -182,14 +190,14 @@ _SPECS: tuple[LossSpec, ...] = (
                     r"\delta)\bigr)\ \text{undesirable};\quad \delta = \text{running mean of every } \beta\rho "
                     r"\text{ trained on}",
         paper=BCO_PAPER,
-        scores=_SCORES + ": δ",
+        scores=_SCORES + r": $\delta$",
         needs=frozenset({Need.REFERENCE}),
         batch_coupled=True,
         initial_state=bco_initial_state,
         density_ratio_weights=True,
         description="Binary Classifier Optimization: a logistic classifier of desirable vs undesirable on the "
-        "implicit reward, shifted by δ, the running mean of the rewards of every training batch (gathered over "
-        "all processes, updated before the loss as in TRL). δ is loss state: it advances on training calls "
+        r"implicit reward, shifted by $\delta$, the running mean of the rewards of every training batch (gathered over "
+        r"all processes, updated before the loss as in TRL). $\delta$ is loss state: it advances on training calls "
         "only, every process holds the same value, and the bound loss's state_dict() carries it into checkpoints.",
         notes="TRL's underlying-distribution matching is `prefzoo train --density-ratio` (off by default, as in "
         "TRL, where it needs an embedding_func): at the start the trainer embeds a seeded sample of up to "
@@ -198,7 +206,7 @@ _SPECS: tuple[LossSpec, ...] = (
         "LogisticRegression, in torch) on the embeddings gathered from every process, and passes each batch's "
         "weights 1 (desirable) and clamp(P/(1 − P + 1e-8), --min-density-ratio, --max-density-ratio) "
         "(undesirable) in UnpairedBatch.density_ratio_weights; the loss multiplies each example's loss by its "
-        "weight. δ is kept in float64 (TRL: float32).",
+        r"weight. $\delta$ is kept in float64 (TRL: float32).",
         **_COMMON,
     ),
     )

@@ -15,7 +15,8 @@ __all__ = ["ANY_PER_PAIR", "LOGP_REWARD", "REWARD_DIFFERENCE", "WITH_REFERENCE",
            "soft_exp"]
 
 REWARD_DIFFERENCE = Applicability(
-    "reward-difference losses with β (LossSpec.reward_difference: L depends on a pair only through β·Δ)",
+    r"reward-difference losses with $\beta$ (LossSpec.reward_difference: $L$ depends on a pair only through "
+        r"$\beta\cdot\Delta$)",
     lambda spec, p: spec.is_reward_difference(p),
 )
 WITH_REFERENCE = Applicability("losses with a reference model (Need.REFERENCE)", lambda spec, p: spec.needs_reference)
@@ -25,7 +26,7 @@ ANY_PER_PAIR = Applicability(
     lambda spec, p: spec.is_permutation_equivariant(p),
 )
 LOGP_REWARD = Applicability(
-    "reference-free losses whose reward is log π(y|x) or its per-token average (LossSpec.logp_reward)",
+    r"reference-free losses whose reward is $\log\pi(y\mid x)$ or its per-token average (LossSpec.logp_reward)",
     lambda spec, p: not spec.needs_reference and spec.logp_reward in ("sum", "average"),
 )
 

@@ -16,7 +16,8 @@ _ALPHAPO_EXP_CAP = 60.0  # e^60·(1 + 1e4) stays finite in float32; TRL's formul
 
 @dataclass(frozen=True, kw_only=True)
 class LDDPOParams(LossParams):
-    alpha: float = param(0.5, "α: weight of the tokens past the shared length min(|y_w|, |y_l|) (TRL ld_alpha)",
+    alpha: float = param(0.5, r"$\alpha$: weight of the tokens past the shared length $\min(\lvert y_w\rvert, \lvert "
+        r"y_l\rvert)$ (TRL ld_alpha)",
                          ge=0.0, le=1.0)  # fmt: skip
 
 
@@ -51,7 +52,8 @@ def ld_dpo(
 
 @dataclass(frozen=True, kw_only=True)
 class AlphaPOParams(LossParams):
-    alpha: float = param(0.25, "α: reward shape r = (1 − π^(−α))/α (TRL CPO alpha; α → 0 is log π)", ge=-1.0, le=1.0)
+    alpha: float = param(0.25, r"$\alpha$: reward shape $r = (1 - \pi^{-\alpha})/\alpha$ (TRL CPO alpha; $\alpha \to "
+        r"0$ is $\log\pi$)", ge=-1.0, le=1.0)
 
 
 def alpha_reward(u: Tensor, alpha: float) -> Tensor:
@@ -101,7 +103,7 @@ _SPECS: tuple[ModifierSpec, ...] = (
         needs=frozenset({Need.TOKEN_LOGPS}),
         reference_needs=frozenset({Need.REF_TOKEN_LOGPS}),
         trl="DPOConfig.ld_alpha",
-        description="Length-desensitized DPO: tokens past the shorter response's length count with weight α, "
+        description=r"Length-desensitized DPO: tokens past the shorter response's length count with weight $\alpha$, "
         "so the longer response's extra tokens no longer dominate the log-ratio.",
         notes="The reference's per-token log-probs are needed too, so it cannot be precomputed (--precompute-ref).",
     ),
@@ -115,10 +117,11 @@ _SPECS: tuple[ModifierSpec, ...] = (
                       r"x) \text{ or } \frac{\log\pi(y\mid x)}{\lvert y\rvert}",
         applies=LOGP_REWARD,
         trl="CPOConfig.alpha (trl.experimental.cpo)",
-        description="AlphaPO reward shaping: the reference-free reward log π is replaced by (1 − π^(−α))/α, "
+        description=r"AlphaPO reward shaping: the reference-free reward $\log\pi$ is replaced by $(1 - "
+            r"\pi^{-\alpha})/\alpha$, "
         "which changes how fast the likelihood of the preferred response may fall.",
-        notes=f"Beyond −α·u = {_ALPHAPO_EXP_CAP:g} the exponential continues along its tangent (finite, with a "
-        "gradient), where TRL overflows.",
+        notes=f"Beyond $-\\alpha\\cdot u = {_ALPHAPO_EXP_CAP:g}$ the exponential continues along its tangent "
+        "(finite, with a gradient), where TRL overflows.",
     ),
 )
 

@@ -18,7 +18,8 @@ _MIN_BETA_SCALE = 1e-3  # β-DPO's β_batch never falls below 1e-3·β₀ (a bat
 
 @dataclass(frozen=True, kw_only=True)
 class ODPOParams(LossParams):
-    alpha: float = param(1.0, "α: scale of the offset Δ_r = α·log(score(y_w) − score(y_l))", ge=0.0)
+    alpha: float = param(1.0, r"$\alpha$: scale of the offset $\Delta_r = \alpha\cdot\log(\mathrm{score}(y_w) - "
+        r"\mathrm{score}(y_l))$", ge=0.0)
 
 
 def odpo_offset(chosen_scores: Tensor, rejected_scores: Tensor, alpha: float) -> Tensor:
@@ -48,12 +49,16 @@ def odpo(inner: InnerLoss, batch: PreferenceBatch, p: ODPOParams, spec: LossSpec
 
 @dataclass(frozen=True, kw_only=True)
 class BetaDPOParams(LossParams):
-    alpha: float = param(0.6, "α: how strongly β follows the batch's mean reward margin (paper: 0.6 on HH)", ge=0.0)
-    momentum: float = param(0.9, "m: momentum of the running margin statistics M₀ ← m·M₀ + (1 − m)·mean M_i (the "
-                            "authors' code: 0.9)", ge=0.0, lt=1.0)  # fmt: skip
+    alpha: float = param(
+        0.6, r"$\alpha$: how strongly $\beta$ follows the batch's mean reward margin (paper: 0.6 on HH)", ge=0.0
+    )
+    momentum: float = param(
+        0.9, r"$m$: momentum of the running margin statistics $M_0 \leftarrow m\cdot M_0 + (1 - m)\cdot"
+        r"\text{mean } M_i$ (the authors' code: 0.9)", ge=0.0, lt=1.0,
+    )  # fmt: skip
     filter_fraction: float = param(
-        0.8, "ρ: fraction of the gathered batch kept, sampled with weights exp(−(M_i − M₀)²/2σ²) (the authors' "
-        "default: 0.8; 1 = no filtering)", gt=0.0, le=1.0,
+        0.8, r"$\rho$: fraction of the gathered batch kept, sampled with weights $\exp(-(M_i - M_0)^2/2\sigma^2)$ "
+        "(the authors' default: 0.8; 1 = no filtering)", gt=0.0, le=1.0,
     )  # fmt: skip
     seed: int = param(0, "seed of the filtering draws (with the step count: resume and sharding are exact)", ge=0)
 
@@ -143,7 +148,7 @@ _SPECS: tuple[ModifierSpec, ...] = (
         needs=frozenset({Need.SCORES}),
         description="DPO with an offset: the larger the data's score gap between the responses, the larger "
         "the margin the policy must reach. Needs score_chosen/score_rejected columns in the data.",
-        notes="Rewards (and reward accuracy) are those of the offset margin β·Δ − Δ_r.",
+        notes=r"Rewards (and reward accuracy) are those of the offset margin $\beta\cdot\Delta - \Delta_r$.",
     ),
     ModifierSpec(
         name="beta-dpo",
@@ -159,15 +164,18 @@ _SPECS: tuple[ModifierSpec, ...] = (
         batch_coupled=True,
         initial_state=beta_dpo_initial_state,
         permutation_equivariant=lambda p: p.filter_fraction == 1.0,  # the draw is over batch positions
-        description="Dynamic β: each batch's β grows with its mean margin above M₀, the running mean (momentum "
-        "m) of the margins of every training batch, gathered over all processes; β-guided filtering trains on "
-        "⌊ρN⌋ pairs of the gathered batch drawn with Gaussian weights around M₀ (width σ, the running std).",
-        notes="As the authors' code: the margin M_i is the log-ratio margin Δ_i (no β₀), M₀ and σ start at 0 "
-        "and include the current batch, the loss is the mean over the kept pairs. M₀, σ and the step count are "
+        description=r"Dynamic $\beta$: each batch's $\beta$ grows with its mean margin above $M_0$, the running "
+        r"mean (momentum $m$) of the margins of every training batch, gathered over all processes; $\beta$-guided "
+        r"filtering trains on $\lfloor\rho N\rfloor$ pairs of the gathered batch drawn with Gaussian weights around "
+        r"$M_0$ (width $\sigma$, the running std).",
+        notes=r"As the authors' code: the margin $M_i$ is the log-ratio margin $\Delta_i$ (no $\beta_0$), $M_0$ and "
+        r"$\sigma$ start at 0 and include the current batch, the loss is the mean over the kept pairs. $M_0$, "
+        r"$\sigma$ and the step count are "
         "loss state (state_dict, checkpoints); they move on training calls only, and evaluation keeps every "
         "pair. The draws are seeded by (seed, step), so every process draws the same pairs and a resumed run "
         "draws what the uninterrupted one would. Differences: the unbiased std of a one-pair batch is taken as "
-        f"0, σ = 0 draws uniformly (the code divides by zero), and β_batch is at least {_MIN_BETA_SCALE:g}·β₀ "
+        f"0, $\\sigma = 0$ draws uniformly (the code divides by zero), and $\\beta_{{\\mathrm{{batch}}}}$ is at least "
+        f"${_MIN_BETA_SCALE:g}\\cdot\\beta_0$ "
         "(the code: at least 1e-3).",
     ),
 )

@@ -12,9 +12,10 @@ from prefzoo.types import LossContext, LossOutput, PreferenceBatch
 @dataclass(frozen=True, kw_only=True)
 class TRDPOParams(LossParams):
     mixup_alpha: float = param(
-        0.6, "α: θ_ref ← α·θ + (1 − α)·θ_ref at each sync (1 = hard update; TRL ref_model_mixup_alpha)", gt=0.0, le=1.0
+        0.6, r"$\alpha$: $\theta_{\mathrm{ref}} \leftarrow \alpha\cdot\theta + (1 - \alpha)\cdot"
+        r"\theta_{\mathrm{ref}}$ at each sync (1 = hard update; TRL ref_model_mixup_alpha)", gt=0.0, le=1.0
     )
-    sync_steps: int = param(512, "τ: optimizer steps between reference updates (TRL ref_model_sync_steps)", ge=1)
+    sync_steps: int = param(512, r"$\tau$: optimizer steps between reference updates (TRL ref_model_sync_steps)", ge=1)
 
 
 def tr_dpo(inner: InnerLoss, batch: PreferenceBatch, p: TRDPOParams, spec: LossSpec, lp: LossParams,

@@ -56,11 +56,12 @@ _SPECS: tuple[ModifierSpec, ...] = (
         needs=frozenset({Need.TOKEN_LOGPS, Need.TOKEN_SQUARED_PROBS}),
         trl="DPOConfig.use_weighting=True",
         description="Weighted preference optimization: each pair weighted by how likely the current policy is "
-        "to generate both responses (length-normalized, aligned by the policy's own Σ_v π(v)²), simulating "
+        r"to generate both responses (length-normalized, aligned by the policy's own $\sum_v \pi(v)^2$), simulating "
         "on-policy data with off-policy pairs.",
         notes="As TRL, the weights are constants (no gradient flows through them). A weight is at most about "
-        "√V/2 per response (V the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
-        "alpha_divergence), whose loss already reaches e^80 ≈ 5.5e34, the weighted loss can overflow float32.",
+        r"$\sqrt{V}/2$ per response ($V$ the vocabulary size), so on f-DPO's exponential divergences (forward_kl, "
+        r"alpha_divergence), whose loss already reaches $e^{80} \approx 5.5\mathrm{e}34$, the weighted loss can "
+            r"overflow float32.",
     ),
 )
 

@@ -7,13 +7,15 @@ the catalogue put the LaTeX itself in a display-math block. Changing the LaTeX a
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
 from prefzoo.cli.atlas import loss_page
 from prefzoo.cli.losses import DISPLAY_WIDTH, catalogue_markdown, describe, display_lines, formula_markdown
 from prefzoo.registry import get_registry
-from prefzoo.spec import tex_to_text
+from prefzoo.spec import param_infos, tex_to_text, text_of
 
 BUILTIN = [n for n in get_registry().names() if get_registry().specs[n].builtin]
 
@@ -80,7 +82,7 @@ def test_a_plugin_without_latex_keeps_its_text_formula_as_code():
         (r"-\frac{\log\pi_\theta(y_w\mid x)}{\lvert y_w\rvert}", "−log π_θ(y_w|x)/|y_w|"),
         (r"\log\pi_{\mathrm{ref}} + \tfrac{1}{2}", "log π_ref + ½"),
         (r"\max\bigl(0, 1\bigr)\ \text{if well-posed}", "max(0, 1) if well-posed"),
-        (r"e^{u_{\tau(k)}}", "e^{u_{τ(k)}}"),
+        (r"e^{u_{\tau(k)}}", "e^(u_{τ(k)})"),  # a superscript of several symbols in parentheses
         (r"\hat{H}", "Ĥ"),
         (r"\unknown + 1", "\\unknown + 1"),  # kept, so the built-in formulas test above can find it
     ],
@@ -108,3 +110,64 @@ def test_modifiers_transforms_come_from_their_latex():
         assert m.transforms in describe_modifier(m), name
     changed = dataclasses.replace(reg.specs["wpo"], transforms_tex=r"L_i \leftarrow 2\cdot L_i")
     assert changed.transforms == "L_i ← 2·L_i" and changed.transforms in describe_modifier(changed)
+
+
+# --- inline math in a spec's prose ------------------------------------------------------------------------------
+
+_PLAIN_MATH = re.compile(r"[α-ωΑ-Ω∇∂Σ√≈≤≥‖₀-₉]|log π|π_|\|y\|")  # symbols a formula uses, outside $...$
+
+
+def _prose_outside_math(markdown: str) -> list[str]:
+    """The lines of a page with display math, inline math, code and links' targets taken out."""
+    text = re.sub(r"\$\$.*?\$\$|```.*?```", "", markdown, flags=re.S)
+    lines = (re.sub(r"\$[^$]+\$|`[^`]*`|\]\([^)]*\)", "", line) for line in text.splitlines())
+    return [line.replace("β-DPO", "beta-DPO") for line in lines]  # a paper's name is not a formula
+
+
+def _prose_fields(spec) -> list[str]:
+    docs = [i.doc for i in param_infos(spec.params_cls)]
+    return [spec.description, spec.notes, spec.scores, *docs]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_a_builtin_loss_writes_the_formulas_in_its_prose_as_inline_math(name):
+    spec = get_registry().specs[name]
+    plain = [line for field in _prose_fields(spec) for line in _prose_outside_math(field) if _PLAIN_MATH.search(line)]
+    assert not plain, f"{name}: write formulas in prose as $...$ (LaTeX), the docs typeset them: {plain}"
+
+
+def test_the_modifier_pages_prose_has_no_plain_formula():
+    from prefzoo.cli.modifiers import catalogue_markdown as modifiers_markdown
+
+    plain = [line for line in _prose_outside_math(modifiers_markdown()) if _PLAIN_MATH.search(line)]
+    assert not plain, plain
+
+
+@pytest.mark.parametrize(
+    ("prose", "text"),
+    [
+        (r"$\beta\cdot(\log\pi_\theta(y\mid x) - \log\pi_{\mathrm{ref}}(y\mid x))$ (DPO implicit reward)",
+         "β·(log π_θ(y|x) − log π_ref(y|x)) (DPO implicit reward)"),
+        (r"weight $\alpha$ of $\sqrt{V}/2$ and $\lvert\bar{\Delta}\rvert \approx 1$", "weight α of √V/2 and |Δ̄| ≈ 1"),
+        (r"reward shape $r = (1 - \pi^{-\alpha})/\alpha$", "reward shape r = (1 − π^(−α))/α"),
+        ("a plugin's plain text, π and all", "a plugin's plain text, π and all"),
+    ],
+)
+def test_the_cli_reads_inline_math_as_text(prose, text):
+    assert text_of(prose) == text
+
+
+def test_the_cli_prints_no_latex_for_any_builtin_loss_or_modifier():
+    from prefzoo.cli.modifiers import describe as describe_modifier
+    from prefzoo.registry import MODIFIERS, registry_of
+
+    printed = [describe(get_registry().specs[n]) for n in BUILTIN]
+    printed += [describe_modifier(s) for s in registry_of(MODIFIERS).specs.values()]
+    leaks = [line for block in printed for line in block.splitlines() if "$" in line or "\\" in line]
+    assert not leaks, leaks
+
+
+def test_the_property_page_writes_its_formulas_as_math():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "properties.md").read_text()
+    plain = [line for line in _prose_outside_math(page) if _PLAIN_MATH.search(line)]
+    assert not plain, plain

@@ -135,3 +135,61 @@ def test_the_default_folder_is_named_after_the_loss():
     values = names(" Two_words ")
     assert values["name"] == "two-words" and values["params"] == "TwoWordsParams"
     assert target_dir(None, values) == Path("prefzoo-two-words")
+
+
+def _installed_from(monkeypatch, direct_url: dict | None) -> None:
+    """Make prefzoo's distribution report ``direct_url`` as pip's direct_url.json (None: installed from an index)."""
+    import json
+    from importlib import metadata
+
+    class Dist:
+        def read_text(self, name):
+            return json.dumps(direct_url) if direct_url is not None and name == "direct_url.json" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+
+
+def _clone_with_origin(tmp_path: Path, origin: str | None) -> Path:
+    repo = tmp_path / "clone"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    if origin is not None:
+        subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", origin], check=True)
+    return repo
+
+
+@pytest.mark.parametrize(
+    ("origin", "requirement"),
+    [
+        ("https://github.com/acme/prefzoo.git", "prefzoo[testing] @ git+https://github.com/acme/prefzoo.git"),
+        ("git@github.com:acme/prefzoo.git", "prefzoo[testing] @ git+ssh://git@github.com/acme/prefzoo.git"),
+        ("/srv/mirrors/prefzoo", "prefzoo[testing]"),  # a path a CI runner cannot reach: the index
+        (None, "prefzoo[testing]"),  # a clone without a remote
+    ],
+)
+def test_the_generated_ci_installs_prefzoo_from_the_clone_it_came_from(monkeypatch, tmp_path, origin, requirement):
+    from prefzoo.cli.new_loss import prefzoo_requirement
+
+    repo = _clone_with_origin(tmp_path, origin)
+    _installed_from(monkeypatch, {"url": repo.as_uri(), "dir_info": {"editable": True}})
+    assert prefzoo_requirement() == requirement
+
+
+def test_a_vcs_install_and_an_index_install(monkeypatch):
+    from prefzoo.cli.new_loss import prefzoo_requirement
+
+    _installed_from(monkeypatch, {"url": "https://github.com/acme/prefzoo", "vcs_info": {"vcs": "git"}})
+    assert prefzoo_requirement() == "prefzoo[testing] @ git+https://github.com/acme/prefzoo"
+    _installed_from(monkeypatch, None)
+    assert prefzoo_requirement() == "prefzoo[testing]"
+
+
+def test_the_requirement_reaches_tox_ini_and_the_workflow():
+    from prefzoo.cli.new_loss import names
+    from prefzoo.cli.new_loss_files import render
+
+    values = {**names("my-loss"), "requirement": "prefzoo[testing] @ git+https://github.com/acme/prefzoo.git"}
+    files = render(values)
+    assert "deps = {env:PREFZOO_REQUIREMENT:prefzoo[testing] @ git+https://github.com/acme/prefzoo.git}" in files[
+        "tox.ini"]
+    assert 'PREFZOO_REQUIREMENT: "prefzoo[testing] @ git+https://github.com/acme/prefzoo.git"' in files[
+        ".github/workflows/ci.yml"]
