@@ -8,6 +8,7 @@ import sys
 import warnings
 from collections.abc import Mapping, MutableMapping
 
+from prefzoo._dist import local_world_size
 from prefzoo.cli.main import CLIError
 
 __all__ = ["check_launcher", "choose_threads", "huge_pages", "quiet_library_noise"]
@@ -46,7 +47,7 @@ def choose_threads(
         return int(env["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
     cores = _cores() if cores is None else cores
     load = _load() if load is None else load
-    procs = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    procs = max(1, local_world_size(1, env))
     free = max(0, cores - round(load))
     n = max(1, min(cores // procs, free // procs))
     share = f", shared by {procs} processes" if procs > 1 else ""

@@ -8,12 +8,12 @@ through the hooks of :class:`prefzoo.train.callbacks.Callback`.  The loop never 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefzoo._dist import is_rank_zero
 from prefzoo.data.progress import Progress, showing
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint.final import write_final_model
@@ -105,7 +105,7 @@ class Run(StepPhase, BoundaryPhase):
 
     def setup(self, train_dataset: Any, eval_dataset: Any) -> None:
         cfg = self.cfg
-        with showing(cfg.progress and os.environ.get("RANK", "0") == "0"):  # tokenizing, the reference precompute
+        with showing(cfg.progress and is_rank_zero()):  # tokenizing, the reference precompute
             self.parts = p = setup(cfg, train_dataset, eval_dataset, self.loss)
         acc = p.accelerator
         self.show_progress = cfg.progress and acc.is_main_process

@@ -9,7 +9,7 @@ the same mechanism as the CLI's ``end_launched_worker``).  A target that raises 
 Inside a rank:
 
 - :func:`shard_accelerator`: the environment ``accelerate launch`` would set, an ``Accelerator(cpu=True)``
-  (MULTI_CPU on gloo), the production gather (:func:`prefzoo.train.engines.launch.make_gather`) and this rank's slice
+  (MULTI_CPU on gloo), the production gather (:func:`prefzoo.train.engines.accelerator.make_gather`) and this rank's slice
   of an uneven split (the first rank holding one example);
 - :func:`init_gloo`: a plain gloo process group, for the tests of :func:`prefzoo.testing.gloo_gather`;
 - :func:`save_on_main`: the main rank writes the gathered results, every rank waits.
@@ -65,7 +65,7 @@ def shard_accelerator(rank: int, world: int, port: int, n: int) -> tuple[Any, An
     from accelerate import Accelerator
 
     from prefzoo.testing import split_sizes
-    from prefzoo.train.engines.launch import make_gather
+    from prefzoo.train.engines.accelerator import make_gather
 
     acc = Accelerator(cpu=True)
     sizes = split_sizes(n, world)

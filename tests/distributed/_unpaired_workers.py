@@ -1,7 +1,7 @@
 """Worker side of tests/distributed/test_unpaired_gather.py: the unpaired losses on rank shards, production gather.
 
 Each spawned rank builds an ``Accelerator(cpu=True)`` (MULTI_CPU on gloo, from the RANK/WORLD_SIZE environment
-that ``accelerate launch`` would set: tests/distributed/_spawn.py) and uses prefzoo.train.engines.launch.make_gather,
+that ``accelerate launch`` would set: tests/distributed/_spawn.py) and uses prefzoo.train.engines.accelerator.make_gather,
 the hook the trainer passes.
 """
 

@@ -129,13 +129,13 @@ def gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 def accelerate_main(out_dir: str) -> None:
     """Under `accelerate launch` (several CPU processes): the production gather,
-    prefzoo.train.engines.launch.make_gather,
+    prefzoo.train.engines.accelerator.make_gather,
     as the hook; uneven shards (the first rank holding one pair) and equal shards (for the mean-loss gradient)."""
     from accelerate import Accelerator
     from accelerate.utils import gather
 
     from prefzoo.testing import split_sizes
-    from prefzoo.train.engines.launch import make_gather
+    from prefzoo.train.engines.accelerator import make_gather
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)

@@ -6,7 +6,7 @@ prefzoo.testing.gloo_gather as the hook, gives per-example losses equal to one
 process on the full batch; Σ over ranks of ∇θ Σ_shard L equals ∇θ Σ L; and with
 equal shards the rank-averaged gradient of each shard's mean loss equals the
 single-process gradient of the mean loss.  The same through the production gather,
-prefzoo.train.engines.launch.make_gather (uneven shards with a shard of one, and equal shards with the mean-loss
+prefzoo.train.engines.accelerator.make_gather (uneven shards with a shard of one, and equal shards with the mean-loss
 gradient), under `accelerate launch --multi_gpu --num_processes N` with Accelerator(cpu=True).
 """
 

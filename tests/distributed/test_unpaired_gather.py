@@ -1,7 +1,7 @@
 """KTO's gathered z₀ and BCO's running δ on 2 and 4 gloo ranks with uneven shards, through the production gather.
 
 Spawned ranks (the first holding one example) run kto, apo-zero-unpaired and three training steps plus one
-evaluation step of one bound bco loss, with prefzoo.train.engines.launch.make_gather on an Accelerator(cpu=True)
+evaluation step of one bound bco loss, with prefzoo.train.engines.accelerator.make_gather on an Accelerator(cpu=True)
 (MULTI_CPU).  Per-example losses and gradients equal one process on the whole batch; every rank holds the same z₀,
 the same δ at every step and the same BCO state afterwards.
 """

@@ -72,9 +72,9 @@ class ThreadAccelerator:
 
 
 def run_on_ranks(fn: Any, world: int) -> list[Any]:
-    """``fn(rank, gather)`` on ``world`` threads, ``gather`` being prefzoo.train.engines.launch.make_gather of a
+    """``fn(rank, gather)`` on ``world`` threads, ``gather`` being prefzoo.train.engines.accelerator.make_gather of a
     ThreadAccelerator; results in rank order."""
     from prefzoo.testing.sharding import run_threads
-    from prefzoo.train.engines.launch import make_gather
+    from prefzoo.train.engines.accelerator import make_gather
 
     return run_threads(lambda rank, ex: fn(rank, make_gather(ThreadAccelerator(rank, ex))), world)

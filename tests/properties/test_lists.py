@@ -7,7 +7,7 @@
 * The mmpo-list identity for K > 2 (docs/theory.md): L = −s_best + Σ_{j≥2} PL factor j; ∂L/∂log π(z_best) = −1.
 * logsumexp stability: log π down to −1e4 in float32 and bfloat16 against float64 on the same inputs.
 * The gathered normalisation of mml / mmpo-list over 2 and 4 ranks with uneven shards, through the production
-  gather (prefzoo.train.engines.launch.make_gather), equals one process; and the kit's list properties bite.
+  gather (prefzoo.train.engines.accelerator.make_gather), equals one process; and the kit's list properties bite.
 """
 
 from __future__ import annotations

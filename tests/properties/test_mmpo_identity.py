@@ -4,7 +4,7 @@ The gradient with respect to the policy log-probs is (−1, 0) per pair for ever
 r_ε, reference and rejected response (−1/|y_w| for the length-normalized ablation).
 That gradient holds for any normalization, so the VALUE −s_w is what has teeth: it is
 checked in one process and on 2–4 ranks through the production gather
-(prefzoo.train.engines.launch.make_gather), where R̂ must use the whole batch's min and max.
+(prefzoo.train.engines.accelerator.make_gather), where R̂ must use the whole batch's min and max.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_gradient_is_the_same_for_every_params_reference_and_rejected(batch, p1,
 @given(batch=preference_batches(dtypes=("float64",), reference=True, min_size=2, max_size=16),
        params=loss_params(prefzoo.loss_spec("mmpo")), world=st.integers(2, 4), data=st.data())
 def test_identity_holds_on_every_rank_through_the_production_gather(batch, params, world, data):
-    """Sharded over 2–4 ranks (uneven, the first holding one pair) with prefzoo.train.engines.launch.make_gather:
+    """Sharded over 2–4 ranks (uneven, the first holding one pair) with prefzoo.train.engines.accelerator.make_gather:
     every rank's loss is −s_w where s_w's R̂ uses the min and max of the WHOLE batch."""
     from prefzoo.testing.sharding import shard_batch
 
@@ -105,7 +105,7 @@ def test_production_gather_on_one_process_is_the_identity():
     """One process: ``make_gather`` hands the shard back unchanged (no collective)."""
     from types import SimpleNamespace
 
-    from prefzoo.train.engines.launch import make_gather
+    from prefzoo.train.engines.accelerator import make_gather
 
     t = torch.arange(3.0)
     assert make_gather(SimpleNamespace(num_processes=1))(t) is t

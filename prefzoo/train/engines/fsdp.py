@@ -22,13 +22,13 @@ tensors) loads here too.  The final model is gathered into a full state dict on 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from prefzoo._dist import local_world_size
 from prefzoo.errors import ConfigError
 from prefzoo.train.engines.base import Engine
 
@@ -39,7 +39,7 @@ def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
     """The device mesh: ``(N,)`` for full / shard_grad_op, ``(N / shard, shard)`` (replicas, shard) for hybrid."""
     if cfg.fsdp_sharding != "hybrid":
         return (num_processes,)
-    shard = cfg.fsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE") or num_processes)
+    shard = cfg.fsdp_shard_size or local_world_size(num_processes)
     source = f"--fsdp-shard-size {shard}" if cfg.fsdp_shard_size else f"{shard} processes per node (LOCAL_WORLD_SIZE)"
     if num_processes % shard:
         raise ConfigError(
