@@ -1,4 +1,4 @@
-"""What a launcher (torchrun, ``accelerate launch``, ``deepspeed``) tells a process in its environment, read in one
+"""What a launcher (torchrun, ``accelerate launch``) tells a process in its environment, read in one
 place: the process's rank, its rank on this node, and how many processes run on this node.
 
 These are read before a process group exists (or where creating one would start it too early), so they come from the

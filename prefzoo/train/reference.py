@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import dataset_fingerprint
 from prefzoo.data.progress import Progress, length
 from prefzoo.model import PolicyLogps, unwrap
 from prefzoo.train.batch import row_ids
@@ -294,8 +295,8 @@ def precompute_reference(
     )
     key = "|".join(
         [
-            str(train_tok._fingerprint),
-            str(getattr(eval_tok, "_fingerprint", None)),
+            str(dataset_fingerprint(train_tok)),
+            str(dataset_fingerprint(eval_tok)),
             identity,
             f"p{cfg.max_prompt_length}c{cfg.max_completion_length}",
             str(cfg.mixed_precision),

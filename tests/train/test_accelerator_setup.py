@@ -1,6 +1,5 @@
-"""Building the Accelerator (prefzoo/train/engines/accelerator.py): the run's settings reach accelerate, DeepSpeed on CPU
-gets
-its one-process environment, and settings accelerate would ignore or cannot honour are one line each."""
+"""Building the Accelerator (prefzoo/train/engines/accelerator.py): the run's settings reach accelerate, DeepSpeed on
+CPU gets its one-process environment, and settings accelerate would ignore or cannot honour are one line each."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.engines import accelerator as distributed
 from prefzoo.train.engines import build_accelerator
 from prefzoo.train.engines import deepspeed as ds_engine
-from prefzoo.train.engines import accelerator as distributed
 from prefzoo.train.engines.deepspeed import DeepSpeedMissingError, deepspeed_config
 
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")

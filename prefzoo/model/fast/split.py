@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from prefzoo._attrs import temporarily
+from prefzoo._thirdparty import attn_implementation, using_attn_implementation
 from prefzoo.data.collate import PreferenceCollator
 
 __all__ = [
@@ -188,7 +188,7 @@ def split_refusal(backbone: Any, config: Any) -> str | None:
     """Why this decoder's shared forward cannot take the split (one line), or None when it can."""
     from prefzoo.model.arch import attention_layer_types, text_config
 
-    impl = getattr(config, "_attn_implementation", None)
+    impl = attn_implementation(config)
     if impl != "sdpa":
         return f"attention implementation {impl!r}, not 'sdpa'"
     if getattr(backbone, "gradient_checkpointing", False):
@@ -330,5 +330,5 @@ def split_attention(config: Any, on: bool = True) -> Iterator[None]:
         yield
         return
     _register()
-    with temporarily(config, "_attn_implementation", IMPLEMENTATION):
+    with using_attn_implementation(config, IMPLEMENTATION):
         yield

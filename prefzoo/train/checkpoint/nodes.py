@@ -307,11 +307,12 @@ def lost_ranks(wait_s: float) -> list[int] | None:
     """
     try:
         import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
+
+        from prefzoo._thirdparty import default_store
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        store = c10d._get_default_store()
+        store = default_store()
         store.set_timeout(timedelta(seconds=max(1.0, wait_s)))
         rank, world = dist.get_rank(), dist.get_world_size()
         store.set(f"prefzoo/alive/{rank}", socket.gethostname())

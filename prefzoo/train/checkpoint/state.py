@@ -149,13 +149,14 @@ def dcp_reader(folder: Path) -> Any:
 def dcp_planner() -> Any:
     """DCP's default load planner, reading non-tensor items with ``weights_only=True`` (DCP uses full pickle)."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint._traverse import set_element
+
+    from prefzoo._thirdparty import dcp_set_element
 
     class _SafePlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             obj = safe_torch_load(value)
             if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+                dcp_set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
 

@@ -7,9 +7,9 @@ the Accelerator, shards, wraps, checkpoints and gathers through the engine and n
 
 from __future__ import annotations
 
+from prefzoo.train.engines.accelerator import build_accelerator, end_accelerator, make_gather
 from prefzoo.train.engines.base import Engine
 from prefzoo.train.engines.choice import engine_for, resume_refusal
-from prefzoo.train.engines.accelerator import build_accelerator, end_accelerator, make_gather
 
 __all__ = [
     "ENGINE_PACKAGES",

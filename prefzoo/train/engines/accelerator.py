@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prefzoo._thirdparty import reset_accelerate_state
 from prefzoo.train.engines.choice import engine_for
 
 __all__ = ["build_accelerator", "end_accelerator", "make_gather"]
@@ -60,7 +61,6 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, en
     """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, trackers, and what ``engine``
     (by default the one ``cfg`` chooses, :func:`prefzoo.train.engines.engine_for`) adds."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 
     engine = engine or engine_for(cfg)
@@ -79,8 +79,7 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, en
     }
     kwargs.setdefault("kwargs_handlers", [InitProcessGroupKwargs(timeout=timeout)])
     # a second run in the same interpreter (notebook, tests) may change precision/accumulation: start afresh
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerate_state()
     return Accelerator(**kwargs)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from prefzoo._thirdparty import loading_state_without_models
 from prefzoo.errors import ConfigError
 
 __all__ = ["Engine"]
@@ -110,12 +111,8 @@ class Engine:
         if not has_dcp(folder):
             accelerator.load_state(str(folder))
             return
-        models, optimizers = accelerator._models, accelerator._optimizers
-        accelerator._models, accelerator._optimizers = [], []  # not in accelerate's files: in dcp/
-        try:
+        with loading_state_without_models(accelerator):  # model and optimizer are not in accelerate's files: dcp/
             accelerator.load_state(str(folder))
-        finally:
-            accelerator._models, accelerator._optimizers = models, optimizers
         load_dcp(accelerator.unwrap_model(policy), getattr(optimizer, "optimizer", optimizer), folder)
 
     def full_state_dict(self, accelerator: Any, policy: Any) -> dict[str, Any] | None:

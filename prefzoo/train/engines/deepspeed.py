@@ -14,15 +14,14 @@ drops the step at the boundary, or, where it would not, the run stops with a mes
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from prefzoo._thirdparty import one_process_group_env, prepared_models, skip_deepspeed_shm_build
 from prefzoo.errors import ConfigError, install_hint
 from prefzoo.train.engines.base import Engine
 
@@ -116,7 +115,7 @@ class DeepSpeedEngine(Engine):
     def load_state(self, accelerator: Any, policy: Any, optimizer: Any, folder: Path) -> None:
         """accelerate's state, DeepSpeed's files read with ``torch.load(weights_only=True)`` (DeepSpeed's own
         checkpoint engine would unpickle them in full)."""
-        for model in accelerator._models:
+        for model in prepared_models(accelerator):
             read_with_weights_only(model, self.checkpoint_globals())
         super().load_state(accelerator, policy, optimizer, folder)
 
@@ -223,28 +222,8 @@ def _user_deepspeed_config(spec: str) -> dict[str, Any]:
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _prepare_deepspeed_on_cpu() -> None:
     """DeepSpeed without a GPU: CPU accelerator, skip the JIT shared-memory op build, single-process env vars."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    try:
-        comm: Any = importlib.import_module("deepspeed.comm.torch")
-        comm.build_shm_op = lambda: None  # identical results, no 40 s build
-    except Exception:  # older/newer deepspeed without it: nothing to skip
-        pass
-    if "RANK" not in os.environ:  # plain `python`, not a launcher: a one-process group
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
-        )
-
-
+    skip_deepspeed_shm_build()  # identical results, no 40 s build
+    one_process_group_env()  # plain `python`, not a launcher: a one-process group

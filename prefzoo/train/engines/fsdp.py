@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from prefzoo._dist import local_world_size
+from prefzoo._thirdparty import no_split_modules
 from prefzoo.errors import ConfigError
 from prefzoo.train.engines.base import Engine
 
@@ -53,7 +54,7 @@ def _decoder_layers(module: nn.Module) -> list[nn.Module]:
     """The transformer blocks: modules whose class the model names in ``_no_split_modules`` (accelerate's rule)."""
     names: set[str] = set()
     for m in module.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
+        names.update(no_split_modules(m))
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
