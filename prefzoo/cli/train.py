@@ -336,7 +336,7 @@ def _train_default(cfg: Any, data: str, t0: float) -> int:
     import dataclasses
     import time
 
-    from prefzoo.data.default import load_default_task
+    from prefzoo.model import load_default_task
     from prefzoo.train.loop import train
 
     main = _is_main()
