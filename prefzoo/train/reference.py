@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo._dist import is_rank_zero
 from prefzoo._thirdparty import dataset_fingerprint
 from prefzoo.data.progress import Progress, length
 from prefzoo.model import PolicyLogps, unwrap
@@ -210,7 +211,7 @@ def _read_cache(path: Path, key: str, ids: list[str], width: int = 2) -> dict[st
 
 def load_or_compute_reference_table(
     reference: Reference, dataloader: Any, accelerator: Any, key: str, ids: list[str], cache_dir: str | Path,
-    rows: bool = False,
+    rows: bool = False, progress: bool = True,
 ) -> tuple[dict[str, tuple[float, ...]], bool]:
     """(id -> (ref chosen, ref rejected)) for every example, from the cache when valid; second item: cache hit.
 
@@ -226,7 +227,8 @@ def load_or_compute_reference_table(
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
-    with Progress(length(dataloader), "precomputing reference log-probs", unit="batches") as bar:  # after 2 s
+    bar = Progress(length(dataloader), "precomputing reference log-probs", unit="batches", enabled=progress)
+    with bar:  # shown after 2 s
         for batch in dataloader:
             keys = row_ids(batch) if rows else batch["ids"]
             cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
@@ -306,7 +308,9 @@ def precompute_reference(
 
     cache_dir = cfg.ref_cache_dir or str(cache_root() / "ref")
     with accelerator.autocast():
-        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, ids, cache_dir, rows=rows)
+        table, hit = load_or_compute_reference_table(
+            reference, dl, accelerator, key, ids, cache_dir, rows=rows, progress=cfg.progress and is_rank_zero()
+        )
     if isinstance(reference, FrozenReference):
         del reference.module  # the copy is no longer needed: free its memory
     unit = "rows" if rows else "pairs"
