@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from prefzoo._thirdparty import attn_implementation, using_attn_implementation
-from prefzoo.data.collate import PreferenceCollator
+from prefzoo.types import SEGMENT_CHOSEN, SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_REJECTED
 
 __all__ = [
     "IMPLEMENTATION",
@@ -62,10 +62,10 @@ __all__ = [
 
 IMPLEMENTATION = "prefzoo_split_sdpa"
 PAD, PROMPT, CHOSEN, REJECTED = (  # segment ids, as PreferenceCollator(share_prompt=True) writes them
-    PreferenceCollator.SEGMENT_PAD,
-    PreferenceCollator.SEGMENT_PROMPT,
-    PreferenceCollator.SEGMENT_CHOSEN,
-    PreferenceCollator.SEGMENT_REJECTED,
+    SEGMENT_PAD,
+    SEGMENT_PROMPT,
+    SEGMENT_CHOSEN,
+    SEGMENT_REJECTED,
 )
 _FEATURES = ("softcap", "position_bias", "s_aux", "sinks")  # attention features the split does not reproduce
 # devices where a flat row's split runs row by row (:func:`_rows_split`): a CPU kernel call costs microseconds, so
