@@ -8,12 +8,13 @@ the Accelerator, shards, wraps, checkpoints and gathers through the engine and n
 from __future__ import annotations
 
 from prefzoo.train.engines.accelerator import build_accelerator, end_accelerator, make_gather
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.base import Engine, EngineSettings
 from prefzoo.train.engines.choice import engine_for, resume_refusal
 
 __all__ = [
     "ENGINE_PACKAGES",
     "Engine",
+    "EngineSettings",
     "build_accelerator",
     "end_accelerator",
     "engine_for",

@@ -31,12 +31,12 @@ from torch import nn
 from prefzoo._dist import local_world_size
 from prefzoo._thirdparty import no_split_modules
 from prefzoo.errors import ConfigError
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.base import Engine, EngineSettings
 
 __all__ = ["FsdpEngine", "mesh_shape"]
 
 
-def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
+def mesh_shape(cfg: EngineSettings, num_processes: int) -> tuple[int, ...]:
     """The device mesh: ``(N,)`` for full / shard_grad_op, ``(N / shard, shard)`` (replicas, shard) for hybrid."""
     if cfg.fsdp_sharding != "hybrid":
         return (num_processes,)
