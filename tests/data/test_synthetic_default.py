@@ -45,7 +45,7 @@ def test_cached_second_call_does_not_rebuild(tiny_task, monkeypatch) -> None:
     def boom(*a, **k):
         raise AssertionError("rebuilt a cached model")
 
-    monkeypatch.setattr(D, "warm_up", boom)
+    monkeypatch.setattr(P, "warm_up", boom)
     again = P.load_default_task(cache_dir=tiny_task.model_dir.parent, seed=0, warmup=TINY)
     assert again.model_dir == tiny_task.model_dir
     assert again.train["chosen"] == tiny_task.train["chosen"]  # pairs are regenerated identically
@@ -65,7 +65,7 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch) -> None:
     def fail(*a, **k):
         raise RuntimeError("killed mid-build")
 
-    monkeypatch.setattr(D, "warm_up", fail)
+    monkeypatch.setattr(P, "warm_up", fail)
     with pytest.raises(RuntimeError):
         P.load_default_task(cache_dir=tmp_path, warmup=TINY)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
