@@ -17,7 +17,7 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -74,7 +74,7 @@ class DeepSpeedEngine(Engine):
             kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]
         cfg = self.cfg
         ds_cfg = deepspeed_config(
-            cfg.deepspeed, cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
+            cast(str, cfg.deepspeed), cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
         )
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds_cfg, zero3_init_flag=False)
         return kwargs
@@ -94,7 +94,7 @@ class DeepSpeedEngine(Engine):
         from prefzoo.train.reference import FrozenReference
 
         cfg = self.cfg
-        ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        ref_lm, _, _ = load_model_and_tokenizer(cast(str, cfg.model), trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ds_cfg = {k: v for k, v in copy.deepcopy(ds_config).items() if k not in ("optimizer", "scheduler")}
         module = PolicyLogps(ref_lm, cfg.logp_chunk_size, packing=policy.packing)
