@@ -7,11 +7,11 @@ and the callbacks from ``cfg.callbacks`` and the caller.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefzoo._dist import local_world_size
 from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint.nodes import lost_ranks
 from prefzoo.train.checkpoint.outdir import claim_output_dir, finished_run
@@ -79,7 +79,7 @@ def _peer_failure(cfg: TrainConfig, e: Exception) -> PeerFailureError | None:
 
 def _rank_names(ranks: list[int]) -> list[str]:
     """'1 (node 1)': a rank and its node (ranks are numbered node by node, LOCAL_WORLD_SIZE per node)."""
-    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    per_node = max(1, local_world_size())
     return [f"{r} (node {r // per_node})" for r in ranks]
 
 

@@ -272,9 +272,9 @@ def refuse_pickles(folder: Path, accelerator: Any, node_local: bool, allowed: Se
 
 
 def _local_world(accelerator: Any) -> int:
-    import os
+    from prefzoo._dist import local_world_size
 
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+    return local_world_size(accelerator.num_processes)
 
 
 def _gather(accelerator: Any, obj: Any) -> list[Any]:
