@@ -130,7 +130,7 @@ def _task(cfg: SweepConfig) -> tuple[Any, Any, Any]:
     """(task with the eval prompt sets cut to size, tokenizer, baseline model), loaded once per process."""
     key = (cfg.task_seed, cfg.eval_prompts)
     if key not in _TASK_CACHE:
-        from prefzoo.data.default import load_default_task
+        from prefzoo.model import load_default_task
 
         full = load_default_task(seed=cfg.task_seed)
         n = cfg.eval_prompts

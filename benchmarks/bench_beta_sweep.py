@@ -185,7 +185,7 @@ def run_sweep(
     if weights_dir is not None:
         import numpy as np
 
-        from prefzoo.data.default import load_default_task
+        from prefzoo.model import load_default_task
 
         os.makedirs(weights_dir, exist_ok=True)
         np.save(

@@ -71,7 +71,7 @@ FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("prefzoo.registry", ("tests/registry",)),
     (
-        "prefzoo.train.engines.launch",
+        "prefzoo.train.engines.accelerator",
         (
             "tests/train/test_deepspeed_config.py",
             "tests/train/test_accelerator_setup.py",

@@ -25,6 +25,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "SEGMENT_CHOSEN",
+    "SEGMENT_PAD",
+    "SEGMENT_PROMPT",
+    "SEGMENT_REJECTED",
     "GroupBatch",
     "GroupBatchError",
     "LossContext",
@@ -39,6 +43,10 @@ __all__ = [
     "error_summary",
     "group_from_pairs",
 ]
+
+# segment ids of a shared-prompt row [x, y_w, y_l] (a collated batch's completion_mask with share_prompt): the
+# collator writes them (prefzoo.data.collate), the shared-prompt attention reads them (prefzoo.model.fast)
+SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_CHOSEN, SEGMENT_REJECTED = 0, 1, 2, 3
 
 
 class PreferenceBatchError(ValueError):

@@ -20,7 +20,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "prefzoo"
 MAX_FUNCTION, MAX_CLASS = 60, 250
 # where choosing or being an engine is the job
-ENGINE_ROOMS = ("train/engines/", "train/config/", "cli/")
+# and the one adapter of other libraries' private names (prefzoo/_thirdparty.py), which names each library it adapts
+ENGINE_ROOMS = ("train/engines/", "train/config/", "cli/", "_thirdparty.py")
 ENGINE_WORDS = re.compile(r"fsdp|deepspeed|zero-?[123]\b|zero_?stage", re.IGNORECASE)
 
 

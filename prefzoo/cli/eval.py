@@ -238,7 +238,7 @@ def _subject(args: argparse.Namespace, modes: list[str], needs_ref: bool) -> _Su
     )
     task: Any = None
     if need_task:
-        from prefzoo.data.default import load_default_task
+        from prefzoo.model import load_default_task
 
         task = load_default_task(seed=args.seed)
     model_path = args.model or str(task.model_dir)

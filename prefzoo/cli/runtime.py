@@ -1,13 +1,13 @@
-"""Process set-up of a CLI run: how many CPU threads, which library noise to silence, a launcher that lied."""
+"""Process set-up of a CLI run: how many CPU threads, which library messages to drop, a launcher that lied."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Mapping, MutableMapping
 
+from prefzoo._dist import local_world_size
 from prefzoo.cli.main import CLIError
 
 __all__ = ["check_launcher", "choose_threads", "huge_pages", "quiet_library_noise"]
@@ -46,7 +46,7 @@ def choose_threads(
         return int(env["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
     cores = _cores() if cores is None else cores
     load = _load() if load is None else load
-    procs = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    procs = max(1, local_world_size(1, env))
     free = max(0, cores - round(load))
     n = max(1, min(cores // procs, free // procs))
     share = f", shared by {procs} processes" if procs > 1 else ""
@@ -114,16 +114,16 @@ def quiet_library_noise() -> None:
     - accelerate's ``Removed shared tensor {'lm.lm_head.weight'} while saving``: tied embeddings are stored once
       and tied again on load (resume is bit-exact, tested in tests/faults);
     - DeepSpeed's ``Setting accelerator to CPU`` when it is imported (by accelerate or transformers) on a machine
-      without a GPU: ``DS_ACCELERATOR=cpu`` is what it chooses there anyway (and without ``--deepspeed`` it is unused);
-    - transformers' and accelerate's FutureWarnings about their own upcoming API changes (not the user's code).
+      without a GPU: ``DS_ACCELERATOR=cpu`` is what it chooses there anyway (and without ``--deepspeed`` it is unused).
+
+    No warning category is silenced for the process: a library's FutureWarning reaches the user
+    (tests/train/test_first_run.py checks that a plain run prints none).
     """
     logging.getLogger("accelerate.utils.other").addFilter(_DropMessages("Removed shared tensor"))
     import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for module in ("transformers", "accelerate", "datasets", "peft", "torch"):
-        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
 
 
 def check_launcher(env: Mapping[str, str] | None = None) -> None:

@@ -8,6 +8,7 @@ import os
 import typing
 from typing import Any
 
+from prefzoo._dist import is_rank_zero
 from prefzoo.cli.main import CLIError
 
 # flags whose CLI spelling differs from the config key, and the few flags that are not config keys
@@ -247,7 +248,7 @@ def _flag_names(args: argparse.Namespace) -> dict[str, str]:
 def _is_main() -> bool:
     """The launcher's RANK, not PartialState(): creating the state here would start the process group before
     train() can give it --dist-timeout."""
-    return os.environ.get("RANK", "0") == "0"
+    return is_rank_zero()
 
 
 def _quiet_libraries() -> None:
@@ -331,7 +332,7 @@ def _train_default(cfg: Any, data: str, t0: float, loss: Any) -> int:
     import dataclasses
     import time
 
-    from prefzoo.data.default import load_default_task
+    from prefzoo.model import load_default_task
     from prefzoo.train.loop import train
 
     main = _is_main()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefzoo._thirdparty import dataset_fingerprint
 from prefzoo.types import error_summary
 
 __all__ = ["cached_summary", "checked_map"]
@@ -60,7 +61,7 @@ def _checksum(body: dict[str, Any]) -> str:
 def _summary_path(ds: Any, name: str) -> Path | None:
     """``prefzoo-<name>-<fingerprint>.json`` beside ``ds``'s cache file; None for an in-memory dataset."""
     files = getattr(ds, "cache_files", None) or []
-    fingerprint = getattr(ds, "_fingerprint", None)
+    fingerprint = dataset_fingerprint(ds)
     if not files or not fingerprint:
         return None
     return Path(files[0]["filename"]).parent / f"prefzoo-{name}-{fingerprint}.json"
@@ -73,7 +74,7 @@ def _read_summary(path: Path, ds: Any, check: Callable[[dict[str, Any]], Any]) -
         body, digest = stored["body"], stored["sha256"]
         if _checksum(body) != digest:
             return None, "checksum mismatch"
-        if (body["version"], body["fingerprint"], body["rows"]) != (SUMMARY_VERSION, ds._fingerprint, len(ds)):
+        if (body["version"], body["fingerprint"], body["rows"]) != (SUMMARY_VERSION, dataset_fingerprint(ds), len(ds)):
             return None, f"written for another dataset or version ({body['rows']} rows, this one {len(ds)})"
         check(body["value"])
     except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
@@ -82,7 +83,7 @@ def _read_summary(path: Path, ds: Any, check: Callable[[dict[str, Any]], Any]) -
 
 
 def _write_summary(path: Path, ds: Any, value: dict[str, Any]) -> None:
-    body = {"version": SUMMARY_VERSION, "fingerprint": ds._fingerprint, "rows": len(ds), "value": value}
+    body = {"version": SUMMARY_VERSION, "fingerprint": dataset_fingerprint(ds), "rows": len(ds), "value": value}
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:

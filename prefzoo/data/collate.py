@@ -6,6 +6,10 @@ from typing import Any
 
 import torch
 
+from prefzoo.types import SEGMENT_CHOSEN, SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_REJECTED
+
+_SEGMENTS = (SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_CHOSEN, SEGMENT_REJECTED)
+
 __all__ = ["PreferenceCollator"]
 
 
@@ -21,7 +25,8 @@ class PreferenceCollator:
     this layout and builds the attention mask and position ids that keep y_l from seeing y_w.
     """
 
-    SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_CHOSEN, SEGMENT_REJECTED = 0, 1, 2, 3
+    # the segment ids of prefzoo.types, as class attributes too
+    SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_CHOSEN, SEGMENT_REJECTED = _SEGMENTS
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, share_prompt: bool = False) -> None:
         self.pad_token_id = pad_token_id

@@ -76,12 +76,13 @@ def _tokenize(
     num_proc: int | None,
     answers: str,
     what: str,
+    progress: bool,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
     """Tokenize the completions in column ``answers`` (a list of strings, or one string) after each prompt."""
     encode = completion_encoder(tokenizer, limits, requested, answers)
     if len(ds) == 0:
         raise DataFormatError(f"the dataset (or the selected split) is empty: it holds no {what}")
-    return encode_dataset(ds, encode, num_proc, what, "with identical completions", "the completions")
+    return encode_dataset(ds, encode, num_proc, what, "with identical completions", "the completions", progress)
 
 
 def tokenize_lists(
@@ -92,11 +93,12 @@ def tokenize_lists(
     num_proc: int | None = None,
     *,
     requested: tuple[int, int] | None = None,
+    progress: bool = True,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
     """Columns id, prompt_ids, completion_ids (K lists), scores (or None); a list is dropped (counted) when a
     completion or the prompt has no token left, or all its completions are identical after truncation."""
     return _tokenize(ds, tokenizer, (max_prompt_length, max_completion_length), requested, num_proc,
-                     "completions", "lists")  # fmt: skip
+                     "completions", "lists", progress)  # fmt: skip
 
 
 def tokenize_unpaired(
@@ -107,10 +109,11 @@ def tokenize_unpaired(
     num_proc: int | None = None,
     *,
     requested: tuple[int, int] | None = None,
+    progress: bool = True,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
     """Columns id, prompt_ids, completion_ids, label; examples with no completion token left are dropped, counted."""
     return _tokenize(ds, tokenizer, (max_prompt_length, max_completion_length), requested, num_proc,
-                     "completion", "examples")  # fmt: skip
+                     "completion", "examples", progress)  # fmt: skip
 
 
 class GroupCollator:

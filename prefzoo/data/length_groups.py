@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LengthGroupedSampler", "padding_fraction", "pair_lengths"]
+__all__ = ["LengthGroupedSampler", "pair_lengths"]
 
 
 def pair_lengths(tokenized: Any) -> list[int]:
@@ -57,9 +57,3 @@ class LengthGroupedSampler(torch.utils.data.Sampler[int]):
         perm = torch.randperm(len(full), generator=g).tolist()
         for b in [full[k] for k in perm] + rest:
             yield from b
-
-
-def padding_fraction(row_lengths: Sequence[Sequence[int]]) -> float:
-    """Share of padded positions in batches given as lists of row lengths (each batch padded to its longest row)."""
-    total = sum(max(rows) * len(rows) for rows in row_lengths if rows)
-    return 0.0 if total == 0 else 1.0 - sum(sum(rows) for rows in row_lengths) / total

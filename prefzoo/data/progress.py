@@ -8,8 +8,8 @@ fails or is interrupted adds no line of its own (the error says what happened).
 Rows mapped by ``datasets.map`` are counted by :func:`counted`, whose function calls the module-level :func:`tick`:
 the bar is not in the mapped function's closure, so its fingerprint (datasets' cache key) does not depend on it.  Only
 the process that opened the bar counts (with ``num_proc`` > 1 the workers' rows are not counted: the bar shows the
-phase and its time).  :func:`showing` turns the bars off for a block (a run with ``--no-progress``, processes other
-than the main one); they are on by default.
+phase and its time).  Whoever opens a bar says whether it shows (``Progress(..., enabled=False)``: a run with
+``--no-progress``, processes other than the main one); the functions that open one take a ``progress`` argument.
 """
 
 from __future__ import annotations
@@ -22,24 +22,14 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TextIO
 
-from prefzoo._attrs import temporarily
-
-__all__ = ["Progress", "counted", "length", "showing", "tick"]
+__all__ = ["Progress", "counted", "length", "tick"]
 
 
 class _State:
-    """The module's switches, as class attributes: datasets pickles a module-level class by name when it hashes a
-    mapped function, so what they hold never reaches the function's fingerprint (a dict here would)."""
+    """The bar :func:`tick` counts on, as a class attribute: datasets pickles a module-level class by name when it
+    hashes a mapped function, so the bar never reaches the function's fingerprint (a dict here would)."""
 
-    enabled = True  # Progress shows anything at all (see showing())
-    current: Progress | None = None  # the bar tick() counts on (see Progress.counting())
-
-
-@contextlib.contextmanager
-def showing(enabled: bool) -> Iterator[None]:
-    """Within the block, :class:`Progress` shows a bar (or lines) only if ``enabled``."""
-    with temporarily(_State, "enabled", enabled):
-        yield
+    current: Progress | None = None  # set by Progress.counting()
 
 
 def tick(n: int = 1) -> None:
@@ -78,16 +68,17 @@ class Progress:
     """``with Progress(total, "tokenizing pairs", unit="pairs") as bar: ... bar.update(n)``.
 
     ``delay``: seconds before anything shows; ``every``: seconds between two lines when stderr is not a terminal;
-    ``initial``: units already done (a resumed run); ``leave``: the terminal bar stays when it ends.
+    ``initial``: units already done (a resumed run); ``leave``: the terminal bar stays when it ends; ``enabled``:
+    False shows nothing (the count is still kept).
     """
 
     def __init__(
         self, total: int, desc: str, *, unit: str = "rows", delay: float = 2.0, every: float = 10.0,
-        initial: int = 0, leave: bool = False, stream: TextIO | None = None,
+        initial: int = 0, leave: bool = False, stream: TextIO | None = None, enabled: bool = True,
     ) -> None:  # fmt: skip
         self.total, self.desc, self.unit, self.delay, self.every = total, desc, unit, delay, every
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = bool(_State.enabled)
+        self.enabled = bool(enabled)
         self.initial = self.n = initial  # units done, counting those before this bar
         self.pid = os.getpid()  # a forked worker's copy counts nothing
         self.t0 = self.last = time.monotonic()

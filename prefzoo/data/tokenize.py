@@ -214,18 +214,19 @@ def tokenize_pairs(
     num_proc: int | None = None,
     *,
     requested: tuple[int, int] | None = None,
+    progress: bool = True,
 ) -> tuple[datasets.Dataset, TokenizeStats]:
     """Columns id, prompt_ids, chosen_ids, rejected_ids; pairs with no completion token left are dropped, counted.
 
     ``requested`` = the (prompt, completion) limits before they were lowered to the model's context: pairs that
-    only the lower limits truncate are counted in ``context_truncated``.
+    only the lower limits truncate are counted in ``context_truncated``.  ``progress``: show a bar.
     """
     scores = [k for k in ("score_chosen", "score_rejected") if k in ds.column_names]  # passed through
     encode = pair_encoder(tokenizer, max_prompt_length, max_completion_length, requested, scores)
     if len(ds) == 0:
         raise DataFormatError("the dataset (or the selected split) is empty: it holds no preference pairs")
     same, check = "with chosen identical to rejected", "the chosen/rejected columns"
-    return encode_dataset(ds, encode, num_proc, "pairs", same, check)
+    return encode_dataset(ds, encode, num_proc, "pairs", same, check, progress)
 
 
 @contextlib.contextmanager
@@ -245,12 +246,13 @@ def _datasets_bars_off() -> Iterator[None]:
 
 def encode_dataset(
     ds: datasets.Dataset, encode: Callable[[dict[str, Any]], dict[str, Any]], num_proc: int | None, what: str,
-    same: str, check: str,
+    same: str, check: str, progress: bool = True,
 ) -> tuple[datasets.Dataset, TokenizeStats]:  # fmt: skip
     """``ds.map(encode)`` (cached) with its rows counted; rows with no completion token left, identical completions
     (``same``: how they are called) or an oversized field are dropped with a warning.  ``what``: 'pairs', 'lists' or
-    'examples'; ``check``: what to look at when every row is dropped (a one-line error)."""
-    with Progress(len(ds), f"tokenizing {what}", unit=what) as bar, bar.counting(), _datasets_bars_off():
+    'examples'; ``check``: what to look at when every row is dropped (a one-line error); ``progress``: show a bar."""
+    bar = Progress(len(ds), f"tokenizing {what}", unit=what, enabled=progress)
+    with bar, bar.counting(), _datasets_bars_off():
         enc = checked_map(ds, counted(encode), remove_columns=list(ds.column_names), num_proc=num_proc,
                           desc=f"tokenizing {what}")  # fmt: skip
     # counted once per tokenised dataset: a later run (a cache hit) reads them back instead of the columns

@@ -133,7 +133,7 @@ class VLLMEngine:
 
         self.model, self.tokenizer = unwrap(model), tokenizer  # pragma: no cover
         self.llm = LLM(  # pragma: no cover
-            model=self.model.config._name_or_path, tokenizer=getattr(tokenizer, "name_or_path", None),
+            model=self.model.config.name_or_path, tokenizer=getattr(tokenizer, "name_or_path", None),
             gpu_memory_utilization=gpu_memory_utilization, dtype=str(self.model.dtype).removeprefix("torch."),
             enable_prefix_caching=True, seed=0,
         )  # fmt: skip

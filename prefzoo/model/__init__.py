@@ -12,7 +12,8 @@ package imports neither accelerate nor the trainer.
   part of prefzoo uses, with the exact speed paths of :mod:`prefzoo.model.fast` (:func:`weight_logps`: its fused
   LM head for a weight and selected hidden states, as :mod:`prefzoo.nn` uses it, with its :class:`HeadOptions`);
 - the run-start self-check (:mod:`~prefzoo.model.selfcheck`): the fast path against the model's own logits;
-- prompt embeddings (:mod:`~prefzoo.model.embedding`) for BCO's density-ratio classifier.
+- prompt embeddings (:mod:`~prefzoo.model.embedding`) for BCO's density-ratio classifier;
+- the default task's starting policy (:mod:`~prefzoo.model.default_policy`): shipped, or warmed up once and cached.
 
 
 Importing this package imports nothing: each name loads its module on first use (PEP 562), so the CLI can read
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs; at run time __ge
         fit_to_context,
         model_context,
     )
+    from prefzoo.model.default_policy import load_default_task
     from prefzoo.model.defaults import ModelDefaults, apply_model_defaults
     from prefzoo.model.embedding import PromptEmbedding, mean_pooled_hidden_states
     from prefzoo.model.fast.choice import SWITCHES, FastPaths, choose_fast_paths, fast_paths_for_run, switch_value
@@ -75,6 +77,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
                            "model_capabilities", "vocab_cut"),
     "prefzoo.model.context": ("ContextLengthError", "ContextLimits", "DEFAULT_MAX_COMPLETION_LENGTH",
                               "DEFAULT_MAX_PROMPT_LENGTH", "fit_to_context", "model_context"),
+    "prefzoo.model.default_policy": ("load_default_task",),
     "prefzoo.model.defaults": ("ModelDefaults", "apply_model_defaults"),
     "prefzoo.model.embedding": ("PromptEmbedding", "mean_pooled_hidden_states"),
     "prefzoo.model.fast.choice": ("FastPaths", "SWITCHES", "choose_fast_paths", "fast_paths_for_run", "switch_value"),
@@ -130,6 +133,7 @@ __all__ = [
     "fuse_gated_mlps",
     "head_logps",
     "lean_rms_norms",
+    "load_default_task",
     "load_kwargs",
     "load_model_and_tokenizer",
     "load_tokenizer",

@@ -49,6 +49,8 @@ from typing import Any, cast
 
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import attn_implementation
+
 __all__ = [
     "ATTENTION_TYPES",
     "FirstRows",
@@ -306,7 +308,7 @@ def router_loss(config: Any) -> bool:
 def varlen_attention(config: Any) -> bool:
     """The model attends through a flash-attention kernel (transformers' ``flash_attention_2``/``_3``/``_4`` or a hub
     flash-attn kernel): packed sequences go to it by their boundaries, not by a 4-D mask."""
-    impl = str(getattr(config, "_attn_implementation", None) or "")
+    impl = str(attn_implementation(config) or "")
     return impl.startswith("flash_attention") or "flash-attn" in impl or "flash_attn" in impl
 
 
@@ -328,7 +330,7 @@ class ModelCapabilities:
 def model_capabilities(causal: Any, feature: str = "the fast paths") -> ModelCapabilities:
     """The :class:`ModelCapabilities` of a transformers CausalLM (unwrapped: no peft or DDP wrapper)."""
     config = causal.config
-    impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
+    impl = attn_implementation(config, "sdpa") or "sdpa"
     layout = shared_prompt_refusal(causal.get_decoder(), config, feature)  # what the architecture allows
     no_mask = None if impl in ("sdpa", "eager") else f"{impl} attention takes no 4-D mask"
     pack = layout if varlen_attention(config) else no_mask or layout  # flash packs by sequence boundaries

@@ -106,6 +106,10 @@ def _config_rates(model: nn.Module) -> Iterator[tuple[Any, str, str, float]]:
                 yield cfg, key, prefix + key, float(value)
 
 
+# torch's dropout modules (every subclass of its private base ``_DropoutNd``, torch 2.13)
+DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
 def disable_dropout(model: nn.Module, keep: bool = False) -> DropoutReport:
     """Turn off every dropout of ``model`` but its adapters' (``keep=True``: only report them); what was found."""
     report = DropoutReport(kept=keep)
@@ -113,7 +117,7 @@ def disable_dropout(model: nn.Module, keep: bool = False) -> DropoutReport:
     for module in model.modules():
         if id(module) in adapters:
             continue
-        if isinstance(module, nn.modules.dropout._DropoutNd):
+        if isinstance(module, DROPOUT_MODULES):
             if module.p > 0:
                 report.modules[float(module.p)] += 1
                 if not keep:

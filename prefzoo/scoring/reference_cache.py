@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import dataset_fingerprint
 from prefzoo.data.progress import Progress, length
 from prefzoo.scoring.fields import row_ids
 from prefzoo.scoring.reference import FrozenReference, PrecomputedReference, Reference
@@ -85,7 +86,7 @@ def _read_cache(path: Path, key: str, ids: list[str], width: int = 2) -> dict[st
 
 def load_or_compute_reference_table(
     reference: Reference, dataloader: Any, accelerator: Any, key: str, ids: list[str], cache_dir: str | Path,
-    rows: bool = False,
+    rows: bool = False, progress: bool = True,
 ) -> tuple[dict[str, tuple[float, ...]], bool]:
     """(id -> (ref chosen, ref rejected)) for every example, from the cache when valid; second item: cache hit.
 
@@ -101,7 +102,8 @@ def load_or_compute_reference_table(
         return table, True
     table = {}
     position = {k: n for n, k in enumerate(ids)}
-    with Progress(length(dataloader), "precomputing reference log-probs", unit="batches") as bar:  # after 2 s
+    bar = Progress(length(dataloader), "precomputing reference log-probs", unit="batches", enabled=progress)
+    with bar:  # shown after 2 s
         for batch in dataloader:
             keys = row_ids(batch) if rows else batch["ids"]
             cols = [reference.rows(batch)] if rows else list(reference(batch))  # (B,) each
@@ -136,13 +138,13 @@ def _hit_everywhere(accelerator: Any, hit: bool) -> bool:
 def precompute_reference(
     reference: Reference, accelerator: Any, train_tok: Any, eval_tok: Any, collate: Any, identity: str, *,
     batch_size: int, max_prompt_length: int | None, max_completion_length: int | None, mixed_precision: str,
-    cache_dir: str | None,
+    cache_dir: str | None, progress: bool = False,
 ) -> tuple[Reference, str]:
     """Reference log-probs of every train and eval pair (list completion, unpaired example), computed once (or read
     from the cache).  KTO's KL rows (a completion with another prompt of its batch) change with every shuffle: they
     cannot be cached (refused before any model loads).  ``batch_size`` is the run's per-device batch size (scored two
     batches at a time); the token limits and the precision are part of the cache key; ``cache_dir`` None is the
-    default cache folder."""
+    default cache folder; ``progress`` shows a bar while scoring (rank 0 of a run that asked for bars)."""
     import datasets
 
     both = datasets.concatenate_datasets([d for d in (train_tok, eval_tok) if d is not None])
@@ -159,8 +161,8 @@ def precompute_reference(
     )
     key = "|".join(
         [
-            str(train_tok._fingerprint),
-            str(getattr(eval_tok, "_fingerprint", None)),
+            str(dataset_fingerprint(train_tok)),
+            str(dataset_fingerprint(eval_tok)),
             identity,
             f"p{max_prompt_length}c{max_completion_length}",
             str(mixed_precision),
@@ -170,7 +172,9 @@ def precompute_reference(
 
     cache_dir = cache_dir or str(cache_root() / "ref")
     with accelerator.autocast():
-        table, hit = load_or_compute_reference_table(reference, dl, accelerator, key, ids, cache_dir, rows=rows)
+        table, hit = load_or_compute_reference_table(
+            reference, dl, accelerator, key, ids, cache_dir, rows=rows, progress=progress
+        )
     if isinstance(reference, FrozenReference):
         del reference.module  # the copy is no longer needed: free its memory
     unit = "rows" if rows else "pairs"

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from prefzoo._thirdparty import attn_implementation, supports_sdpa
+
 __all__ = ["FAST_SUBSET", "UNPADDED", "ArchResult", "build_tiny", "causal_lm_types", "check_architecture", "tiny_pairs"]
 
 # the unit-env subset: every logit transform, sliding windows (uniform and alternating), MoE routers, classics
@@ -356,9 +358,9 @@ def _check_split(model: Any, res: ArchResult, ref_sum: torch.Tensor, batch: dict
     the padded rows and on the pairs packed into one padding-free row (``packing``, the split gathered from it)."""
     from prefzoo.model import split_refusal, unwrap
 
-    if not getattr(model, "_supports_sdpa", False):
+    if not supports_sdpa(model):
         return
-    old = model.config._attn_implementation
+    old = attn_implementation(model.config)
     try:
         model.set_attn_implementation("sdpa")
     except Exception:  # a model that cannot switch keeps its own attention: nothing to compare

@@ -15,14 +15,15 @@ __all__ = ["evaluate", "tie_note"]
 
 
 def evaluate(
-    loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any, density_ratio: Any = None
+    loss: Any, policy: Any, reference: Any, dataloader: Any, accelerator: Any, gather: Any, density_ratio: Any = None,
+    progress: bool = True,
 ) -> dict[str, float]:
     """Reward accuracy mean(chosen_rewards > rejected_rewards) with the loss's own scores, the share of pairs whose
     scores tie (``eval/ties``: a tie counts as wrong, so a policy equal to its reference has accuracy 0 under a
     reference-based loss), and the mean loss, over every process's share of ``dataloader``.  A pair with a
     non-finite log-prob, loss or reward is counted in ``eval/skipped_pairs`` and left out of the means."""
     correct, ties, losses = [], [], []
-    with Progress(length(dataloader), "evaluating", unit="batches") as bar:  # shown if over 2 s (see showing())
+    with Progress(length(dataloader), "evaluating", unit="batches", enabled=progress) as bar:  # shown if over 2 s
         for pb, out, ok in score_batches(loss, policy, reference, dataloader, accelerator.autocast, gather,
                                          density_ratio):  # fmt: skip
             nan = torch.full_like(out.losses, math.nan, dtype=torch.float32)

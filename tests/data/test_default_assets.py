@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 default = pytest.importorskip("prefzoo.data.default")
+policy = pytest.importorskip("prefzoo.model.default_policy")
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_default_assets.py"
 
 SHIPPED = ["config.json", "generation_config.json", "model.safetensors", "prefzoo_warmup.json", "tokenizer.json"]
 SHIPPED += ["tokenizer_config.json"]
@@ -22,8 +25,8 @@ REPRODUCED_WITH = ("5.23.", "5.24.")
 
 def test_shipped_policy_is_built_for_the_current_task_version():
     stats = json.loads((default.ASSET_DIR / default.STATS_FILE).read_text())
-    key = default._cache_key(default.WarmupConfig(), default.SHIPPED_SEED)
-    assert stats["cache_key"] == key, "regenerate: python -m prefzoo.data.build_default_assets"
+    key = default.cache_key(default.WarmupConfig(), default.SHIPPED_SEED)
+    assert stats["cache_key"] == key, "regenerate: python scripts/build_default_assets.py"
     assert sorted(p.name for p in default.ASSET_DIR.iterdir()) == sorted(SHIPPED)
     assert sum(p.stat().st_size for p in default.ASSET_DIR.iterdir()) < 1_000_000  # package data stays small
 
@@ -32,8 +35,8 @@ def test_first_load_uses_the_shipped_files_without_any_warm_up(tmp_path, monkeyp
     def no_warm_up(*args, **kwargs):
         raise AssertionError("load_default_task() ran the warm-up although the policy ships with the package")
 
-    monkeypatch.setattr(default, "warm_up", no_warm_up)
-    task = default.load_default_task(cache_dir=tmp_path / "empty-cache", seed=0)
+    monkeypatch.setattr(policy, "warm_up", no_warm_up)
+    task = policy.load_default_task(cache_dir=tmp_path / "empty-cache", seed=0)
     assert task.model_dir == default.ASSET_DIR
     assert not (tmp_path / "empty-cache").exists() or not any((tmp_path / "empty-cache").iterdir())
     model, tok = task.load_model(), task.load_tokenizer()
@@ -42,9 +45,9 @@ def test_first_load_uses_the_shipped_files_without_any_warm_up(tmp_path, monkeyp
     assert task.warmup_stats["final_loss"] < 1.0 and "cache_key" not in task.warmup_stats
     # another seed, or another warm-up, is not what ships: it is built in the cache (here: refused)
     with pytest.raises(AssertionError, match="ran the warm-up"):
-        default.load_default_task(cache_dir=tmp_path, seed=1)
+        policy.load_default_task(cache_dir=tmp_path, seed=1)
     with pytest.raises(AssertionError, match="ran the warm-up"):
-        default.load_default_task(cache_dir=tmp_path, warmup=replace(default.WarmupConfig(), steps=999))
+        policy.load_default_task(cache_dir=tmp_path, warmup=replace(default.WarmupConfig(), steps=999))
 
 
 def _json_without_versions(text: str) -> dict:
@@ -70,7 +73,7 @@ def test_build_script_reproduces_the_shipped_files_bit_for_bit(tmp_path):
                     "the default task to move them")
     out = tmp_path / "default-task"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}
-    cmd = [sys.executable, "-m", "prefzoo.data.build_default_assets", "--out", str(out), "--no-progress"]
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--no-progress"]
     subprocess.run(cmd, env=env, check=True, timeout=1200, capture_output=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(SHIPPED)
     for name in SHIPPED:
@@ -78,4 +81,4 @@ def test_build_script_reproduces_the_shipped_files_bit_for_bit(tmp_path):
         if name.endswith(".json") and name not in ("prefzoo_warmup.json", "tokenizer.json"):
             assert _json_without_versions(new.decode()) == _json_without_versions(old.decode()), name
         else:
-            assert new == old, f"{name} differs: regenerate with python -m prefzoo.data.build_default_assets"
+            assert new == old, f"{name} differs: regenerate with python scripts/build_default_assets.py"

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from prefzoo.data.default import WarmupConfig, load_default_task
+from prefzoo.data.default import WarmupConfig
+from prefzoo.model import load_default_task
 
 TINY = WarmupConfig(steps=3, batch_size=4, warmup_steps=1)  # not the shipped policy: built in the cache
 
@@ -31,7 +32,7 @@ def test_a_half_written_cache_is_detected_and_rebuilt(tmp_path, caplog, damage):
     killed = tmp_path / (first.name + ".tmp-killed")  # what a build killed while saving leaves behind
     killed.mkdir()
     (killed / "config.json").write_text("{")
-    with caplog.at_level(logging.WARNING, logger="prefzoo.data.default"):
+    with caplog.at_level(logging.WARNING, logger="prefzoo.model.default_policy"):
         again = load_default_task(tmp_path, seed=1, warmup=TINY)
     assert again.model_dir == first and _weights(first) == good  # rebuilt bit for bit
     assert f"default-task cache {first} is incomplete" in caplog.text
@@ -42,6 +43,6 @@ def test_a_half_written_cache_is_detected_and_rebuilt(tmp_path, caplog, damage):
 def test_a_complete_cache_is_reused_without_a_rebuild(tmp_path, caplog):
     first = load_default_task(tmp_path, seed=1, warmup=TINY).model_dir
     mtime = (first / "model.safetensors").stat().st_mtime_ns
-    with caplog.at_level(logging.WARNING, logger="prefzoo.data.default"):
+    with caplog.at_level(logging.WARNING, logger="prefzoo.model.default_policy"):
         load_default_task(tmp_path, seed=1, warmup=TINY)
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime and "incomplete" not in caplog.text

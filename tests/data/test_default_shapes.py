@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefzoo.data import synthetic
-from prefzoo.data.default import load_default_task
+from prefzoo.model import load_default_task
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from prefzoo.data.length_groups import LengthGroupedSampler, padding_fraction
+from prefzoo.data.length_groups import LengthGroupedSampler
+from prefzoo.model.fast.choice import padding_fraction
 from tests.train.helpers import base_config, max_param_diff, params_of, run_inprocess
 
 

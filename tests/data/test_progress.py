@@ -62,7 +62,7 @@ def test_a_log_gets_a_line_after_the_delay_then_every_interval_and_a_last_one(mo
 
 
 def test_a_short_phase_an_interrupted_one_or_a_switched_off_one_prints_nothing(monkeypatch):
-    from prefzoo.data.progress import Progress, showing
+    from prefzoo.data.progress import Progress
 
     stream = io.StringIO()
     with Progress(10, "quick", stream=stream) as bar:  # done in well under the 2 s delay
@@ -73,7 +73,7 @@ def test_a_short_phase_an_interrupted_one_or_a_switched_off_one_prints_nothing(m
             raise KeyboardInterrupt
     except KeyboardInterrupt:
         pass
-    with showing(False), Progress(10, "off", stream=stream, delay=0.0) as bar:
+    with Progress(10, "off", stream=stream, delay=0.0, enabled=False) as bar:
         bar.update(10)
     assert stream.getvalue().splitlines() == ["interrupted: 5/10 rows (50%), 0 s, about 0 s left"]
 
@@ -88,3 +88,26 @@ def test_the_bar_does_not_reach_a_mapped_function_s_fingerprint():
     closed = Hasher.hash(fn)
     with Progress(10, "tokenizing", stream=io.StringIO()) as bar, bar.counting():
         assert Hasher.hash(fn) == closed  # the same cache key whether or not a bar is counting
+
+
+def test_whoever_tokenizes_says_whether_the_bar_shows(monkeypatch):
+    """No process-wide switch: ``progress`` travels with the call (the trainer passes False for --no-progress and on
+    every process but rank 0)."""
+    import datasets
+
+    import prefzoo.data.tokenize as tokenize
+    from prefzoo.data.progress import Progress
+    from prefzoo.testing import char_tokenizer
+
+    seen = []
+
+    class Recorder(Progress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.enabled)
+
+    monkeypatch.setattr(tokenize, "Progress", Recorder)
+    ds = datasets.Dataset.from_list([{"id": "a", "prompt": "1+1=", "chosen": "2", "rejected": "3"}])
+    for progress in (False, True):
+        tokenize.tokenize_pairs(ds, char_tokenizer("0123456789+="), 8, 4, progress=progress)
+    assert seen == [False, True]

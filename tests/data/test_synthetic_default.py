@@ -12,13 +12,14 @@ pytest.importorskip("datasets")
 
 from prefzoo.data import default as D
 from prefzoo.eval.default_task import evaluate_policy
+from prefzoo.model import default_policy as P
 
 TINY = D.WarmupConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, steps=8, batch_size=16)
 
 
 @pytest.fixture(scope="module")
 def tiny_task(tmp_path_factory):
-    return D.load_default_task(cache_dir=tmp_path_factory.mktemp("cache"), seed=0, warmup=TINY)
+    return P.load_default_task(cache_dir=tmp_path_factory.mktemp("cache"), seed=0, warmup=TINY)
 
 
 def test_contract(tiny_task) -> None:
@@ -44,8 +45,8 @@ def test_cached_second_call_does_not_rebuild(tiny_task, monkeypatch) -> None:
     def boom(*a, **k):
         raise AssertionError("rebuilt a cached model")
 
-    monkeypatch.setattr(D, "warm_up", boom)
-    again = D.load_default_task(cache_dir=tiny_task.model_dir.parent, seed=0, warmup=TINY)
+    monkeypatch.setattr(P, "warm_up", boom)
+    again = P.load_default_task(cache_dir=tiny_task.model_dir.parent, seed=0, warmup=TINY)
     assert again.model_dir == tiny_task.model_dir
     assert again.train["chosen"] == tiny_task.train["chosen"]  # pairs are regenerated identically
 
@@ -64,9 +65,9 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch) -> None:
     def fail(*a, **k):
         raise RuntimeError("killed mid-build")
 
-    monkeypatch.setattr(D, "warm_up", fail)
+    monkeypatch.setattr(P, "warm_up", fail)
     with pytest.raises(RuntimeError):
-        D.load_default_task(cache_dir=tmp_path, warmup=TINY)
+        P.load_default_task(cache_dir=tmp_path, warmup=TINY)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
@@ -82,8 +83,8 @@ def test_evaluate_policy_against_itself_is_all_ties(tiny_task) -> None:
 def test_warmup_is_deterministic(tmp_path) -> None:
     import torch
 
-    a = D.load_default_task(cache_dir=tmp_path / "a", warmup=TINY).load_model()
-    b = D.load_default_task(cache_dir=tmp_path / "b", warmup=TINY).load_model()
+    a = P.load_default_task(cache_dir=tmp_path / "a", warmup=TINY).load_model()
+    b = P.load_default_task(cache_dir=tmp_path / "b", warmup=TINY).load_model()
     for (n, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(p, q), n
 
@@ -140,7 +141,7 @@ def preference_train(task, loss_name: str, lr: float = 2e-4, batch: int = 8, see
 
 @pytest.mark.slow
 def test_real_default_task_is_imperfect_on_addition_and_good_at_reversal() -> None:
-    t = D.load_default_task()  # the real one: built once (~45 s on 2 cores), then cached
+    t = P.load_default_task()  # the real one: built once (~45 s on 2 cores), then cached
     m, tok = t.load_model(), t.load_tokenizer()
     res = evaluate_policy(t, m, tok, m)
     assert 0.15 < res["addition_accuracy"] < 0.6, res
@@ -151,7 +152,7 @@ def test_real_default_task_is_imperfect_on_addition_and_good_at_reversal() -> No
 @pytest.mark.parametrize("loss_name", ["mmpo", "dpo"])
 def test_preference_training_improves_the_oracle_win_rate(loss_name: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    t = D.load_default_task()
+    t = P.load_default_task()
     policy, tok = preference_train(t, loss_name, lr=1e-4 if loss_name == "dpo" else 2e-4)
     res = evaluate_policy(t, policy, tok)
     assert res["win_rate"] > 0.55, res

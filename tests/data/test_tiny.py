@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from prefzoo.data import default as D
+from prefzoo.model import default_policy as P
 from prefzoo.testing import char_tokenizer, tiny_causal_lm
 from tests.support.tiny import build_model, build_tokenizer
 
@@ -33,7 +34,7 @@ def _same_weights(a, b) -> bool:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_default_task_model_is_bit_identical_to_before(seed) -> None:
     tok = D.build_tokenizer()
-    model = D.build_model(D.WarmupConfig(), tok, seed)
+    model = P.build_model(D.WarmupConfig(), tok, seed)
     old = _historical_default_model(tok, seed)
     assert _same_weights(model, old)
     assert model.config.to_dict() == old.config.to_dict()
@@ -41,13 +42,13 @@ def test_the_default_task_model_is_bit_identical_to_before(seed) -> None:
     # the tokenizer and the cache key (which folds in the alphabet and the sizes) did not move either
     assert tok("rev abc=").input_ids == [1, 34, 21, 38, 16, 17, 18, 19, 15]  # <bos> then one id per character
     assert len(tok) == 43 and tok.decode(tok("12+3=", add_special_tokens=False).input_ids) == "12+3="
-    assert D._cache_key(D.WarmupConfig(), 0) == "default-task-v2-seed0-62545d3e8e"
+    assert D.cache_key(D.WarmupConfig(), 0) == "default-task-v2-seed0-62545d3e8e"
 
 
 def test_public_builder_defaults_are_the_default_task_model() -> None:
     model, tok = tiny_causal_lm(seed=5)
     assert tok.get_vocab() == D.build_tokenizer().get_vocab()
-    assert _same_weights(model, D.build_model(D.WarmupConfig(), D.build_tokenizer(), 5))
+    assert _same_weights(model, P.build_model(D.WarmupConfig(), D.build_tokenizer(), 5))
     other, _ = tiny_causal_lm(seed=6)
     assert not _same_weights(model, other)
 

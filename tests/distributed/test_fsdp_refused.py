@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("accelerate")
 
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.engines.launch import build_accelerator
+from prefzoo.train.engines.accelerator import build_accelerator
 
 
 def test_accelerate_fsdp_without_gpu_is_refused(monkeypatch, tmp_path):

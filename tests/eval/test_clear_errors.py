@@ -34,12 +34,12 @@ def test_win_rate_lengths_are_the_generated_tokens():
 
 
 def _no_default_task(monkeypatch):
-    import prefzoo.data.default
+    import prefzoo.model
 
     def refuse(*a, **k):
         raise AssertionError("the default task was mixed into a user's evaluation")
 
-    monkeypatch.setattr(prefzoo.data.default, "load_default_task", refuse)
+    monkeypatch.setattr(prefzoo.model, "load_default_task", refuse)
 
 
 def test_reward_accuracy_of_a_user_model_needs_a_baseline(monkeypatch, capsys, causal_dirs, tmp_path):

@@ -1,6 +1,5 @@
-"""Building the Accelerator (prefzoo/train/engines/launch.py): the run's settings reach accelerate, DeepSpeed on CPU
-gets
-its one-process environment, and settings accelerate would ignore or cannot honour are one line each."""
+"""Building the Accelerator (prefzoo/train/engines/accelerator.py): the run's settings reach accelerate, DeepSpeed on
+CPU gets its one-process environment, and settings accelerate would ignore or cannot honour are one line each."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.engines import build_accelerator
+from prefzoo.train.engines import EngineSettings, build_accelerator, engine_for
+from prefzoo.train.engines import accelerator as distributed
 from prefzoo.train.engines import deepspeed as ds_engine
-from prefzoo.train.engines import launch as distributed
 from prefzoo.train.engines.deepspeed import DeepSpeedMissingError, deepspeed_config
 
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
@@ -41,6 +40,17 @@ def _clear(monkeypatch) -> None:
 
 def _cfg(**kw) -> TrainConfig:
     return dataclasses.replace(TrainConfig(), cpu=True, **kw)
+
+
+def test_the_engines_read_only_their_share_of_the_run_config():
+    """An engine keeps the EngineSettings of a TrainConfig, each field as the run set it (and no other field)."""
+    cfg = _cfg(deepspeed="zero2", grad_accum=3, seed=7, logp_chunk_size=64, merge_lora=True, dist_timeout=5.0)
+    settings = EngineSettings.of(cfg)
+    for f in dataclasses.fields(EngineSettings):
+        assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
+    assert EngineSettings.of(settings) is settings
+    engine = engine_for(cfg)
+    assert engine.cfg == settings and not isinstance(engine.cfg, TrainConfig)
 
 
 def test_the_runs_settings_reach_the_accelerator(tmp_path, monkeypatch):
@@ -122,12 +132,11 @@ def test_accelerates_own_fsdp_flag_is_refused_where_it_would_be_ignored(monkeypa
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     if flag is not None:
         monkeypatch.setenv("ACCELERATE_USE_FSDP", flag)
-    cfg = _cfg(deepspeed=deepspeed)
     if message is None:
-        distributed._refuse_ignored_fsdp(cfg, no_gpu)
+        distributed._refuse_ignored_fsdp(deepspeed, no_gpu)
         return
     with pytest.raises(ConfigError) as e:
-        distributed._refuse_ignored_fsdp(cfg, no_gpu)
+        distributed._refuse_ignored_fsdp(deepspeed, no_gpu)
     assert str(e.value) == message
 
 

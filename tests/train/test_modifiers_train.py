@@ -8,11 +8,12 @@ import math
 import pytest
 
 default = pytest.importorskip("prefzoo.data.default")
+load_default_task = pytest.importorskip("prefzoo.model").load_default_task
 
 
 @pytest.fixture(scope="module")
 def task():
-    return default.load_default_task(seed=0)
+    return load_default_task(seed=0)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from tests.train.helpers import base_config, max_param_diff, run_inprocess, run_
 
 @pytest.fixture(scope="module")
 def task() -> Any:
-    from prefzoo.data.default import load_default_task
+    from prefzoo.model import load_default_task
 
     return load_default_task(seed=0, progress=False)
 

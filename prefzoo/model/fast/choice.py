@@ -33,6 +33,7 @@ __all__ = [
     "LengthStats",
     "choose_fast_paths",
     "length_stats",
+    "padding_fraction",
     "switch_value",
 ]
 
@@ -58,6 +59,12 @@ def switch_value(name: str, value: object) -> str:
     raise ValueError(f"{name}={value!r}: choose auto, on or off (true/false also work)")
 
 
+def padding_fraction(row_lengths: Sequence[Sequence[int]]) -> float:
+    """Share of padded positions in batches given as lists of row lengths (each batch padded to its longest row)."""
+    total = sum(max(rows) * len(rows) for rows in row_lengths if rows)
+    return 0.0 if total == 0 else 1.0 - sum(sum(rows) for rows in row_lengths) / total
+
+
 @dataclass(frozen=True)
 class LengthStats:
     """Token-length statistics of a run's training pairs at its micro-batch size."""
@@ -70,8 +77,6 @@ class LengthStats:
 
 def length_stats(triples: Sequence[tuple[int, int, int]], batch_size: int, seed: int = 0) -> LengthStats:
     """Statistics of (|x|, |y_w|, |y_l|) per pair; padding from one seeded shuffle cut into micro-batches."""
-    from prefzoo.data.length_groups import padding_fraction  # torch: not at config-validation time
-
     plain_tokens = sum(2 * x + w + r for x, w, r in triples)
     saving = sum(x for x, _, _ in triples) / plain_tokens if plain_tokens else 0.0
     order = random.Random(seed).sample(range(len(triples)), len(triples))

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import saved_tensor_hooks_active
+
 __all__ = ["SiluMul", "fuse_gated_mlps", "silu_mul"]
 
 
@@ -66,10 +68,7 @@ def _silu_product(g: Tensor, u: Tensor) -> Tensor:
 
 def _other_saved_tensor_hooks() -> bool:
     """Saved-tensor hooks already active (checkpointing, offloading): they decide what is kept, not this module."""
-    try:
-        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-    except AttributeError:  # a torch without the query: do not nest
-        return True
+    return saved_tensor_hooks_active()
 
 
 class _Recipe:

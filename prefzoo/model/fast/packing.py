@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import attn_implementation
 from prefzoo.model.arch import shared_prompt_refusal, varlen_attention
 from prefzoo.model.fast.prompt import (
     CHOSEN,
@@ -73,7 +74,7 @@ def packing_refusal(backbone: nn.Module, config: Any) -> str | None:
 
 def varlen_shared_refusal(config: Any) -> str:
     """The one-line refusal of the shared-prompt layout under a flash-attention kernel."""
-    impl = getattr(config, "_attn_implementation", None)
+    impl = attn_implementation(config)
     return (
         f"share_prompt: {impl} attention separates packed sequences by their boundaries only and cannot keep the "
         f"rejected completion from seeing the chosen one: turn share_prompt off (packing still works) or load the "

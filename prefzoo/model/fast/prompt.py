@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from prefzoo._thirdparty import attn_implementation
 from prefzoo.model.arch import ATTENTION_TYPES, attention_layer_types, shared_prompt_refusal, sliding_window
 from prefzoo.model.fast.split import segment_lengths, split_attention, split_plan, split_refusal
 
@@ -87,7 +88,7 @@ def _attention_mask_for(config: Any, allowed: Tensor, dtype: torch.dtype, featur
     conversions (measured on the UltraFeedback-shaped `simpo` step: peak RSS 1,687 → 1,620 MB).  Eager attention
     adds the mask to the scores; it gets the dtype's minimum, as transformers' own masks do.
     """
-    impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
+    impl = attn_implementation(config, "sdpa") or "sdpa"
     if impl in ("sdpa", "eager"):
         fill = float("-inf") if impl == "sdpa" else torch.finfo(dtype).min
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, fill)

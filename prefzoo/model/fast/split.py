@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from prefzoo._attrs import temporarily
-from prefzoo.data.collate import PreferenceCollator
+from prefzoo._thirdparty import attn_implementation, using_attn_implementation
+from prefzoo.types import SEGMENT_CHOSEN, SEGMENT_PAD, SEGMENT_PROMPT, SEGMENT_REJECTED
 
 __all__ = [
     "IMPLEMENTATION",
@@ -62,10 +62,10 @@ __all__ = [
 
 IMPLEMENTATION = "prefzoo_split_sdpa"
 PAD, PROMPT, CHOSEN, REJECTED = (  # segment ids, as PreferenceCollator(share_prompt=True) writes them
-    PreferenceCollator.SEGMENT_PAD,
-    PreferenceCollator.SEGMENT_PROMPT,
-    PreferenceCollator.SEGMENT_CHOSEN,
-    PreferenceCollator.SEGMENT_REJECTED,
+    SEGMENT_PAD,
+    SEGMENT_PROMPT,
+    SEGMENT_CHOSEN,
+    SEGMENT_REJECTED,
 )
 _FEATURES = ("softcap", "position_bias", "s_aux", "sinks")  # attention features the split does not reproduce
 # devices where a flat row's split runs row by row (:func:`_rows_split`): a CPU kernel call costs microseconds, so
@@ -188,7 +188,7 @@ def split_refusal(backbone: Any, config: Any) -> str | None:
     """Why this decoder's shared forward cannot take the split (one line), or None when it can."""
     from prefzoo.model.arch import attention_layer_types, text_config
 
-    impl = getattr(config, "_attn_implementation", None)
+    impl = attn_implementation(config)
     if impl != "sdpa":
         return f"attention implementation {impl!r}, not 'sdpa'"
     if getattr(backbone, "gradient_checkpointing", False):
@@ -330,5 +330,5 @@ def split_attention(config: Any, on: bool = True) -> Iterator[None]:
         yield
         return
     _register()
-    with temporarily(config, "_attn_implementation", IMPLEMENTATION):
+    with using_attn_implementation(config, IMPLEMENTATION):
         yield

@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from prefzoo._dist import local_world_size
 from prefzoo._safefs import write_text_nofollow
 from prefzoo.train.checkpoint.save import (
     COMPLETE_MARKER,
@@ -54,7 +55,7 @@ def _node_rank(process_index: int) -> int:
     """This process's node: the launcher's GROUP_RANK (torchrun, accelerate launch), else rank // local world."""
     if os.environ.get("GROUP_RANK"):
         return int(os.environ["GROUP_RANK"])
-    return process_index // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return process_index // max(1, local_world_size())
 
 
 @dataclass(frozen=True)
@@ -307,11 +308,12 @@ def lost_ranks(wait_s: float) -> list[int] | None:
     """
     try:
         import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
+
+        from prefzoo._thirdparty import default_store
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        store = c10d._get_default_store()
+        store = default_store()
         store.set_timeout(timedelta(seconds=max(1.0, wait_s)))
         rank, world = dist.get_rank(), dist.get_world_size()
         store.set(f"prefzoo/alive/{rank}", socket.gethostname())

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from prefzoo._dist import local_rank
 from prefzoo._filelock import file_lock
 from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
@@ -97,7 +98,7 @@ class OutputDirHoldsRunError(ConfigError):
 
 
 def _local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+    return local_rank()
 
 
 @contextlib.contextmanager

@@ -149,13 +149,14 @@ def dcp_reader(folder: Path) -> Any:
 def dcp_planner() -> Any:
     """DCP's default load planner, reading non-tensor items with ``weights_only=True`` (DCP uses full pickle)."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint._traverse import set_element
+
+    from prefzoo._thirdparty import dcp_set_element
 
     class _SafePlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             obj = safe_torch_load(value)
             if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+                dcp_set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
 
@@ -271,9 +272,9 @@ def refuse_pickles(folder: Path, accelerator: Any, node_local: bool, allowed: Se
 
 
 def _local_world(accelerator: Any) -> int:
-    import os
+    from prefzoo._dist import local_world_size
 
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+    return local_world_size(accelerator.num_processes)
 
 
 def _gather(accelerator: Any, obj: Any) -> list[Any]:

@@ -7,13 +7,14 @@ the Accelerator, shards, wraps, checkpoints and gathers through the engine and n
 
 from __future__ import annotations
 
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.accelerator import build_accelerator, end_accelerator
+from prefzoo.train.engines.base import Engine, EngineSettings
 from prefzoo.train.engines.choice import engine_for, resume_refusal
-from prefzoo.train.engines.launch import build_accelerator, end_accelerator
 
 __all__ = [
     "ENGINE_PACKAGES",
     "Engine",
+    "EngineSettings",
     "build_accelerator",
     "end_accelerator",
     "engine_for",

@@ -8,15 +8,50 @@ and never tests which one it has; what an engine cannot run with is declared in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from prefzoo._thirdparty import loading_state_without_models
 from prefzoo.errors import ConfigError
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineSettings"]
 
 # the option of each TrainConfig key an engine may refuse, as a user types it
 _OPTIONS = {"merge_lora": "--merge-lora", "density_ratio": "--density-ratio", "online": "--online"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engines and the Accelerator read of a run's settings (the TrainConfig fields of the same names)."""
+
+    deepspeed: str | None = None  # zero2 | zero3 | a JSON config
+    fsdp: bool = False
+    fsdp_sharding: str = "full"
+    fsdp_shard_size: int | None = None
+    fsdp_cpu_offload: bool = False
+    cpu: bool = False
+    dist_timeout: float = 1800.0  # seconds a collective waits for a peer
+    per_device_batch_size: int = 2
+    grad_accum: int = 16
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "no"
+    seed: int = 42
+    logp_chunk_size: int = 1024  # the frozen reference's log-prob chunks
+    model: str | None = None  # ZeRO-3 loads the starting model again for its reference
+    trust_remote_code: bool = False
+    # the options an engine may refuse (Engine.unsupported)
+    merge_lora: bool = False
+    density_ratio: bool = False
+    online: bool = False
+
+    @classmethod
+    def of(cls, cfg: Any) -> EngineSettings:
+        """The engine's share of ``cfg`` (a TrainConfig, or any object with these attributes; absent ones default)."""
+        if isinstance(cfg, cls):
+            return cfg
+        defaults = cls()
+        return cls(**{f.name: getattr(cfg, f.name, getattr(defaults, f.name)) for f in fields(cls)})
 
 
 class Engine:
@@ -38,7 +73,7 @@ class Engine:
     unsupported: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg: Any) -> None:
-        self.cfg = cfg
+        self.cfg: EngineSettings = EngineSettings.of(cfg)  # what the engine reads of the run's settings
         self.node_local = False  # each node writes its own output dir (set by use_node_local_storage)
 
     @property
@@ -110,12 +145,8 @@ class Engine:
         if not has_dcp(folder):
             accelerator.load_state(str(folder))
             return
-        models, optimizers = accelerator._models, accelerator._optimizers
-        accelerator._models, accelerator._optimizers = [], []  # not in accelerate's files: in dcp/
-        try:
+        with loading_state_without_models(accelerator):  # model and optimizer are not in accelerate's files: dcp/
             accelerator.load_state(str(folder))
-        finally:
-            accelerator._models, accelerator._optimizers = models, optimizers
         load_dcp(accelerator.unwrap_model(policy), getattr(optimizer, "optimizer", optimizer), folder)
 
     def full_state_dict(self, accelerator: Any, policy: Any) -> dict[str, Any] | None:

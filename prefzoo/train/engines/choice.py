@@ -5,20 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from prefzoo.errors import ConfigError
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.base import Engine, EngineSettings
 
 __all__ = ["engine_for", "resume_refusal"]
 
 
 def engine_for(cfg: Any) -> Engine:
-    """The engine ``cfg`` (a TrainConfig) asks for; settings that need another engine are one line."""
-    if getattr(cfg, "fsdp", False):
+    """The engine ``cfg`` (a TrainConfig, or its :class:`EngineSettings`) asks for; settings that need another engine
+    are one line.  The engine keeps only its :class:`EngineSettings`."""
+    cfg = EngineSettings.of(cfg)
+    if cfg.fsdp:
         from prefzoo.train.engines.fsdp import FsdpEngine
 
         return FsdpEngine(cfg)
-    if getattr(cfg, "fsdp_cpu_offload", False):
+    if cfg.fsdp_cpu_offload:
         raise ConfigError("fsdp_cpu_offload=true needs --fsdp: add --fsdp, or drop --fsdp-cpu-offload")
-    if getattr(cfg, "deepspeed", None):
+    if cfg.deepspeed:
         from prefzoo.train.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(cfg)

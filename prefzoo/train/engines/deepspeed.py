@@ -14,15 +14,14 @@ drops the step at the boundary, or, where it would not, the run stops with a mes
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
-import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from prefzoo._thirdparty import one_process_group_env, prepared_models, skip_deepspeed_shm_build
 from prefzoo.errors import ConfigError, install_hint
 from prefzoo.train.engines.base import Engine
 
@@ -75,7 +74,7 @@ class DeepSpeedEngine(Engine):
             kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]
         cfg = self.cfg
         ds_cfg = deepspeed_config(
-            cfg.deepspeed, cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
+            cast(str, cfg.deepspeed), cfg.per_device_batch_size, cfg.grad_accum, cfg.max_grad_norm, cfg.mixed_precision
         )
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds_cfg, zero3_init_flag=False)
         return kwargs
@@ -95,7 +94,7 @@ class DeepSpeedEngine(Engine):
         from prefzoo.scoring import FrozenReference
 
         cfg = self.cfg
-        ref_lm, _, _ = load_model_and_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        ref_lm, _, _ = load_model_and_tokenizer(cast(str, cfg.model), trust_remote_code=cfg.trust_remote_code)
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ds_cfg = {k: v for k, v in copy.deepcopy(ds_config).items() if k not in ("optimizer", "scheduler")}
         module = PolicyLogps(ref_lm, cfg.logp_chunk_size, packing=policy.packing)
@@ -116,7 +115,7 @@ class DeepSpeedEngine(Engine):
     def load_state(self, accelerator: Any, policy: Any, optimizer: Any, folder: Path) -> None:
         """accelerate's state, DeepSpeed's files read with ``torch.load(weights_only=True)`` (DeepSpeed's own
         checkpoint engine would unpickle them in full)."""
-        for model in accelerator._models:
+        for model in prepared_models(accelerator):
             read_with_weights_only(model, self.checkpoint_globals())
         super().load_state(accelerator, policy, optimizer, folder)
 
@@ -223,28 +222,8 @@ def _user_deepspeed_config(spec: str) -> dict[str, Any]:
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _prepare_deepspeed_on_cpu() -> None:
     """DeepSpeed without a GPU: CPU accelerator, skip the JIT shared-memory op build, single-process env vars."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    try:
-        comm: Any = importlib.import_module("deepspeed.comm.torch")
-        comm.build_shm_op = lambda: None  # identical results, no 40 s build
-    except Exception:  # older/newer deepspeed without it: nothing to skip
-        pass
-    if "RANK" not in os.environ:  # plain `python`, not a launcher: a one-process group
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
-        )
-
-
+    skip_deepspeed_shm_build()  # identical results, no 40 s build
+    one_process_group_env()  # plain `python`, not a launcher: a one-process group

@@ -22,24 +22,25 @@ tensors) loads here too.  The final model is gathered into a full state dict on 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from prefzoo._dist import local_world_size
+from prefzoo._thirdparty import no_split_modules
 from prefzoo.errors import ConfigError
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.base import Engine, EngineSettings
 
 __all__ = ["FsdpEngine", "mesh_shape"]
 
 
-def mesh_shape(cfg: Any, num_processes: int) -> tuple[int, ...]:
+def mesh_shape(cfg: EngineSettings, num_processes: int) -> tuple[int, ...]:
     """The device mesh: ``(N,)`` for full / shard_grad_op, ``(N / shard, shard)`` (replicas, shard) for hybrid."""
     if cfg.fsdp_sharding != "hybrid":
         return (num_processes,)
-    shard = cfg.fsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE") or num_processes)
+    shard = cfg.fsdp_shard_size or local_world_size(num_processes)
     source = f"--fsdp-shard-size {shard}" if cfg.fsdp_shard_size else f"{shard} processes per node (LOCAL_WORLD_SIZE)"
     if num_processes % shard:
         raise ConfigError(
@@ -53,7 +54,7 @@ def _decoder_layers(module: nn.Module) -> list[nn.Module]:
     """The transformer blocks: modules whose class the model names in ``_no_split_modules`` (accelerate's rule)."""
     names: set[str] = set()
     for m in module.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
+        names.update(no_split_modules(m))
     return [m for m in module.modules() if type(m).__name__ in names]
 
 

@@ -10,13 +10,12 @@ loss's name.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefzoo.data.progress import Progress, showing
+from prefzoo.data.progress import Progress
 from prefzoo.train.callbacks import CallbackList, RunState
 from prefzoo.train.checkpoint.final import write_final_model
 from prefzoo.train.checkpoint.hub import push_folder, visibility_line
@@ -102,8 +101,7 @@ class Run:
 
     def setup(self, train_dataset: Any, eval_dataset: Any) -> None:
         cfg = self.cfg
-        with showing(cfg.progress and os.environ.get("RANK", "0") == "0"):  # tokenizing, the reference precompute
-            self.parts = p = setup(cfg, train_dataset, eval_dataset, self.loss)
+        self.parts = p = setup(cfg, train_dataset, eval_dataset, self.loss)
         acc = p.accelerator
         self.show_progress = cfg.progress and acc.is_main_process
         self.preemption.accelerator = acc
@@ -122,9 +120,8 @@ class Run:
         if cfg.resume:  # the records a killed run logged after the checkpoint this one resumes from are logged again
             self.drop_logged_after(p.start_step)
         self.done = p.start_step >= p.total_steps
-        with showing(self.show_progress):  # a bar on a terminal, a line every 10 s in a log
-            self.bar = Progress(p.total_steps, "prefzoo train", unit="steps", initial=p.start_step, delay=0.0,
-                                leave=True)  # fmt: skip
+        self.bar = Progress(p.total_steps, "prefzoo train", unit="steps", initial=p.start_step, delay=0.0,
+                            leave=True, enabled=self.show_progress)  # a bar on a terminal, a line every 10 s in a log
         self.step = self.build_step(p)
         self.boundary = self.build_boundary(p)
         self.callbacks.call("on_train_begin", self.state)
@@ -213,8 +210,8 @@ class Run:
 
     def evaluate(self) -> None:
         p, state = self.parts, self.state
-        with showing(self.show_progress):
-            ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio)
+        ev = evaluate(p.loss, p.policy, p.reference, p.eval_dl, p.accelerator, p.gather, p.density_ratio,
+                      progress=self.show_progress)  # fmt: skip
         ev.update(epoch=state.epoch, step=state.global_step)
         self.result.evals.append(ev)
         self.writer.write(ev)

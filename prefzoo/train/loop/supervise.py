@@ -8,11 +8,11 @@ into a checkpoint, a failed collective turned into a message, and the callbacks 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefzoo._dist import local_world_size
 from prefzoo.spec import Loss
 from prefzoo.train.callbacks import CallbackList, load_callbacks
 from prefzoo.train.checkpoint.nodes import lost_ranks
@@ -89,7 +89,7 @@ def _peer_failure(e: Exception, output_dir: str, dist_timeout: float) -> PeerFai
 
 def _rank_names(ranks: list[int]) -> list[str]:
     """'1 (node 1)': a rank and its node (ranks are numbered node by node, LOCAL_WORLD_SIZE per node)."""
-    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    per_node = max(1, local_world_size())
     return [f"{r} (node {r // per_node})" for r in ranks]
 
 

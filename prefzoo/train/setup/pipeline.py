@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefzoo._dist import is_rank_zero
 from prefzoo.data.preview import describe_data
 from prefzoo.data.shapes import PAIRS, data_shape
 from prefzoo.model import (
@@ -277,7 +278,7 @@ def _precompute_reference(
         built.reference, procs.accelerator, tok.train, tok.eval, built.collate, identity,
         batch_size=cfg.per_device_batch_size, max_prompt_length=cfg.max_prompt_length,
         max_completion_length=cfg.max_completion_length, mixed_precision=cfg.mixed_precision,
-        cache_dir=cfg.ref_cache_dir,
+        cache_dir=cfg.ref_cache_dir, progress=cfg.progress and is_rank_zero(),
     )
     timings["reference"] = time.perf_counter() - t0
     return reference, ref_kind

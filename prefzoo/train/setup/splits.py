@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prefzoo._dist import is_rank_zero
 from prefzoo.data.cache import checked_map
 from prefzoo.data.formats import DataFormatError, detected_format, load_preference_dataset, normalize, normalize_rows
 from prefzoo.data.groups import completion_encoder, tokenize_lists, tokenize_unpaired
@@ -89,7 +90,8 @@ def prepare_datasets(
             eval_, _ = convert(eval_, plan)
     tokenize = _TOKENIZE.get(plan.batches if plan is not None else "", tokenize_pairs)
     train_tok, train_stats = tokenize(
-        _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
+        _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested,
+        progress=cfg.progress and is_rank_zero(),
     )
     stats: dict[str, Any] = {"train": {**vars(train_stats), "format": fmt}}
     if tied:
@@ -97,7 +99,8 @@ def prepare_datasets(
     eval_tok = None
     if eval_ is not None and len(eval_) > 0:
         eval_tok, eval_stats = tokenize(
-            _prefix_ids(eval_, "eval"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested
+            _prefix_ids(eval_, "eval"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested,
+            progress=cfg.progress and is_rank_zero(),
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():

@@ -9,20 +9,22 @@ from typing import Any
 
 import torch
 
+from prefzoo._thirdparty import reset_accelerate_state
+from prefzoo.train.engines.base import EngineSettings
 from prefzoo.train.engines.choice import engine_for
 
 __all__ = ["build_accelerator", "end_accelerator"]
 
 
-def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:
+def _refuse_ignored_fsdp(deepspeed: str | None, no_gpu: bool) -> None:
     """``accelerate launch --use_fsdp`` where accelerate would quietly run something else: one line, not silent DDP."""
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true", "yes"):
         return
     from prefzoo.train.config import ConfigError
 
-    if cfg.deepspeed:
+    if deepspeed:
         raise ConfigError(
-            f"accelerate launch --use_fsdp together with --deepspeed {cfg.deepspeed}: choose one sharding engine "
+            f"accelerate launch --use_fsdp together with --deepspeed {deepspeed}: choose one sharding engine "
             "(drop --use_fsdp, or drop --deepspeed)"
         )
     if no_gpu:
@@ -34,17 +36,18 @@ def _refuse_ignored_fsdp(cfg: Any, no_gpu: bool) -> None:
 
 
 def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, engine: Any = None) -> Any:
-    """An Accelerator for ``cfg`` (a TrainConfig): processes, accumulation, precision, trackers, and what ``engine``
-    (by default the one ``cfg`` chooses, :func:`prefzoo.train.engines.engine_for`) adds."""
+    """An Accelerator for ``cfg`` (a TrainConfig, or its :class:`EngineSettings`, all that is read): processes,
+    accumulation, precision, trackers, and what ``engine`` (by default the one ``cfg`` chooses,
+    :func:`prefzoo.train.engines.engine_for`) adds."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 
+    cfg = EngineSettings.of(cfg)
     engine = engine or engine_for(cfg)
     no_gpu = cfg.cpu or not torch.cuda.is_available()
-    _refuse_ignored_fsdp(cfg, no_gpu)
+    _refuse_ignored_fsdp(cfg.deepspeed, no_gpu)
     # a collective that waits longer than this for a dead or hung peer fails (the loop turns it into a message)
-    timeout = timedelta(seconds=float(getattr(cfg, "dist_timeout", 1800.0)))
+    timeout = timedelta(seconds=float(cfg.dist_timeout))
     kwargs: dict[str, Any] = {
         "gradient_accumulation_steps": cfg.grad_accum,
         "mixed_precision": cfg.mixed_precision,
@@ -56,8 +59,7 @@ def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, en
     }
     kwargs.setdefault("kwargs_handlers", [InitProcessGroupKwargs(timeout=timeout)])
     # a second run in the same interpreter (notebook, tests) may change precision/accumulation: start afresh
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerate_state()
     return Accelerator(**kwargs)
 
 
