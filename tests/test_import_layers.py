@@ -22,28 +22,30 @@ LAYERS: dict[str, int] = {
     "prefzoo._safefs": 0,  # the package's private helpers, below everything: no-follow file access, ...
     "prefzoo._filelock": 1,
     "prefzoo._attrs": 2,
-    "prefzoo._lazy": 3,
-    "prefzoo._secrets": 4,
-    "prefzoo.types": 5,
-    "prefzoo.errors": 6,
-    "prefzoo.spec": 7,
-    "prefzoo.hookspecs": 8,
-    "prefzoo.losses": 9,
-    "prefzoo.modifiers": 10,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
-    "prefzoo.registry": 11,
-    "prefzoo.data": 12,
-    "prefzoo.model": 13,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
-    "prefzoo": 14,  # the package's __init__: re-exports registry, losses, spec, types and (lazily) sequence_logps
-    "prefzoo.nn": 15,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
-    "prefzoo.judge": 16,  # judges, generation engines, scoring: used by online training and by evaluation
-    "prefzoo.testing": 17,
-    "prefzoo.callbacks": 18,  # the callback API (Callback, RunState): the trainer calls it, evaluation implements it
-    "prefzoo.scoring": 19,  # a batch -> the loss's fields, scoring batches, the reference variants, the gather
-    "prefzoo.train": 20,
-    "prefzoo.eval": 21,  # beside train on scoring and callbacks: reward accuracy, win-rate, lm-eval (no train import)
-    "prefzoo.integrations": 22,  # other trainers (TRL) around prefzoo's losses and scoring's gather (no train import)
-    "prefzoo.cli": 23,
-    "prefzoo.__main__": 24,
+    "prefzoo._thirdparty": 3,  # every use of another library's private names (uses _attrs)
+    "prefzoo._dist": 4,  # the launcher's rank, local rank and processes per node, from the environment
+    "prefzoo._lazy": 5,
+    "prefzoo._secrets": 6,
+    "prefzoo.types": 7,
+    "prefzoo.errors": 8,
+    "prefzoo.spec": 9,
+    "prefzoo.hookspecs": 10,
+    "prefzoo.losses": 11,
+    "prefzoo.modifiers": 12,  # pure functions of tensors like losses (spec, types, hookspecs); the registry sits above
+    "prefzoo.registry": 13,
+    "prefzoo.data": 14,
+    "prefzoo.model": 15,  # loading, architecture adapters, sequence log-probs and their fast paths: no trainer
+    "prefzoo": 16,  # the package's __init__: re-exports registry, losses, spec, types and (lazily) sequence_logps
+    "prefzoo.nn": 17,  # the fused head + any loss as one torch module (model's fused head, the registry): no trainer
+    "prefzoo.judge": 18,  # judges, generation engines, scoring: used by online training and by evaluation
+    "prefzoo.testing": 19,
+    "prefzoo.callbacks": 20,  # the callback API (Callback, RunState): the trainer calls it, evaluation implements it
+    "prefzoo.scoring": 21,  # a batch -> the loss's fields, scoring batches, the reference variants, the gather
+    "prefzoo.train": 22,
+    "prefzoo.eval": 23,  # beside train on scoring and callbacks: reward accuracy, win-rate, lm-eval (no train import)
+    "prefzoo.integrations": 24,  # other trainers (TRL) around prefzoo's losses and scoring's gather (no train import)
+    "prefzoo.cli": 25,
+    "prefzoo.__main__": 26,
 }
 
 # a string constant that names a module of the package, optionally ``:Attr``: an import resolved later
@@ -100,6 +102,12 @@ def _named_module(text: str, files: dict[str, Path]) -> set[str]:
         if ".".join(parts[:n]) in files:
             return {".".join(parts[:n])}
     return set()
+
+
+def _arrow(src: str, dst: str) -> str:
+    """How :func:`upward_arrows` reports ``src -> dst``, with the layers' ranks read from LAYERS."""
+    a, b = layer(src), layer(dst)
+    return f"{src} -> {dst} ({a} is layer {LAYERS[a]}, {b} is layer {LAYERS[b]})"
 
 
 def layer(mod: str) -> str:
@@ -186,8 +194,8 @@ def test_the_checks_see_a_cycle_and_an_upward_arrow(tmp_path) -> None:
     g = import_graph(module_files(pkg))
     assert cycles(g) == [["prefzoo.losses.combine", "prefzoo.registry"]]
     assert upward_arrows(g) == [
-        "prefzoo.data.default -> prefzoo.eval.judges (prefzoo.data is layer 12, prefzoo.eval is layer 21)",
-        "prefzoo.losses.combine -> prefzoo.registry (prefzoo.losses is layer 9, prefzoo.registry is layer 11)",
+        _arrow("prefzoo.data.default", "prefzoo.eval.judges"),
+        _arrow("prefzoo.losses.combine", "prefzoo.registry"),
     ]
     assert g["prefzoo.eval.judges"] == {"prefzoo.registry"}  # relative imports resolve
 
@@ -213,7 +221,7 @@ def test_a_package_on_the_same_layer_is_an_upward_arrow(tmp_path) -> None:
     """Strict layering: eval -> train passes by rank (21 over 20), train -> eval does not, nor two on one layer."""
     graph = {"prefzoo.train.setup": {"prefzoo.eval.reward"}, "prefzoo.eval.reward": {"prefzoo.train.step"}}
     assert upward_arrows(graph) == [
-        "prefzoo.train.setup -> prefzoo.eval.reward (prefzoo.train is layer 20, prefzoo.eval is layer 21)"
+        _arrow("prefzoo.train.setup", "prefzoo.eval.reward")
     ]
     assert len(set(LAYERS.values())) == len(LAYERS)  # one package a layer
 
@@ -249,8 +257,8 @@ def test_a_module_path_string_is_an_arrow(tmp_path) -> None:
     assert g["prefzoo.modifiers.trdpo"] == {"prefzoo.train.loading"}
     assert cycles(g) == [["prefzoo.eval.callbacks", "prefzoo.train.loading"]]
     assert upward_arrows(g) == [
-        "prefzoo.modifiers.trdpo -> prefzoo.train.loading (prefzoo.modifiers is layer 10, prefzoo.train is layer 20)",
-        "prefzoo.train.loading -> prefzoo.eval.callbacks (prefzoo.train is layer 20, prefzoo.eval is layer 21)",
+        _arrow("prefzoo.modifiers.trdpo", "prefzoo.train.loading"),
+        _arrow("prefzoo.train.loading", "prefzoo.eval.callbacks"),
     ]
 
 
