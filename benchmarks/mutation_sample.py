@@ -73,8 +73,8 @@ FIRST: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "prefzoo.train.engines.accelerator",
         (
-            "tests/train/test_deepspeed_config.py",
-            "tests/train/test_accelerator_setup.py",
+            "tests/train/engines/test_deepspeed_config.py",
+            "tests/train/engines/test_accelerator_setup.py",
             "tests/properties/test_mmpo_identity.py",
         ),
     ),

@@ -117,7 +117,7 @@ def quiet_library_noise() -> None:
       without a GPU: ``DS_ACCELERATOR=cpu`` is what it chooses there anyway (and without ``--deepspeed`` it is unused).
 
     No warning category is silenced for the process: a library's FutureWarning reaches the user
-    (tests/train/test_first_run.py checks that a plain run prints none).
+    (tests/train/loop/test_first_run.py checks that a plain run prints none).
     """
     logging.getLogger("accelerate.utils.other").addFilter(_DropMessages("Removed shared tensor"))
     import torch

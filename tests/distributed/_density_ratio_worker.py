@@ -3,7 +3,7 @@
 Each spawned rank builds an ``Accelerator(cpu=True)`` (MULTI_CPU on gloo) and runs
 :func:`prefzoo.train.setup.density_ratio.fit_density_ratio` with the production gather on a small tokenized unpaired
 dataset: each rank embeds its share of the seeded prompt sample (with a fixed token embedding: no model to load, so
-the test stays fast; the trainer's default embedding is tested in tests/train/test_density_ratio.py).
+the test stays fast; the trainer's default embedding is tested in tests/train/setup/test_density_ratio.py).
 """
 
 from __future__ import annotations

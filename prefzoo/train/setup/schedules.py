@@ -7,7 +7,7 @@ schedule that way took the run's start from 7.4 to 11.7 s and its peak RSS from 
 trains no adapter.  The factors below are transformers' (``transformers/optimization.py``, 4.46 to 5.x) term for
 term, except where theirs raises (a polynomial decay whose warm-up fills the run ends at ``lr_end`` instead of
 dividing by zero at its last step), as ``functools.partial`` objects like theirs, so a scheduler state saved by either
-loads into the other.  ``tests/train/test_schedules.py`` checks every name against ``transformers.get_scheduler``:
+loads into the other.  ``tests/train/setup/test_schedules.py`` checks every name against ``transformers.get_scheduler``:
 equal learning rates (``==``, not approximately), equal state dicts, and a resume across the two.
 """
 

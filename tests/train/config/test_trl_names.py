@@ -106,7 +106,7 @@ def test_every_alias_names_a_config_key():
 
 
 def test_the_coming_from_trl_table_in_the_docs_is_the_alias_table():
-    doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "training.md").read_text()
     begin = "<!-- trl-table: generated from prefzoo.train.config.aliases.TRL_OPTIONS -->"
     found = re.search(re.escape(begin) + r"\n(.*?)<!-- /trl-table -->", doc, re.S)
     assert found, "docs/training.md lost its 'Coming from TRL' table markers"

@@ -122,7 +122,7 @@ def test_a_raising_callback_is_one_cli_error_line(tmp_path, tiny_dir, pairs_file
 
     cfg = base_config(tiny_dir, pairs_file, tmp_path / "run")
     args = ["train", *_flags(cfg)]
-    assert main([*args, "--no-progress", "--callback", "tests.train.test_callbacks:Boom"]) == 2
+    assert main([*args, "--no-progress", "--callback", "tests.train.callbacks.test_callbacks:Boom"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("prefzoo train: error")]
     assert len(err) == 1 and "callback 'Boom'" in err[0], err
 
@@ -271,7 +271,7 @@ def test_the_built_in_callbacks_are_entry_points_declared_where_they_live():
     from prefzoo.train.callbacks import EarlyStopping
     from prefzoo.train.callbacks.ref_sync import ReferenceSync
 
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
     eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
     installed = {ep.name: ep.value for ep in eps if ep.dist is not None and ep.dist.name == "prefzoo"}

@@ -8,7 +8,7 @@ from torch import nn
 from prefzoo.model.loading import apply_lora
 from prefzoo.model.logps import PolicyLogps
 from prefzoo.scoring import AdapterDisabledReference
-from tests.train.test_lora import _batch
+from tests.train.setup.test_lora import _batch
 
 
 def _lora_policy(dropout: float):

@@ -113,7 +113,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_dir, pa
     args += ["--callback", "tests.faults.injector:FaultInjector"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PREFZOO_FAULTS": "sleep_step@0", "PREFZOO_FAULT_SLEEP": "0.1"}  # fmt: skip
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefzoo", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         cwd=root,
