@@ -252,14 +252,14 @@ _TEX_SYMBOLS = {
     "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "varepsilon": "ε", "epsilon": "ε",
     "theta": "θ", "lambda": "λ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "psi": "ψ", "sum": "Σ",
     "cdot": "·", "leftarrow": "←", "le": "≤", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋",
-    "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "leq": "≤", "gt": ">", "lt": "<",
+    "mid": "|", "lvert": "|", "rvert": "|", "geq": "≥", "ge": "≥", "leq": "≤", "gt": ">", "lt": "<",
     "equiv": "≡", "approx": "≈", "nabla": "∇", "partial": "∂", "to": "→", "infty": "∞", "Vert": "‖", "ln": "ln",
     "log": "log", "exp": "exp", "max": "max", "min": "min", "quad": " ", "qquad": " ",
 }
 _TEX_DROPPED = ("left", "right", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr")
 _TEX_FUNCTIONS = ("log", "exp", "max", "min", "ln")  # a space after them when a name follows: \log\sigma -> "log σ"
 # commands whose following space is printed: functions, spacing and relations (\leftarrow w -> "← w")
-_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "approx", "to", "geq", "leq", "le", "gt", "lt")
+_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "approx", "to", "geq", "ge", "leq", "le", "gt", "lt")
 
 
 def _command_end(tex: str, i: int) -> int:
