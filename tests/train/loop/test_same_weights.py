@@ -46,14 +46,42 @@ PRE_SPLIT = {  # by torch's CPU capability, then variant
 }
 STACKS = {("2.13.0", "5.23"), ("2.13.0", "5.24")}  # 5.24: the same three digests, recomputed 2026-11-26
 
+# transformers 5.25 initialises the tiny model's weights in another order, so every run differs from the first
+# column.  Recorded 2026-12-06 on the trainer before the scoring layer, the loop room and setup's typed steps
+# (commit b516564): AVX512 natively, AVX2 under ATEN_CPU_CAPABILITY=avx2 on the same machine.  The restructured
+# trainer gives the same bits on both.
+TRANSFORMERS_5_25 = {
+    "AVX2": {
+        "default": "2ccd757e31a3a026122df629556b195b7e6b740b6f7cba5461068a58911fcba5",
+        "lora-dpo-shared-prompt": "03806cd62b20cadfae1cc16f58e2d0be2258fbfa099ca7c6906b1a70602f304a",
+        "precomputed-reference-dpo": "6a386321b03a30908ca3cb8e09bf094f5076f8590185e33d7d64d1680c39cfe3",
+    },
+    "AVX512": {
+        "default": "8488e07ddc2fc8aff81c0e4a3db994a1025a86b086efec0734b5d4344a78785d",
+        "lora-dpo-shared-prompt": "041cf9aa0c9c4c35edb293b9b77c5cb4b394d32e5a9e2c21de84573e4d33b05d",
+        "precomputed-reference-dpo": "7c56a344823520f2f11183de6d5550381ee00620826514428393f8394cf95c8b",
+    },
+}
+
+
+def _recorded() -> dict[str, dict[str, str]] | None:
+    """The digests recorded for this (torch, transformers), by CPU capability; None when none were."""
+    if not torch.__version__.startswith("2.13.0"):
+        return None
+    if transformers.__version__.startswith("5.25"):
+        return TRANSFORMERS_5_25
+    return PRE_SPLIT if any(transformers.__version__.startswith(h) for _, h in STACKS) else None
+
 
 @pytest.mark.parametrize(
     "variant", [pytest.param(v, marks=[] if v == "default" else [pytest.mark.slow]) for v in VARIANTS]
 )
 def test_final_weights_equal_the_pre_split_loop(tmp_path, variant):
-    if not any(torch.__version__.startswith(t) and transformers.__version__.startswith(h) for t, h in STACKS):
-        pytest.skip(f"digests were recorded with (torch, transformers) in {sorted(STACKS)}")
+    recorded = _recorded()
+    if recorded is None:
+        pytest.skip(f"digests were recorded with torch 2.13.0 and transformers 5.23, 5.24, 5.25, not "
+                    f"{torch.__version__}, {transformers.__version__}")
     capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in PRE_SPLIT:
-        pytest.skip(f"digests were recorded on CPU kernels {sorted(PRE_SPLIT)}, not {capability}")
-    assert final_digest(tmp_path, variant) == PRE_SPLIT[capability][variant]
+    if capability not in recorded:
+        pytest.skip(f"digests were recorded on CPU kernels {sorted(recorded)}, not {capability}")
+    assert final_digest(tmp_path, variant) == recorded[capability][variant]
