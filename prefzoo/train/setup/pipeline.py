@@ -75,28 +75,28 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -
     ``loss``: the run's loss, built once from ``cfg`` (:func:`prefzoo.train.setup.loss.build_loss`).  Each step
     takes what it uses and returns a typed result (:mod:`prefzoo.train.setup.stages`).
     """
-    settings = EngineSettings.of(cfg)  # all the engines and the Accelerator read
+    settings, ls = EngineSettings.of(cfg), cfg.loss_section  # the engines' and the Accelerator's; the loss's
     engine = _check_options(loss, settings, cfg.model_section, cfg.precompute_ref)
-    procs = _start_processes(loss, engine, settings, cfg.checkpointing, cfg.loss_section, cfg.report_to)
+    procs = _start_processes(loss, engine, settings, cfg.checkpointing, ls, cfg.report_to)
     chosen = cfg.was_set("per_device_batch_size") or cfg.was_set("grad_accum")
     opt = _check_resume(loss, procs, cfg.optimization, chosen)
     cfg.per_device_batch_size, cfg.grad_accum = opt.per_device_batch_size, opt.grad_accum  # fitted to a checkpoint
     split = SplitSettings(cfg.data, cfg.evaluation, cfg.seed, cfg.progress)
-    data = _read_data(loss, procs, split, cfg.loss_section, cfg.online_section, cfg.skip_batches, train_dataset,
+    data = _read_data(loss, procs, split, ls, cfg.online_section, cfg.skip_batches, train_dataset,
                       eval_dataset)  # fmt: skip
-    data = _check_data(loss, procs, data, cfg.loss_section, cfg.fast_paths, cfg.per_device_batch_size, cfg.online)
+    data = _check_data(loss, procs, data, ls, cfg.fast_paths, cfg.per_device_batch_size, cfg.online)
     model = _load_model(procs, data, cfg.model_section, cfg.data)
-    tok = _tokenize(loss, procs, data, model, split, cfg.loss_section, cfg.model, cfg.mixed_precision)
+    tok = _tokenize(loss, procs, data, model, split, ls, cfg.model, cfg.mixed_precision)
     built = _build_policy(loss, procs, data, model, tok, cfg.model_section, cfg.fast_paths, opt)
     _check_fast_path(cfg.logps_fallback, procs, tok, built)
     wrapped = _shard_and_wrap(opt, procs, data, tok, built, model.tokenizer.pad_token_id)
     timings: dict[str, float] = {}
-    density = _density_ratio(cfg.loss_section, opt, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
-    reference, ref_kind = _precompute_reference(cfg.loss_section, opt, split, procs, tok, built, model.identity,
+    density = _density_ratio(ls, opt, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
+    reference, ref_kind = _precompute_reference(ls, opt, split, procs, tok, built, model.identity,
                                                 timings)  # fmt: skip
     _report(opt, loss, procs, data.plan, ref_kind, wrapped.steps[1])
     acc = procs.accelerator
-    info = d.run_info(cfg.loss_section, opt, cfg.model, model.identity, acc.num_processes, procs.engine, loss)
+    info = d.run_info(ls, opt, cfg.model, model.identity, acc.num_processes, procs.engine, loss)
     parts = Parts(
         cfg, loss, procs.engine, acc, model.tokenizer, wrapped.policy, wrapped.trainable, wrapped.optimizer,
         wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference, make_gather(acc), info, tok.stats,
