@@ -94,9 +94,10 @@ def _data_child(spec: dict[str, Any]) -> dict[str, Any]:
     before = _du(cache)
     if spec["side"] == "prefzoo":
         from prefzoo.train import TrainConfig
-        from prefzoo.train.setup.splits import prepare_datasets
+        from prefzoo.train.setup.splits import SplitSettings, prepare_datasets
 
-        cfg = TrainConfig(model=spec["model_dir"], eval_fraction=0.0, report_to="none", progress=False)
+        run = TrainConfig(model=spec["model_dir"], eval_fraction=0.0, report_to="none", progress=False)
+        cfg = SplitSettings(run.data, run.evaluation, run.seed, run.progress)
         t0 = time.perf_counter()
         prepare_datasets(cfg, tok, train=ds)
         first_s, cache_mb = time.perf_counter() - t0, (_du(cache) - before) / 2**20

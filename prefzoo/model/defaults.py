@@ -151,10 +151,17 @@ class ModelDefaults:
         return {"dropout": self.dropout.as_dict(), "token_limits": self.limits.as_dict()}
 
 
-def apply_model_defaults(cfg: Any, model: nn.Module, tokenizer: Any) -> ModelDefaults:
-    """Dropout off in ``model`` unless ``cfg.keep_dropout``; ``cfg``'s token limits fitted to the model's context.
+def apply_model_defaults(
+    model: nn.Module,
+    tokenizer: Any,
+    max_prompt_length: int | None,
+    max_completion_length: int | None,
+    keep_dropout: bool = False,
+) -> ModelDefaults:
+    """Dropout off in ``model`` unless ``keep_dropout``; the run's token limits (unset: the defaults) fitted to the
+    model's context.
 
     Call it before LoRA adapters are added (their dropout is the user's) and before the reference is copied.
     """
-    limits = fit_to_context(cfg.max_prompt_length, cfg.max_completion_length, model, tokenizer)
-    return ModelDefaults(disable_dropout(model, keep=cfg.keep_dropout), limits)
+    limits = fit_to_context(max_prompt_length, max_completion_length, model, tokenizer)
+    return ModelDefaults(disable_dropout(model, keep=keep_dropout), limits)

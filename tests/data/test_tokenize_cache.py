@@ -74,9 +74,10 @@ def test_the_cached_pass_counts_the_same_without_reading_the_tokenised_columns(t
 def test_the_cached_pass_reads_as_much_at_400_pairs_as_at_40(tmp_path, tokenizer, reads):
     """The whole preparation (normalise, name ids, tokenise): rows read on a cache hit do not grow with the data."""
     from prefzoo.train import TrainConfig
-    from prefzoo.train.setup.splits import prepare_datasets
+    from prefzoo.train.setup.splits import SplitSettings, prepare_datasets
 
-    cfg = TrainConfig(model="unused", eval_fraction=0.0, report_to="none", progress=False)
+    run = TrainConfig(model="unused", eval_fraction=0.0, report_to="none", progress=False)
+    cfg = SplitSettings(run.data, run.evaluation, run.seed, run.progress)
     read = {}
     for n in (40, 400):
         ds = _load(tmp_path / str(n), [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in make_pairs(n)])

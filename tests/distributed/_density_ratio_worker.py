@@ -52,7 +52,7 @@ def fit(accelerator, gather) -> torch.Tensor:
     from prefzoo.train.setup.density_ratio import fit_density_ratio
 
     cfg = TrainConfig(density_ratio=True, density_ratio_prompts=SAMPLE, per_device_batch_size=2, seed=3)
-    w = fit_density_ratio(cfg, None, dataset(), 0, accelerator, gather, embed=embed)
+    w = fit_density_ratio(cfg.loss_section, cfg.optimization, None, dataset(), 0, accelerator, gather, embed=embed)
     return torch.cat((w.classifier.weight, w.classifier.bias.reshape(1)))
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from prefzoo.train.config import ConfigError, TrainConfig
+from prefzoo.train.engines import EngineSettings
 from prefzoo.train.engines.fsdp import FsdpEngine, mesh_shape
 from tests.distributed._nodes import free_port
 from tests.train.helpers import base_config, max_param_diff
@@ -131,13 +132,15 @@ def test_fsdp_resume_equals_uninterrupted_and_final_loads(runs, tiny_dir, pairs_
 
 
 def test_fsdp_where_it_cannot_apply_is_one_line(tmp_path):
-    cfg = TrainConfig(model="m", fsdp=True)
+    cfg = EngineSettings.of(TrainConfig(model="m", fsdp=True))
     with pytest.raises(ConfigError, match="--fsdp with one process has nothing to shard"):
         FsdpEngine(cfg).check(1, no_gpu=True)
     with pytest.raises(ConfigError, match="choose one sharding engine"):
-        FsdpEngine(TrainConfig(model="m", fsdp=True, deepspeed="zero3")).check(2, no_gpu=True)
+        engine = FsdpEngine(EngineSettings.of(TrainConfig(model="m", fsdp=True, deepspeed="zero3")))
+        engine.check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="--fsdp-cpu-offload without a GPU"):
-        FsdpEngine(TrainConfig(model="m", fsdp=True, fsdp_cpu_offload=True)).check(2, no_gpu=True)
+        engine = FsdpEngine(EngineSettings.of(TrainConfig(model="m", fsdp=True, fsdp_cpu_offload=True)))
+        engine.check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="fsdp_sharding='zero3': choose full, shard_grad_op or hybrid"):
         TrainConfig(model="m", fsdp=True, fsdp_sharding="zero3")
     FsdpEngine(cfg).check(2, no_gpu=True)  # two processes on CPU: fine
@@ -163,7 +166,7 @@ def test_hybrid_on_two_nodes_equals_ddp_sharded_in_node_replicated_across(runs):
 
 
 def test_hybrid_mesh_shape_from_the_node_size_or_a_one_line_error(monkeypatch):
-    hybrid = TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid")
+    hybrid = EngineSettings.of(TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid"))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert mesh_shape(hybrid, 4) == (2, 2) and mesh_shape(hybrid, 2) == (1, 2)
     assert mesh_shape(TrainConfig(model="m", fsdp=True), 4) == (4,)
@@ -171,11 +174,12 @@ def test_hybrid_mesh_shape_from_the_node_size_or_a_one_line_error(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # 3 processes per node cannot tile 4
     with pytest.raises(ConfigError, match=r"shard groups of 3 processes per node \(LOCAL_WORLD_SIZE\) do not divide"):
         FsdpEngine(hybrid).check(4, no_gpu=True)
-    odd = TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=3)
+    odd = EngineSettings.of(TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=3))
     with pytest.raises(ConfigError, match="--fsdp-shard-size 3 do not divide the 4 processes: set --fsdp-shard-size"):
         FsdpEngine(odd).check(4, no_gpu=True)
     with pytest.raises(ConfigError, match="it sizes the shard groups of --fsdp-sharding hybrid"):
-        FsdpEngine(TrainConfig(model="m", fsdp=True, fsdp_shard_size=2)).check(2, no_gpu=True)
+        engine = FsdpEngine(EngineSettings.of(TrainConfig(model="m", fsdp=True, fsdp_shard_size=2)))
+        engine.check(2, no_gpu=True)
     with pytest.raises(ConfigError, match="fsdp_shard_size=0 must be >= 1"):
         TrainConfig(model="m", fsdp=True, fsdp_sharding="hybrid", fsdp_shard_size=0)
 

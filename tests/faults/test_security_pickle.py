@@ -168,7 +168,7 @@ def test_the_deepspeed_engine_reads_its_files_with_weights_only(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
     from prefzoo.train.config import TrainConfig
-    from prefzoo.train.engines import engine_for
+    from prefzoo.train.engines import EngineSettings, engine_for
 
     ran = tmp_path / "ran"
     bad = tmp_path / "mp_rank_00_model_states.pt"
@@ -176,7 +176,8 @@ def test_the_deepspeed_engine_reads_its_files_with_weights_only(tmp_path):
     wrapped = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())
     accelerator = SimpleNamespace(_models=[wrapped], load_state=lambda folder: wrapped.checkpoint_engine.load(str(bad)))
     with pytest.raises(pickle.UnpicklingError):
-        engine_for(TrainConfig(model="m", deepspeed="zero2")).load_state(accelerator, None, None, tmp_path)
+        engine = engine_for(EngineSettings.of(TrainConfig(model="m", deepspeed="zero2")))
+        engine.load_state(accelerator, None, None, tmp_path)
     assert not ran.exists()
 
 

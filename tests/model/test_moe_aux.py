@@ -130,16 +130,16 @@ def test_auto_fast_paths_read_the_router_capability():
     import datasets
 
     from prefzoo.data.shapes import PAIRS
+    from prefzoo.train.config.sections import FastPathSection, OptimizationSection
     from prefzoo.train.setup.model import fast_paths as _fast_paths
     from prefzoo.train.setup.shape_plan import ShapePlan
 
-    cfg = SimpleNamespace(deepspeed=None, fsdp=False, share_prompt="auto", packing="auto", group_by_length="auto",
-                          per_device_batch_size=2, seed=0)  # fmt: skip
+    fast, opt = FastPathSection(), OptimizationSection(per_device_batch_size=2, seed=0)  # share, pack, group: auto
     loss = SimpleNamespace(spec=SimpleNamespace(batch_coupled=False))
     pairs = datasets.Dataset.from_dict({"prompt_ids": [[1] * 20] * 4, "chosen_ids": [[2] * 3] * 4,
                                         "rejected_ids": [[3] * 3] * 4})  # fmt: skip
     model = build_tiny("mixtral")
-    plain = _fast_paths(cfg, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, False))
+    plain = _fast_paths(fast, opt, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, False))
     assert plain.share_prompt, plain.line()
-    moe = _fast_paths(cfg, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, True))
+    moe = _fast_paths(fast, opt, loss, ShapePlan(PAIRS, PAIRS), pairs, _composite(model, True))
     assert not (moe.share_prompt or moe.packing or moe.group_by_length) and "MoE router loss" in moe.line()

@@ -152,10 +152,10 @@ def test_bad_lora_targets_are_named(tmp_path, tiny_dir, pairs_file, capsys):
 
 
 def test_deepspeed_missing_is_a_clear_error(monkeypatch, tmp_path):
-    from prefzoo.train.engines import build_accelerator
+    from prefzoo.train.engines import EngineSettings, build_accelerator
     from prefzoo.train.engines.deepspeed import DeepSpeedMissingError
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed -> ImportError
     cfg = TrainConfig(model="x", dataset="y", deepspeed="zero2", output_dir=str(tmp_path))
     with pytest.raises(DeepSpeedMissingError, match=r'pip install -e "\.\[deepspeed\]" from the prefzoo clone'):
-        build_accelerator(cfg, None, str(tmp_path))
+        build_accelerator(EngineSettings.of(cfg), None, str(tmp_path))

@@ -261,8 +261,9 @@ def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
 
     from prefzoo.data.shapes import LISTS, PAIRS, UNPAIRED
     from prefzoo.model.context import ContextLimits
+    from prefzoo.train.config.sections import DataSection, EvaluationSection
     from prefzoo.train.setup.shape_plan import ShapePlan
-    from prefzoo.train.setup.splits import prepare_datasets, prepare_rows
+    from prefzoo.train.setup.splits import SplitSettings, prepare_datasets, prepare_rows
 
     tok = task.load_tokenizer()
     rows = _rows()
@@ -271,7 +272,7 @@ def test_round_rows_tokenize_as_the_dataset_path(task: Any, how: str) -> None:
     if how == "unpaired":
         rows = rows_to_unpaired(rows, None)
     limits = ContextLimits(8, 3, (8, 4), 64, "test")  # completions cut at 3 tokens; 4 asked for
-    cfg = types.SimpleNamespace(eval_fraction=0.0, seed=0, dataset_num_proc=None, format=None)
+    cfg = SplitSettings(DataSection(), EvaluationSection(eval_fraction=0.0), seed=0)
     want, _, stats = prepare_datasets(cfg, tok, datasets.Dataset.from_list(rows), None, limits, plan)
     got, got_stats, tied = prepare_rows(tok, rows, limits, plan)
     assert got == list(want) and len(got) > 0

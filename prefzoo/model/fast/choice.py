@@ -185,10 +185,13 @@ def pair_triples(tokenized: Any) -> list[tuple[int, int, int]]:
 
 
 def fast_paths_for_run(
-    cfg: Any, batch_coupled: bool, pairs: Any | None, unavailable: str | None, causal: Any
+    switches: dict[str, Any], batch_size: int, seed: int, batch_coupled: bool, pairs: Any | None,
+    unavailable: str | None, causal: Any,
 ) -> FastPaths:
-    """:func:`choose_fast_paths` for a run's TrainConfig and model: ``pairs`` its tokenized training pairs (None: not
-    pairs), ``causal`` the unwrapped CausalLM, whose architecture may refuse a fast path or take the split attention."""
+    """:func:`choose_fast_paths` for a run and its model: ``switches`` the run's auto|on|off value of each of
+    :data:`SWITCHES`, ``batch_size`` and ``seed`` its per-device batch and seed (the length statistics' batches),
+    ``pairs`` its tokenized training pairs (None: not pairs), ``causal`` the unwrapped CausalLM, whose architecture
+    may refuse a fast path or take the split attention."""
     from prefzoo.model.arch import model_capabilities  # torch: not at config-validation time
     from prefzoo.model.fast.packing import packing_takes_split
 
@@ -196,9 +199,9 @@ def fast_paths_for_run(
     unavailable = unavailable or caps.fast_path_block()
     split = packing_takes_split(causal.get_decoder(), causal.config)  # packing without a mask: pays sooner
     stats = None
-    if pairs is not None and unavailable is None and AUTO in (getattr(cfg, k) for k in SWITCHES):
-        stats = length_stats(pair_triples(pairs), cfg.per_device_batch_size, cfg.seed)
+    if pairs is not None and unavailable is None and AUTO in (switches[k] for k in SWITCHES):
+        stats = length_stats(pair_triples(pairs), batch_size, seed)
     return choose_fast_paths(
-        stats, cfg.share_prompt, cfg.packing, cfg.group_by_length, batch_coupled, unavailable,
+        stats, switches["share_prompt"], switches["packing"], switches["group_by_length"], batch_coupled, unavailable,
         caps.packing_refusal, caps.custom_mask_refusal, split,  # flash: packs, does not share
     )  # fmt: skip

@@ -140,7 +140,7 @@ def write_final_model(
                                         engine=engine, finite=lambda sd: _refuse_nonfinite(accelerator, sd, final)))
         if accelerator.is_main_process:
             params = loss_params(loss) if loss is not None else dict(cfg.loss_params)
-            _write_cards(tmp, saved[0], accelerator, cfg, result, defaults, params)
+            _write_cards(tmp, saved[0], accelerator, cfg.to_dict(), result, defaults, params)
 
     full = _enospc(write, Path(cfg.output_dir))
     if _any_process(accelerator, full is not None):
@@ -211,17 +211,18 @@ def loss_params(loss: Any) -> dict[str, Any]:
 
 
 def _write_cards(
-    folder: Path, saved: str, accelerator: Any, cfg: Any, result: Any, defaults: Any, params: dict[str, Any]
+    folder: Path, saved: str, accelerator: Any, values: dict[str, Any], result: Any, defaults: Any,
+    params: dict[str, Any],
 ) -> None:
-    """run_card.json (config, versions, the loss's parameters, metrics) and README.md (a Hugging Face model card with
-    YAML front matter)."""
+    """run_card.json (config ``values``, versions, the loss's parameters, metrics) and README.md (a Hugging Face
+    model card with YAML front matter)."""
     card = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "saved": saved,
-        "config": redact(cfg.to_dict()),  # a secret (--judge-params api_key=...) never reaches a card
+        "config": redact(values),  # a secret (--judge-params api_key=...) never reaches a card
         "loss_params": redact(params),  # effective: the config's loss_params holds only what was set
         "processes": accelerator.num_processes,
-        "global_batch_pairs": accelerator.num_processes * cfg.per_device_batch_size * cfg.grad_accum,
+        "global_batch_pairs": accelerator.num_processes * values["per_device_batch_size"] * values["grad_accum"],
         "steps": result.global_step,
         "versions": versions(),
         "data": result.data_stats,
@@ -231,7 +232,7 @@ def _write_cards(
     }
     (folder / "run_card.json").write_text(json.dumps(card, indent=1, default=str))
     lines = [
-        f"# prefzoo run: {cfg.loss} on {cfg.model}",
+        f"# prefzoo run: {values['loss']} on {values['model']}",
         "",
         f"- saved: {card['saved']}",
         f"- steps: {result.global_step}, global batch {card['global_batch_pairs']} pairs",
@@ -241,22 +242,24 @@ def _write_cards(
         "",
         "See run_card.json for the full config and versions.",
     ]
-    (folder / "README.md").write_text(model_card_front_matter(cfg, saved, card) + "\n".join(lines) + "\n")
+    (folder / "README.md").write_text(model_card_front_matter(values, saved, card) + "\n".join(lines) + "\n")
 
 
-def model_card_front_matter(cfg: Any, saved: str, card: dict[str, Any]) -> str:
-    """The model card's YAML block (``---`` ... ``---``) as the hub reads it (huggingface_hub.ModelCardData)."""
+def model_card_front_matter(values: dict[str, Any], saved: str, card: dict[str, Any]) -> str:
+    """The model card's YAML block (``---`` ... ``---``) as the hub reads it (huggingface_hub.ModelCardData), from
+    the run's config ``values`` (``TrainConfig.to_dict()``)."""
     from huggingface_hub import ModelCardData
 
-    datasets = cfg.dataset if isinstance(cfg.dataset, list) else [cfg.dataset] if cfg.dataset else []
+    dataset, loss = values["dataset"], values["loss"]
+    datasets = dataset if isinstance(dataset, list) else [dataset] if dataset else []
     data = ModelCardData(
-        base_model=cfg.model,
+        base_model=values["model"],
         library_name="peft" if saved == "LoRA adapter" else "transformers",
-        tags=["prefzoo", cfg.loss, "preference-optimization", *(["lora"] if saved != "full model" else [])],
+        tags=["prefzoo", loss, "preference-optimization", *(["lora"] if saved != "full model" else [])],
         datasets=[str(d) for d in datasets] or ["prefzoo-default-task"],
         prefzoo={
-            "loss": cfg.loss,
-            "loss_params": card.get("loss_params", redact(dict(cfg.loss_params))),
+            "loss": loss,
+            "loss_params": card.get("loss_params", redact(dict(values["loss_params"]))),
             "steps": card["steps"],
             "global_batch_pairs": card["global_batch_pairs"],
             "metrics": {k: v for k, v in card["final_metrics"].items() if isinstance(v, int | float)},

@@ -37,7 +37,7 @@ from prefzoo._safefs import refuse_symlinks, write_text_nofollow
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.nodes import NODE_MARKER
 from prefzoo.train.checkpoint.save import find_latest_checkpoint, read_marker
-from prefzoo.train.config.sections import CheckpointSection
+from prefzoo.train.config.sections import CheckpointSection, OptimizationSection
 from prefzoo.train.errors import TrainingAborted
 
 __all__ = [
@@ -196,8 +196,9 @@ def _remove(path: Path) -> None:
     shutil.rmtree(gone)
 
 
-def finished_run(cfg: Any) -> dict[str, Any] | None:
-    """The marker of the checkpoint ``cfg.resume`` points to when it ends a finished run with this length, else None.
+def finished_run(cfg: CheckpointSection, opt: OptimizationSection) -> dict[str, Any] | None:
+    """The marker of the checkpoint ``cfg.resume`` points to when it ends a finished run with this length (``opt``'s
+    ``max_steps`` and ``epochs``), else None.
 
     Finished means: the checkpoint is at the run's last step (``total_steps`` in its marker), the run length settings
     (``max_steps``, ``epochs``) are unchanged, and ``output_dir/final`` holds the model (its run card is written
@@ -213,7 +214,7 @@ def finished_run(cfg: Any) -> dict[str, Any] | None:
     except ValueError:
         return None  # setup reports the broken checkpoint
     total = info.get("total_steps")
-    same_length = info.get("max_steps") == cfg.max_steps and info.get("epochs") == cfg.epochs
+    same_length = info.get("max_steps") == opt.max_steps and info.get("epochs") == opt.epochs
     final = Path(cfg.output_dir) / "final"
     if total is None or int(info["step"]) < int(total) or not same_length:
         return None

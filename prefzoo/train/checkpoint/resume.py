@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.final import loss_params
@@ -13,14 +13,19 @@ from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
 from prefzoo.train.checkpoint.save import ResumeError, read_marker
 from prefzoo.train.checkpoint.state import load_loss_state, restore_rng
 
+if TYPE_CHECKING:
+    from prefzoo.train.config.sections import CheckpointSection, LossSection, OptimizationSection
+
 __all__ = ["batch_fits", "check_resumable", "fit_batch_to_checkpoint", "load_resumed_state", "resume_point"]
 
 
-def resume_point(cfg: Any, accelerator: Any, storage: Storage, loss: Any) -> tuple[Path | None, dict[str, Any]]:
+def resume_point(
+    ckpt: CheckpointSection, cfg: LossSection, accelerator: Any, storage: Storage, loss: Any
+) -> tuple[Path | None, dict[str, Any]]:
     """(the checkpoint every rank resumes from, its marker), the same step on all (see
-    :mod:`prefzoo.train.checkpoint.nodes`), checked against ``cfg`` and the run's ``loss`` (its effective
-    parameters, defaults included, are compared); (None, {}) for a fresh start."""
-    path = agree_on_resume(accelerator, storage, cfg.output_dir, cfg.resume)
+    :mod:`prefzoo.train.checkpoint.nodes`), checked against the run's loss settings ``cfg`` and its ``loss`` (its
+    effective parameters, defaults included, are compared); (None, {}) for a fresh start."""
+    path = agree_on_resume(accelerator, storage, ckpt.output_dir, ckpt.resume)
     if path is None:
         return None, {}  # 'auto' with nothing saved yet: a fresh start
     info = read_marker(path)
@@ -107,12 +112,15 @@ def batch_fits(was: list[int], processes: int, batch_coupled: bool) -> list[tupl
     return fits
 
 
-def fit_batch_to_checkpoint(cfg: Any, saved: dict[str, Any], processes: int, batch_coupled: bool) -> str | None:
+def fit_batch_to_checkpoint(
+    cfg: OptimizationSection, chosen: bool, saved: dict[str, Any], processes: int, batch_coupled: bool
+) -> str | None:
     """A checkpoint resumed on another number of processes, with neither --per-device-batch-size nor --grad-accum
-    given: set the pair that keeps its examples per step (:func:`batch_fits`, the first one) and return the line
-    that says so; None when nothing changed (the same examples per step, a flag given, or no pair fits)."""
+    given (``chosen``: one was): set the pair in ``cfg`` that keeps its examples per step (:func:`batch_fits`, the
+    first one) and return the line that says so; None when nothing changed (the same examples per step, a flag
+    given, or no pair fits)."""
     was = saved.get("batch")
-    if not was or cfg.was_set("per_device_batch_size") or cfg.was_set("grad_accum"):
+    if not was or chosen:
         return None
     p0, b0, a0 = was
     now = (processes, cfg.per_device_batch_size, cfg.grad_accum)

@@ -1,6 +1,7 @@
 """How the policy is spread over processes, behind one interface (:class:`Engine`).
 
-``engine_for(cfg)`` chooses: accelerate's DDP (one process or several, the default), FSDP2 (``--fsdp``, sharded by
+``engine_for(settings)`` chooses, from the run's :class:`EngineSettings` (``EngineSettings.of(cfg)``, built once
+by setup): accelerate's DDP (one process or several, the default), FSDP2 (``--fsdp``, sharded by
 prefzoo with torch's ``fully_shard``) or DeepSpeed ZeRO-2/3 (``--deepspeed``, through accelerate).  The trainer builds
 the Accelerator, shards, wraps, checkpoints and gathers through the engine and never tests which one it has.
 """

@@ -35,14 +35,14 @@ def _refuse_ignored_fsdp(deepspeed: str | None, no_gpu: bool) -> None:
         )
 
 
-def build_accelerator(cfg: Any, log_with: list[str] | None, project_dir: str, engine: Any = None) -> Any:
-    """An Accelerator for ``cfg`` (a TrainConfig, or its :class:`EngineSettings`, all that is read): processes,
-    accumulation, precision, trackers, and what ``engine`` (by default the one ``cfg`` chooses,
-    :func:`prefzoo.train.engines.engine_for`) adds."""
+def build_accelerator(
+    cfg: EngineSettings, log_with: list[str] | None, project_dir: str, engine: Any = None
+) -> Any:
+    """An Accelerator for a run's :class:`EngineSettings`: processes, accumulation, precision, trackers, and what
+    ``engine`` (by default the one ``cfg`` chooses, :func:`prefzoo.train.engines.engine_for`) adds."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 
-    cfg = EngineSettings.of(cfg)
     engine = engine or engine_for(cfg)
     no_gpu = cfg.cpu or not torch.cuda.is_available()
     _refuse_ignored_fsdp(cfg.deepspeed, no_gpu)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prefzoo._thirdparty import loading_state_without_models
 from prefzoo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from prefzoo.train.config import TrainConfig
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -46,8 +49,9 @@ class EngineSettings:
     online: bool = False
 
     @classmethod
-    def of(cls, cfg: Any) -> EngineSettings:
-        """The engine's share of ``cfg`` (a TrainConfig, or any object with these attributes; absent ones default)."""
+    def of(cls, cfg: TrainConfig | EngineSettings) -> EngineSettings:
+        """The engine's share of a run's TrainConfig, built once where the run starts (:func:`prefzoo.train.setup`);
+        the engines and :func:`~prefzoo.train.engines.build_accelerator` take only this."""
         if isinstance(cfg, cls):
             return cfg
         defaults = cls()
@@ -72,8 +76,8 @@ class Engine:
     # TrainConfig keys this engine cannot run with -> why (one line each, before any model loads)
     unsupported: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, cfg: Any) -> None:
-        self.cfg: EngineSettings = EngineSettings.of(cfg)  # what the engine reads of the run's settings
+    def __init__(self, settings: EngineSettings) -> None:
+        self.cfg = settings  # what the engine reads of the run's settings
         self.node_local = False  # each node writes its own output dir (set by use_node_local_storage)
 
     @property

@@ -10,10 +10,9 @@ from prefzoo.train.engines.base import Engine, EngineSettings
 __all__ = ["engine_for", "resume_refusal"]
 
 
-def engine_for(cfg: Any) -> Engine:
-    """The engine ``cfg`` (a TrainConfig, or its :class:`EngineSettings`) asks for; settings that need another engine
-    are one line.  The engine keeps only its :class:`EngineSettings`."""
-    cfg = EngineSettings.of(cfg)
+def engine_for(cfg: EngineSettings) -> Engine:
+    """The engine a run's :class:`EngineSettings` ask for; settings that need another engine are one line.  The
+    engine keeps them."""
     if cfg.fsdp:
         from prefzoo.train.engines.fsdp import FsdpEngine
 

@@ -23,7 +23,7 @@ import torch
 
 from prefzoo._thirdparty import one_process_group_env, prepared_models, skip_deepspeed_shm_build
 from prefzoo.errors import ConfigError, install_hint
-from prefzoo.train.engines.base import Engine
+from prefzoo.train.engines.base import Engine, EngineSettings
 
 __all__ = ["DeepSpeedEngine", "DeepSpeedMissingError", "deepspeed_config", "end_zero3_switch", "read_with_weights_only"]
 
@@ -38,9 +38,9 @@ class DeepSpeedEngine(Engine):
     steps_in_backward = True
     fast_paths_measured = False
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        self.stage = _stage(cfg.deepspeed)
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
+        self.stage = _stage(cast(str, settings.deepspeed))
         self.label = f"DeepSpeed ZeRO-{self.stage}"  # type: ignore[misc]
         self.partitions_params = self.stage == 3  # type: ignore[misc]
         self.self_check = self.stage != 3  # type: ignore[misc]

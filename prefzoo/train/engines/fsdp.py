@@ -71,8 +71,8 @@ class FsdpEngine(Engine):
         "online": "sampling needs the whole model; drop --fsdp",
     }
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
         self.accelerator: Any = None
         self.mesh: Any = None
         self.layout = ""

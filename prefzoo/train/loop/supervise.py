@@ -56,7 +56,7 @@ def train(
     installed = modifier_callbacks(loss)  # e.g. TR-DPO's reference sync: read from the modifier specs, never by name
     hooks = CallbackList([*installed, *load_callbacks([*cfg.callbacks, *callbacks])])  # bad specs fail before loading
     with claim_output_dir(cfg):  # not writable, in use, holding another run, a link in it: before anything loads
-        finished = finished_run(cfg)
+        finished = finished_run(cfg.checkpointing, cfg.optimization)
         if finished is not None:
             step = int(finished["step"])
             return TrainResult(global_step=step, final_dir=Path(finished["final"]),

@@ -15,8 +15,8 @@ from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import Storage
 from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import agree_on_values, content_digest
-from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.config.sections import LossSection, OnlineSection, OptimizationSection
+from prefzoo.train.config import ConfigError
+from prefzoo.train.config.sections import DataSection, FastPathSection, LossSection, OnlineSection, OptimizationSection
 from prefzoo.train.setup.shape_plan import ShapePlan, plan_shape
 from prefzoo.train.setup.trackers import resolve_trackers
 from prefzoo.types import Shape
@@ -52,13 +52,13 @@ def check_online_options(precompute_ref: bool, skip_batches: int) -> None:
         raise ConfigError("--skip-batches with --online: there is no fixed data order to skip in; drop it")
 
 
-def check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
+def check_shape_options(fast: FastPathSection, cfg: LossSection, per_device_batch_size: int, plan: ShapePlan) -> None:
     """Options made for pairs, asked of lists or unpaired batches: one line each, before any model loads."""
     if plan.batches == PAIRS:
         return
     what = f"{plan.batches} (data shape {plan.data})"
     for key, flag in (("share_prompt", "--share-prompt"), ("group_by_length", "--group-by-length")):
-        if getattr(cfg, key) in (True, "on"):  # auto turns itself off here
+        if getattr(fast, key) in (True, "on"):  # auto turns itself off here
             raise ConfigError(f"{flag} works on pairs only for now; this run trains on {what}: drop {flag}")
     if cfg.precompute_ref and plan.kl:
         raise ConfigError(
@@ -66,9 +66,9 @@ def check_shape_options(cfg: TrainConfig, plan: ShapePlan) -> None:
             "batch, which changes with every shuffle, so their reference log-probs cannot be computed once; drop "
             "--precompute-ref (the reference runs alongside the policy instead)"
         )
-    if plan.kl and cfg.per_device_batch_size < 2:
+    if plan.kl and per_device_batch_size < 2:
         raise ConfigError(
-            f"per_device_batch_size={cfg.per_device_batch_size}: loss {cfg.loss!r} estimates KTO's KL term from "
+            f"per_device_batch_size={per_device_batch_size}: loss {cfg.loss!r} estimates KTO's KL term from "
             "mismatched pairs within each batch, which needs at least 2 examples per device (as TRL); raise it"
         )
 
@@ -110,18 +110,19 @@ def online_judge(cfg: OnlineSection) -> Any:
         raise OnlineError(f"--judge {cfg.judge!r}: {e}") from None
 
 
-def online_rounds(cfg: TrainConfig, parts: Any, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
-    """The on-policy source: rounds of sampling, judging and training (:class:`prefzoo.train.online.OnlineRounds`)."""
+def online_rounds(generation_engine: str, parts: Any, prompts: list[Any], judge: Any, plan: ShapePlan) -> Any:
+    """The on-policy source: rounds of sampling, judging and training (:class:`prefzoo.train.online.OnlineRounds`,
+    which reads the run's settings from ``parts``); ``generation_engine``: ``--engine`` (hf or vllm)."""
     from prefzoo.judge import make_engine, prompt_budget
     from prefzoo.model import unwrap
     from prefzoo.train.online import OnlineError, OnlineRounds
 
     lm = unwrap(parts.accelerator.unwrap_model(parts.policy).lm)
     try:
-        engine = make_engine(cfg.engine, lm, parts.tokenizer)
+        engine = make_engine(generation_engine, lm, parts.tokenizer)
     except (ValueError, RuntimeError) as e:
         raise OnlineError(str(e)) from None
-    rounds = OnlineRounds(cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
+    rounds = OnlineRounds(parts.cfg, parts, prompts, judge, engine, plan, parts.model_defaults.limits)
     try:
         prompt_budget(lm, parts.tokenizer, rounds.max_new_tokens)
     except ValueError as e:
@@ -173,7 +174,10 @@ def step_counts(cfg: OptimizationSection, examples: int, processes: int) -> tupl
     return steps_per_epoch, total_steps, math.ceil(total_steps / steps_per_epoch)
 
 
-def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any, loss: Any = None) -> dict[str, Any]:
+def run_info(
+    cfg: LossSection, opt: OptimizationSection, model: str | None, identity: str, processes: int, engine: Any,
+    loss: Any = None,
+) -> dict[str, Any]:
     """The run's identity, written into every checkpoint marker and checked on resume; ``loss_params`` holds every
     parameter of the run's ``loss`` with the value it trains with, defaults included."""
     return {
@@ -181,10 +185,10 @@ def run_info(cfg: TrainConfig, identity: str, processes: int, engine: Any, loss:
         "loss": cfg.loss,
         "loss_params": loss_params(loss) if loss is not None else {k: str(v) for k, v in cfg.loss_params.items()},
         **({"modifiers": [str(m) for m in cfg.modifiers]} if cfg.modifiers else {}),
-        "model": cfg.model,
+        "model": model,
         "model_identity": identity,
-        "batch": [processes, cfg.per_device_batch_size, cfg.grad_accum],
-        "seed": cfg.seed,
+        "batch": [processes, opt.per_device_batch_size, opt.grad_accum],
+        "seed": opt.seed,
     }
 
 
@@ -218,21 +222,22 @@ def print_data_stats(accelerator: Any, data_stats: dict[str, Any], what: str = "
 
 
 def agree_on_identity(
-    cfg: TrainConfig, accelerator: Any, storage: Storage, train_tok: Any, eval_tok: Any, identity: str
+    cfg: LossSection, data: DataSection, model: str | None, mixed_precision: str, accelerator: Any, storage: Storage,
+    train_tok: Any, eval_tok: Any, identity: str,
 ) -> None:
     """Every rank trains the same data, loss and model (and would key the reference cache alike), or none starts."""
     if accelerator.num_processes == 1:
         return
-    data = f"{content_digest(train_tok)}/{content_digest(eval_tok) if eval_tok is not None else '-'}"
+    digest = f"{content_digest(train_tok)}/{content_digest(eval_tok) if eval_tok is not None else '-'}"
     data_key, model_key = "tokenized dataset fingerprint (train/eval content)", "model identity"
     values = {
-        data_key: data,
+        data_key: digest,
         "loss and its parameters": f"{cfg.loss} {dict(sorted((k, str(v)) for k, v in cfg.loss_params.items()))}",
         model_key: identity,
     }
-    notes = {data_key: f" (--dataset {cfg.dataset})", model_key: f" (--model {cfg.model})"}
+    notes = {data_key: f" (--dataset {data.dataset})", model_key: f" (--model {model})"}
     if cfg.precompute_ref:
-        key = f"{data}|{identity}|p{cfg.max_prompt_length}c{cfg.max_completion_length}|{cfg.mixed_precision}"
+        key = f"{digest}|{identity}|p{data.max_prompt_length}c{data.max_completion_length}|{mixed_precision}"
         values["precomputed-reference cache key"] = key
     fix = "give every node the same {} (a copy of the same file is fine)"
     hints = {

@@ -34,8 +34,8 @@ from prefzoo.losses.density_ratio import DensityRatioClassifier, udm_weights
 from prefzoo.model import PromptEmbedding, mean_pooled_hidden_states, unwrap
 from prefzoo.scoring import AdapterDisabledReference, FrozenReference, read_safetensors
 from prefzoo.train.checkpoint.save import ResumeError
-from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.config.sections import LossSection
+from prefzoo.train.config import ConfigError
+from prefzoo.train.config.sections import LossSection, OptimizationSection
 
 __all__ = [
     "CLASSIFIER_FILE",
@@ -200,7 +200,8 @@ def _embed_prompts(embed: PromptEmbedding, prompts: list[list[int]], pad: int, b
 
 
 def fit_density_ratio(
-    cfg: TrainConfig,
+    cfg: LossSection,
+    opt: OptimizationSection,
     reference: Any,
     train_tok: Any,
     pad_token_id: int,
@@ -214,14 +215,14 @@ def fit_density_ratio(
     """
     embed = embed or reference_embedding(reference)
     labels = torch.tensor([bool(v) for v in train_tok["label"]])  # (n,)
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(opt.seed)
     rank, world = accelerator.process_index, accelerator.num_processes
     sides = []
     for want in (True, False):
         idx = torch.nonzero(labels == want)[:, 0]
         idx = idx[torch.randperm(len(idx), generator=g)][: cfg.density_ratio_prompts]  # (≤ k,) the same everywhere
         mine = [list(train_tok[int(i)]["prompt_ids"]) for i in idx[rank::world]]
-        local = _embed_prompts(embed, mine, pad_token_id, max(cfg.per_device_batch_size, 1), accelerator.device)
+        local = _embed_prompts(embed, mine, pad_token_id, max(opt.per_device_batch_size, 1), accelerator.device)
         sides.append(gather(local.to(accelerator.device)).cpu())  # (≤ k, D) every process's share
     n_d, n_u = sides[0].shape[0], sides[1].shape[0]
     if n_d == 0 or n_u == 0:

@@ -21,8 +21,8 @@ from prefzoo.model import (
 from prefzoo.scoring import model_identity
 from prefzoo.spec import Loss
 from prefzoo.train.checkpoint import ResumeError
-from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.config.sections import FastPathSection, ModelSection
+from prefzoo.train.config import ConfigError
+from prefzoo.train.config.sections import FastPathSection, ModelSection, OptimizationSection
 from prefzoo.train.setup.shape_plan import ShapePlan
 
 __all__ = ["check_token_ids", "fast_paths", "lean_modules", "load_model", "tokenizer_and_template"]
@@ -103,9 +103,12 @@ def _say_switched(accelerator: Any, switched: dict[str, int], what: str, flag: s
         accelerator.print(f"prefzoo train: {what} ({which}; {flag} turns it off)")
 
 
-def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any, engine: Any = None) -> Any:
+def fast_paths(
+    fast: FastPathSection, opt: OptimizationSection, loss: Loss, plan: ShapePlan, train_tok: Any, lm: Any,
+    engine: Any = None,
+) -> Any:
     """Prompt sharing, packing, length grouping for this run: forced by flags or chosen from the pairs' lengths."""
-    from prefzoo.model import fast_paths_for_run, unwrap
+    from prefzoo.model import SWITCHES, fast_paths_for_run, unwrap
 
     unavailable = None
     if plan.batches != PAIRS:
@@ -114,7 +117,9 @@ def fast_paths(cfg: TrainConfig, loss: Loss, plan: ShapePlan, train_tok: Any, lm
         unavailable = "on-policy data"
     elif engine is not None and not engine.fast_paths_measured:
         unavailable = f"not measured under {engine.option}: force with on"
-    return fast_paths_for_run(cfg, bool(loss.spec.batch_coupled), train_tok, unavailable, unwrap(lm))
+    switches = {k: getattr(fast, k) for k in SWITCHES}
+    return fast_paths_for_run(switches, opt.per_device_batch_size, opt.seed, bool(loss.spec.batch_coupled), train_tok,
+                              unavailable, unwrap(lm))  # fmt: skip
 
 
 def check_token_ids(model: str | None, lm: Any, tokenizer: Any, *splits: Any) -> None:

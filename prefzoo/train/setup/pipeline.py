@@ -37,8 +37,16 @@ from prefzoo.train.checkpoint import (
     resume_point,
 )
 from prefzoo.train.config import ConfigError, TrainConfig
-from prefzoo.train.config.sections import OptimizationSection
-from prefzoo.train.engines import Engine, build_accelerator, engine_for
+from prefzoo.train.config.sections import (
+    CheckpointSection,
+    DataSection,
+    FastPathSection,
+    LossSection,
+    ModelSection,
+    OnlineSection,
+    OptimizationSection,
+)
+from prefzoo.train.engines import Engine, EngineSettings, build_accelerator, engine_for
 from prefzoo.train.loop.source import EpochBatches
 from prefzoo.train.setup import data as d
 from prefzoo.train.setup import model as m
@@ -53,7 +61,7 @@ from prefzoo.train.setup.optimizer import build_optimizer, build_schedule
 from prefzoo.train.setup.parts import Parts
 from prefzoo.train.setup.preflight import check_run_options
 from prefzoo.train.setup.shape_plan import ShapePlan, online_plan, plan_shape
-from prefzoo.train.setup.splits import load_splits, prepare_datasets
+from prefzoo.train.setup.splits import SplitSettings, load_splits, prepare_datasets
 from prefzoo.train.setup.stages import LoadedModel, PolicyParts, Processes, RunData, Tokenized, Wrapped
 from prefzoo.train.setup.trackers import resolve_trackers
 from prefzoo.types import Need
@@ -67,102 +75,137 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -
     ``loss``: the run's loss, built once from ``cfg`` (:func:`prefzoo.train.setup.loss.build_loss`).  Each step
     takes what it uses and returns a typed result (:mod:`prefzoo.train.setup.stages`).
     """
-    engine = _check_options(cfg, loss)
-    procs = _start_processes(cfg, loss, engine)
-    data = _read_data(cfg, loss, procs, train_dataset, eval_dataset)
-    model = _load_model(cfg, procs, data)
-    tok = _tokenize(cfg, loss, procs, data, model)
-    built = _build_policy(cfg, loss, procs, data, model, tok)
+    settings, ls = EngineSettings.of(cfg), cfg.loss_section  # the engines' and the Accelerator's; the loss's
+    engine = _check_options(loss, settings, cfg.model_section, cfg.precompute_ref)
+    procs = _start_processes(loss, engine, settings, cfg.checkpointing, ls, cfg.report_to)
+    chosen = cfg.was_set("per_device_batch_size") or cfg.was_set("grad_accum")
+    opt = _check_resume(loss, procs, cfg.optimization, chosen)
+    cfg.per_device_batch_size, cfg.grad_accum = opt.per_device_batch_size, opt.grad_accum  # fitted to a checkpoint
+    split = SplitSettings(cfg.data, cfg.evaluation, cfg.seed, cfg.progress)
+    data = _read_data(loss, procs, split, ls, cfg.online_section, cfg.skip_batches, train_dataset,
+                      eval_dataset)  # fmt: skip
+    data = _check_data(loss, procs, data, ls, cfg.fast_paths, cfg.per_device_batch_size, cfg.online)
+    model = _load_model(procs, data, cfg.model_section, cfg.data)
+    tok = _tokenize(loss, procs, data, model, split, ls, cfg.model, cfg.mixed_precision)
+    built = _build_policy(loss, procs, data, model, tok, cfg.model_section, cfg.fast_paths, opt)
     _check_fast_path(cfg.logps_fallback, procs, tok, built)
-    wrapped = _shard_and_wrap(cfg.optimization, procs, data, tok, built, model.tokenizer.pad_token_id)
+    wrapped = _shard_and_wrap(opt, procs, data, tok, built, model.tokenizer.pad_token_id)
     timings: dict[str, float] = {}
-    density = _density_ratio(cfg, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
-    reference, ref_kind = _precompute_reference(cfg, procs, tok, built, model.identity, timings)
-    _report(cfg.optimization, loss, procs, data.plan, ref_kind, wrapped.steps[1])
+    density = _density_ratio(ls, opt, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
+    reference, ref_kind = _precompute_reference(ls, opt, split, procs, tok, built, model.identity,
+                                                timings)  # fmt: skip
+    _report(opt, loss, procs, data.plan, ref_kind, wrapped.steps[1])
     acc = procs.accelerator
-    info = d.run_info(cfg, model.identity, acc.num_processes, procs.engine, loss)  # every checkpoint marker's
+    info = d.run_info(ls, opt, cfg.model, model.identity, acc.num_processes, procs.engine, loss)
     parts = Parts(
         cfg, loss, procs.engine, acc, model.tokenizer, wrapped.policy, wrapped.trainable, wrapped.optimizer,
         wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference, make_gather(acc), info, tok.stats,
         model.defaults, *wrapped.steps, built.collate, procs.storage, density_ratio=density, timings=timings,
     )  # fmt: skip
-    return _finish(cfg, parts, procs, data)
+    parts.source = (
+        EpochBatches(parts) if data.prompts is None else d.online_rounds(cfg.engine, parts, data.prompts, data.judge,
+                                                                          data.plan)
+    )  # fmt: skip
+    d.start_trackers(cfg.report_to, cfg.to_dict(), procs.accelerator)
+    return _finish(opt, parts, procs)
 
 
-def _check_options(cfg: TrainConfig, loss: Loss) -> Engine:
+def _check_options(loss: Loss, settings: EngineSettings, model: ModelSection, precompute_ref: bool) -> Engine:
     """Settings that cannot work together, or that this loss or engine would ignore: one line each; the engine."""
-    if cfg.model is None:
+    if model.model is None:
         raise ConfigError("model is not set: give --model (or neither --model nor --dataset for the default task)")
-    check_run_options(loss, cfg)  # options this loss or model would ignore
-    return engine_for(cfg)
+    check_run_options(loss, precompute_ref, settings.merge_lora, model.model, model.lora)  # what they would ignore
+    return engine_for(settings)
 
 
-def _start_processes(cfg: TrainConfig, loss: Loss, engine: Engine) -> Processes:
+def _start_processes(
+    loss: Loss, engine: Engine, settings: EngineSettings, ckpt: CheckpointSection, ls: LossSection, report_to: Any
+) -> Processes:
     """The Accelerator (the engine's), the output dir's storage, and the checkpoint every rank resumes from."""
-    from accelerate.utils import set_seed
-
-    acc = build_accelerator(cfg, resolve_trackers(cfg.report_to), cfg.output_dir, engine)
+    acc = build_accelerator(settings, resolve_trackers(report_to), ckpt.output_dir, engine)
     engine.check(acc.num_processes, acc.device.type == "cpu")
-    storage = detect_storage(acc, cfg.output_dir)
+    storage = detect_storage(acc, ckpt.output_dir)
     acc.project_configuration.save_on_each_node = not storage.shared  # each node's disk: its state
     if not storage.shared:
         engine.use_node_local_storage(acc)
-    path, info = resume_point(cfg, acc, storage, loss)
-    procs = Processes(engine, acc, storage, path, info)
-    if path is not None:  # processes and engine may change where the checkpoint allows: checked here
+    path, info = resume_point(ckpt, ls, acc, storage, loss)
+    return Processes(engine, acc, storage, path, info)
+
+
+def _check_resume(loss: Loss, procs: Processes, opt: OptimizationSection, chosen: bool) -> OptimizationSection:
+    """The run's optimization settings, their batch fitted to the checkpoint resumed unless ``chosen`` (a flag
+    set it); processes and engine may change where the checkpoint allows: checked here.  Then the seed is set."""
+    from accelerate.utils import set_seed
+
+    path, info, acc, engine = procs.resume_path, procs.resume_info, procs.accelerator, procs.engine
+    if path is not None:
         n = acc.num_processes
-        fitted = fit_batch_to_checkpoint(cfg, info, n, bool(loss.spec.batch_coupled))
+        fitted = fit_batch_to_checkpoint(opt, chosen, info, n, bool(loss.spec.batch_coupled))
         if fitted:
             procs.say(fitted)
-        run = {"seed": cfg.seed, "batch": [n, cfg.per_device_batch_size, cfg.grad_accum], **engine.marker(n)}
+        run = {"seed": opt.seed, "batch": [n, opt.per_device_batch_size, opt.grad_accum], **engine.marker(n)}
         check_resumable(path, info, run, bool(loss.spec.batch_coupled))
         # before the model loads: no file of the checkpoint would need full pickle (one line naming it, every rank)
-        refuse_pickles(path, acc, not storage.shared, engine.checkpoint_globals())
-    set_seed(cfg.seed)
-    return procs
+        refuse_pickles(path, acc, not procs.storage.shared, engine.checkpoint_globals())
+    set_seed(opt.seed)
+    return opt
 
 
-def _read_data(cfg: TrainConfig, loss: Loss, procs: Processes, train_dataset: Any, eval_dataset: Any) -> RunData:
+def _read_data(
+    loss: Loss, procs: Processes, split: SplitSettings, ls: LossSection, online: OnlineSection, skip_batches: int,
+    train_dataset: Any, eval_dataset: Any,
+) -> RunData:
     """The data's splits and the shape the loss trains on (on-policy: prompts, each round's samples as lists)."""
     with procs.accelerator.main_process_first():  # the data's shape is checked against the loss before any model loads
-        train_dataset, eval_dataset = load_splits(cfg, train_dataset, eval_dataset)
-    if cfg.online:  # the data is prompts; each round's samples are lists (see prefzoo.train.online)
+        train_dataset, eval_dataset = load_splits(split, train_dataset, eval_dataset)
+    if online.online:  # the data is prompts; each round's samples are lists (see prefzoo.train.online)
         from prefzoo.train.online import online_prompts
 
-        d.check_online_options(cfg.precompute_ref, cfg.skip_batches)
+        d.check_online_options(ls.precompute_ref, skip_batches)
         prompts = online_prompts(train_dataset)
-        plan = online_plan(loss, cfg.pairs_from_lists, cfg.unpair)
-        eval_dataset, eval_plan = d.online_eval(loss, cfg.loss_section, eval_dataset, procs.accelerator)
-        data = RunData(None, eval_dataset, plan, prompts, eval_plan, d.online_judge(cfg.online_section))
-    else:
-        data = RunData(train_dataset, eval_dataset, plan_shape(loss, data_shape(train_dataset), cfg.pairs_from_lists,
-                                                               cfg.unpair))  # fmt: skip
-    d.check_shape_options(cfg, data.plan)
-    check_density_ratio(cfg.loss_section, loss, cfg.online)
+        plan = online_plan(loss, ls.pairs_from_lists, ls.unpair)
+        eval_dataset, eval_plan = d.online_eval(loss, ls, eval_dataset, procs.accelerator)
+        return RunData(None, eval_dataset, plan, prompts, eval_plan, d.online_judge(online))
+    return RunData(train_dataset, eval_dataset, plan_shape(loss, data_shape(train_dataset), ls.pairs_from_lists,
+                                                           ls.unpair))  # fmt: skip
+
+
+def _check_data(
+    loss: Loss, procs: Processes, data: RunData, ls: LossSection, fast: FastPathSection, per_device_batch_size: int,
+    online: bool,
+) -> RunData:
+    """Options the data's shape cannot take, and the density-ratio options: one line each, before any model loads;
+    the data with a resumed run's density-ratio classifier."""
+    d.check_shape_options(fast, ls, per_device_batch_size, data.plan)
+    check_density_ratio(ls, loss, online)
     # a resumed --density-ratio run loads its classifier, never refits
-    data = dataclasses.replace(data, saved_classifier=read_density_ratio(cfg.loss_section, procs.resume_path))
+    data = dataclasses.replace(data, saved_classifier=read_density_ratio(ls, procs.resume_path))
     if data.plan.batches != PAIRS or data.plan.data != PAIRS:  # plain pair runs print what they always printed
         procs.say(data.plan.describe())
     return data
 
 
-def _load_model(cfg: TrainConfig, procs: Processes, data: RunData) -> LoadedModel:
+def _load_model(procs: Processes, data: RunData, model: ModelSection, data_sec: DataSection) -> LoadedModel:
     """Tokenizer (its chat template rendered once: a broken one fails before the model loads), then the model."""
-    note = remote_code_note(cfg.model or "", cfg.trust_remote_code)  # before the tokenizer: it may run code too
+    note = remote_code_note(model.model or "", model.trust_remote_code)  # before the tokenizer: it may run code too
     if note:
         procs.say(note)
-    tokenizer, template = m.tokenizer_and_template(cfg.model_section, cfg.chat_template, data.train_dataset,
-                                                   data.prompts)  # fmt: skip
+    tokenizer, template = m.tokenizer_and_template(model, data_sec.chat_template, data.train_dataset, data.prompts)
     lm, tokenizer, has_adapter, identity = m.load_model(
-        cfg.model_section, procs.accelerator, procs.resume_path, procs.resume_info, tokenizer
+        model, procs.accelerator, procs.resume_path, procs.resume_info, tokenizer
     )
-    defaults = apply_model_defaults(cfg, lm, tokenizer)  # dropout off unless --keep-dropout; limits fit
+    defaults = apply_model_defaults(  # dropout off unless --keep-dropout; limits fit
+        lm, tokenizer, data_sec.max_prompt_length, data_sec.max_completion_length, keep_dropout=model.keep_dropout
+    )
     for line in defaults.lines():
         procs.say(line)
     return LoadedModel(tokenizer, template, lm, has_adapter, identity, defaults)
 
 
-def _tokenize(cfg: TrainConfig, loss: Loss, procs: Processes, data: RunData, model: LoadedModel) -> Tokenized:
+def _tokenize(
+    loss: Loss, procs: Processes, data: RunData, model: LoadedModel, split: SplitSettings, ls: LossSection,
+    model_name: str | None, mixed_precision: str,
+) -> Tokenized:
     """The tokenized splits (on-policy: held-out preference data only), described, and agreed on by every rank."""
     acc, tokenizer = procs.accelerator, model.tokenizer
     train_tok: Any = None
@@ -171,20 +214,21 @@ def _tokenize(cfg: TrainConfig, loss: Loss, procs: Processes, data: RunData, mod
     with acc.main_process_first():
         if data.prompts is None:
             train_tok, eval_tok, stats = prepare_datasets(
-                cfg, tokenizer, data.train_dataset, data.eval_dataset, model.defaults.limits, data.plan
+                split, tokenizer, data.train_dataset, data.eval_dataset, model.defaults.limits, data.plan
             )
         elif data.eval_dataset is not None:  # held-out preference data, in the shape this loss takes it
-            whole = dataclasses.replace(cfg, eval_fraction=0.0)
-            eval_tok, _, split = prepare_datasets(
+            whole = dataclasses.replace(split, evaluation=dataclasses.replace(split.evaluation, eval_fraction=0.0))
+            eval_tok, _, held = prepare_datasets(
                 whole, tokenizer, data.eval_dataset, None, model.defaults.limits, data.eval_plan
             )
-            stats["eval"] = split["train"]
-    m.check_token_ids(cfg.model, model.lm, tokenizer, train_tok, eval_tok)
+            stats["eval"] = held["train"]
+    m.check_token_ids(model_name, model.lm, tokenizer, train_tok, eval_tok)
     for line in describe_data(tokenizer, train_tok, stats, model.template) if train_tok is not None else ():
         procs.say(line)
     d.print_data_stats(acc, stats, d.unit(data.plan))
     agreed = train_tok if data.prompts is None else d.as_dataset(data.prompts)
-    d.agree_on_identity(cfg, acc, procs.storage, agreed, eval_tok, model.identity)
+    d.agree_on_identity(ls, split.data, model_name, mixed_precision, acc, procs.storage, agreed, eval_tok,
+                        model.identity)  # fmt: skip
     if Need.SCORES in loss.needs and (train_tok is None or "score_chosen" not in train_tok.column_names):
         raise ConfigError(
             f"loss {loss.name!r} needs each pair's scores (ODPO's offset), but the data has no score_chosen and "
@@ -194,19 +238,23 @@ def _tokenize(cfg: TrainConfig, loss: Loss, procs: Processes, data: RunData, mod
 
 
 def _build_policy(
-    cfg: TrainConfig, loss: Loss, procs: Processes, data: RunData, model: LoadedModel, tok: Tokenized
+    loss: Loss, procs: Processes, data: RunData, model: LoadedModel, tok: Tokenized, model_sec: ModelSection,
+    fast_sec: FastPathSection, opt: OptimizationSection,
 ) -> PolicyParts:
     """A LoRA adapter, the lean modules and the log-prob fast paths this run uses; then the policy (log-probs of
     completions), its reference, and the collator of the batches' shape."""
     lm = model.lm
-    if cfg.lora and not model.has_adapter:
-        lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    m.lean_modules(cfg.fast_paths, lm, procs.accelerator)
-    fast = m.fast_paths(cfg, loss, data.plan, tok.train, lm, procs.engine)
+    if model_sec.lora and not model.has_adapter:
+        lm = apply_lora(lm, model_sec.lora_r, model_sec.lora_alpha, model_sec.lora_dropout,
+                        model_sec.lora_target_modules)  # fmt: skip
+    m.lean_modules(fast_sec, lm, procs.accelerator)
+    fast = m.fast_paths(fast_sec, opt, loss, data.plan, tok.train, lm, procs.engine)
     procs.say(fast.line())
-    policy = PolicyLogps(lm, cfg.logp_chunk_size, fused_head=cfg.fused_head, router_aux=True, packing=fast.packing)
+    policy = PolicyLogps(lm, fast_sec.logp_chunk_size, fused_head=fast_sec.fused_head, router_aux=True,
+                         packing=fast.packing)  # fmt: skip
     policy.train()
-    reference, ref_kind = build_reference(loss, policy, cfg.lora, model.has_adapter, procs.accelerator, procs.engine)
+    reference, ref_kind = build_reference(loss, policy, model_sec.lora, model.has_adapter, procs.accelerator,
+                                          procs.engine)  # fmt: skip
     return PolicyParts(fast, policy, reference, ref_kind, d.collator(data.plan, model.tokenizer.pad_token_id,
                                                                      fast.share_prompt))  # fmt: skip
 
@@ -247,38 +295,39 @@ def _shard_and_wrap(
 
 
 def _density_ratio(
-    cfg: TrainConfig, procs: Processes, data: RunData, tok: Tokenized, built: PolicyParts, pad_token_id: int,
-    timings: dict[str, float],
+    ls: LossSection, opt: OptimizationSection, procs: Processes, data: RunData, tok: Tokenized, built: PolicyParts,
+    pad_token_id: int, timings: dict[str, float],
 ) -> Any:
     """BCO's density-ratio weights: the resumed run's classifier, or one fitted once on the reference's embeddings
     (None without --density-ratio)."""
     if data.saved_classifier is not None:  # the classifier of the run this one resumes (saved in its checkpoint)
         density = DensityRatioWeights(reference_embedding(built.reference), data.saved_classifier,
-                                      cfg.min_density_ratio, cfg.max_density_ratio)  # fmt: skip
+                                      ls.min_density_ratio, ls.max_density_ratio)  # fmt: skip
         procs.say(f"density-ratio classifier loaded from {procs.resume_path}")
         return density
-    if not cfg.density_ratio:
+    if not ls.density_ratio:
         return None
     t0 = time.perf_counter()
-    density = fit_density_ratio(cfg, built.reference, tok.train, pad_token_id, procs.accelerator,
+    density = fit_density_ratio(ls, opt, built.reference, tok.train, pad_token_id, procs.accelerator,
                                 make_gather(procs.accelerator))  # fmt: skip
     timings["density_ratio"] = time.perf_counter() - t0
     return density
 
 
 def _precompute_reference(
-    cfg: TrainConfig, procs: Processes, tok: Tokenized, built: PolicyParts, identity: str, timings: dict[str, float]
+    ls: LossSection, opt: OptimizationSection, split: SplitSettings, procs: Processes, tok: Tokenized,
+    built: PolicyParts, identity: str, timings: dict[str, float],
 ) -> tuple[Any, str]:
     """``--precompute-ref``: the reference's log-probs computed once (or read from the cache), then a table; else the
     reference as built."""
-    if built.reference is None or not cfg.precompute_ref:
+    if built.reference is None or not ls.precompute_ref:
         return built.reference, built.ref_kind
     t0 = time.perf_counter()
     reference, ref_kind = precompute_reference(
         built.reference, procs.accelerator, tok.train, tok.eval, built.collate, identity,
-        batch_size=cfg.per_device_batch_size, max_prompt_length=cfg.max_prompt_length,
-        max_completion_length=cfg.max_completion_length, mixed_precision=cfg.mixed_precision,
-        cache_dir=cfg.ref_cache_dir, progress=cfg.progress and is_rank_zero(),
+        batch_size=opt.per_device_batch_size, max_prompt_length=split.data.max_prompt_length,
+        max_completion_length=split.data.max_completion_length, mixed_precision=opt.mixed_precision,
+        cache_dir=ls.ref_cache_dir, progress=split.progress and is_rank_zero(),
     )
     timings["reference"] = time.perf_counter() - t0
     return reference, ref_kind
@@ -295,17 +344,13 @@ def _report(
     )
 
 
-def _finish(cfg: TrainConfig, parts: Parts, procs: Processes, data: RunData) -> Parts:
-    """The Parts completed: the data source, the trackers, the resumed checkpoint's state, the skip record."""
-    parts.source = (
-        EpochBatches(parts) if data.prompts is None else d.online_rounds(cfg, parts, data.prompts, data.judge,
-                                                                          data.plan)
-    )  # fmt: skip
-    d.start_trackers(cfg.report_to, cfg.to_dict(), procs.accelerator)
+def _finish(opt: OptimizationSection, parts: Parts, procs: Processes) -> Parts:
+    """The Parts completed (their data source built, the trackers started): the resumed checkpoint's state, the
+    skip record."""
     if procs.resume_path is not None:
         _resume(parts, procs.resume_path, procs.resume_info)
         parts.source.load(procs.resume_path)
-    parts.skip_record = d.skip_record(cfg.optimization, procs.resume_info, parts.start_step)
+    parts.skip_record = d.skip_record(opt, procs.resume_info, parts.start_step)
     return parts
 
 

@@ -24,15 +24,16 @@ def uses_reference(loss: Any) -> bool:
     return bool({Need.REFERENCE, Need.KL_REFERENCE, Need.REF_TOKEN_LOGPS} & set(loss.needs))
 
 
-def check_run_options(loss: Any, cfg: Any) -> None:
-    """Options that would be silently ignored with this loss or model: refused in one line saying why."""
-    if cfg.precompute_ref and not uses_reference(loss):
+def check_run_options(loss: Any, precompute_ref: bool, merge_lora: bool, model: str | None, lora: bool) -> None:
+    """Options that would be silently ignored with this loss or model (``model``: --model): refused in one line
+    saying why."""
+    if precompute_ref and not uses_reference(loss):
         raise ConfigError(
             f"--precompute-ref has no effect with loss {loss.name!r}: it takes no reference model (its declared "
             "needs), so there is nothing to precompute; drop --precompute-ref"
         )
-    adapter_folder = cfg.model is not None and (Path(cfg.model).expanduser() / "adapter_config.json").is_file()
-    if cfg.merge_lora and not cfg.lora and not adapter_folder:
+    adapter_folder = model is not None and (Path(model).expanduser() / "adapter_config.json").is_file()
+    if merge_lora and not lora and not adapter_folder:
         raise ConfigError(
             "--merge-lora has no effect without --lora: there is no LoRA adapter to merge into the model; add --lora, "
             "or drop --merge-lora"
@@ -45,5 +46,5 @@ def preflight(loss: Any, cfg: Any) -> None:
     folder is checked where the run first reads it (:func:`prefzoo.model.load_tokenizer`), after the data's shape
     is checked against the loss, and still before anything loads."""
     check_modifiers(loss, precompute_ref=cfg.precompute_ref, lora=cfg.lora)
-    check_run_options(loss, cfg)
+    check_run_options(loss, cfg.precompute_ref, cfg.merge_lora, cfg.model, cfg.lora)
     check_output_dir(cfg.output_dir)

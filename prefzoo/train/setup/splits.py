@@ -4,6 +4,7 @@ tokenize once; and the same for rows made during a run (on-policy samples), in m
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from prefzoo._dist import is_rank_zero
@@ -14,8 +15,9 @@ from prefzoo.data.mixing import load_mixture
 from prefzoo.data.shapes import LISTS, UNPAIRED, list_rows_to_pairs
 from prefzoo.data.tokenize import TokenizeStats, encode_rows, pair_encoder, tokenize_pairs
 from prefzoo.model import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, ContextLimits
+from prefzoo.train.config.sections import DataSection, EvaluationSection
 
-__all__ = ["load_splits", "prepare_datasets", "prepare_rows"]
+__all__ = ["SplitSettings", "load_splits", "prepare_datasets", "prepare_rows"]
 
 _TOKENIZE = {LISTS: tokenize_lists, UNPAIRED: tokenize_unpaired}  # every other shape: tokenize_pairs
 
@@ -26,17 +28,29 @@ def _prefix_ids(ds: Any, prefix: str) -> Any:
     return checked_map(ds, lambda row: {"id": f"{prefix}:{row['id']}"}, desc=f"naming {prefix} ids")
 
 
-def load_splits(cfg: Any, train: Any = None, eval_: Any = None) -> tuple[Any, Any]:
-    """(normalized train, normalized eval or None) of ``cfg.dataset``; ``train``/``eval_`` override it.
+@dataclass(frozen=True)
+class SplitSettings:
+    """What reading, splitting and tokenizing a run's data reads of its settings: ``SplitSettings(cfg.data,
+    cfg.evaluation, cfg.seed, cfg.progress)``."""
+
+    data: DataSection
+    evaluation: EvaluationSection
+    seed: int = 42  # the mixture's order and the held-out split
+    progress: bool = True  # a progress bar while tokenizing (rank 0)
+
+
+def load_splits(split: SplitSettings, train: Any = None, eval_: Any = None) -> tuple[Any, Any]:
+    """(normalized train, normalized eval or None) of ``split.data.dataset``; ``train``/``eval_`` override it.
 
     Called before any model loads, so the data's shape can be checked against the loss first.
     """
+    cfg, seed, eval_split = split.data, split.seed, split.evaluation.eval_split
     if train is None:
         if cfg.dataset is None:
             raise DataFormatError("no training data: set --dataset (or neither --model nor --dataset for the default)")
-        train = load_mixture(cfg.dataset, cfg.train_split, cfg.format, cfg.seed)
-        if cfg.eval_split is not None:
-            eval_ = load_mixture(cfg.dataset, cfg.eval_split, cfg.format, cfg.seed)
+        train = load_mixture(cfg.dataset, cfg.train_split, cfg.format, seed)
+        if eval_split is not None:
+            eval_ = load_mixture(cfg.dataset, eval_split, cfg.format, seed)
         elif isinstance(cfg.dataset, list):
             pass  # several sources: eval_fraction of the mixture is held out
         else:
@@ -58,31 +72,32 @@ def _normalized(ds: Any) -> bool:
 
 
 def prepare_datasets(
-    cfg: Any,
+    split: SplitSettings,
     tokenizer: Any,
     train: Any = None,
     eval_: Any = None,
     limits: ContextLimits | None = None,
     plan: Any = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """(tokenized train, tokenized eval or None, stats) for ``cfg``; ``train``/``eval_`` override ``cfg.dataset``.
+    """(tokenized train, tokenized eval or None, stats) of ``split.data``; ``train``/``eval_`` override its dataset.
 
-    ``limits``: the token limits fitted to the model's context (default: ``cfg``'s, unset ones at their defaults).
+    ``limits``: the token limits fitted to the model's context (default: ``split.data``'s, unset ones at defaults).
     ``plan``: the :class:`prefzoo.train.setup.shape_plan.ShapePlan` that brings the data to the loss's shape
     (default: as is).
     """
     from prefzoo.train.setup.shape_plan import convert
 
+    cfg = split.data
     if limits is None:
         p = cfg.max_prompt_length or DEFAULT_MAX_PROMPT_LENGTH
         c = cfg.max_completion_length or DEFAULT_MAX_COMPLETION_LENGTH
         limits = ContextLimits(p, c, (p, c), None, "not fitted to a model")
     lengths = (limits.max_prompt_length, limits.max_completion_length)
-    train, eval_ = load_splits(cfg, train, eval_)
+    train, eval_ = load_splits(split, train, eval_)
     fmt = detected_format(train)
-    if eval_ is None and cfg.eval_fraction > 0 and len(train) >= 20:
-        split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)  # prompts held out before pairing
-        train, eval_ = split["train"], split["test"]
+    if eval_ is None and split.evaluation.eval_fraction > 0 and len(train) >= 20:  # prompts held out before pairing
+        held = train.train_test_split(test_size=split.evaluation.eval_fraction, seed=split.seed)
+        train, eval_ = held["train"], held["test"]
     tied = 0
     if plan is not None:
         train, tied = convert(train, plan)
@@ -91,7 +106,7 @@ def prepare_datasets(
     tokenize = _TOKENIZE.get(plan.batches if plan is not None else "", tokenize_pairs)
     train_tok, train_stats = tokenize(
         _prefix_ids(train, "train"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested,
-        progress=cfg.progress and is_rank_zero(),
+        progress=split.progress and is_rank_zero(),
     )
     stats: dict[str, Any] = {"train": {**vars(train_stats), "format": fmt}}
     if tied:
@@ -100,7 +115,7 @@ def prepare_datasets(
     if eval_ is not None and len(eval_) > 0:
         eval_tok, eval_stats = tokenize(
             _prefix_ids(eval_, "eval"), tokenizer, *lengths, cfg.dataset_num_proc, requested=limits.requested,
-            progress=cfg.progress and is_rank_zero(),
+            progress=split.progress and is_rank_zero(),
         )
         stats["eval"] = vars(eval_stats)
     for split_name, s in stats.items():

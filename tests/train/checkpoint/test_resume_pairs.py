@@ -9,7 +9,7 @@ import pytest
 from prefzoo.train.checkpoint import ResumeError, check_resumable, fit_batch_to_checkpoint
 from prefzoo.train.checkpoint.resume import batch_fits
 from prefzoo.train.config import TrainConfig
-from prefzoo.train.engines import Engine, engine_for, resume_refusal
+from prefzoo.train.engines import Engine, EngineSettings, engine_for, resume_refusal
 from prefzoo.train.engines.fsdp import FsdpEngine
 
 CKPT = Path("out/checkpoints/step-00000002")
@@ -19,8 +19,8 @@ def marker(engine: Engine, processes: int, per_device: int, accum: int, seed: in
     return {"seed": seed, "batch": [processes, per_device, accum], **engine.marker(processes)}
 
 
-DDP = Engine(TrainConfig(model="m"))
-FSDP = FsdpEngine(TrainConfig(model="m", fsdp=True))
+DDP = Engine(EngineSettings.of(TrainConfig(model="m")))
+FSDP = FsdpEngine(EngineSettings.of(TrainConfig(model="m", fsdp=True)))
 
 
 def test_the_examples_per_step_must_match_and_the_layout_may_change():
@@ -51,24 +51,23 @@ def test_the_pairs_that_keep_the_examples_per_step_on_other_processes():
 
 def test_the_batch_is_fitted_only_when_neither_flag_was_given():
     saved = marker(DDP, 2, 2, 1)
-    cfg = TrainConfig.from_dict({"model": "m"})
-    assert "--per-device-batch-size 2 --grad-accum 2 keep them" in fit_batch_to_checkpoint(cfg, saved, 1, False)
-    assert (cfg.per_device_batch_size, cfg.grad_accum) == (2, 2)
-    for given in ({"grad_accum": 1}, {"per_device_batch_size": 2}):
-        cfg = TrainConfig.from_dict({"model": "m", **given})
-        assert fit_batch_to_checkpoint(cfg, saved, 1, False) is None and cfg.was_set(next(iter(given)))
-    assert fit_batch_to_checkpoint(TrainConfig(model="m"), saved, 1, False) is None  # built in Python: all given
-    same = TrainConfig.from_dict({"model": "m"})
-    assert fit_batch_to_checkpoint(same, marker(DDP, 1, 2, 16), 1, False) is None  # nothing to change
+    opt = TrainConfig.from_dict({"model": "m"}).optimization
+    assert "--per-device-batch-size 2 --grad-accum 2 keep them" in fit_batch_to_checkpoint(opt, False, saved, 1, False)
+    assert (opt.per_device_batch_size, opt.grad_accum) == (2, 2)
+    opt = TrainConfig.from_dict({"model": "m", "grad_accum": 1}).optimization
+    assert fit_batch_to_checkpoint(opt, True, saved, 1, False) is None  # a flag chose the batch
+    assert (opt.per_device_batch_size, opt.grad_accum) == (2, 1)
+    same = TrainConfig.from_dict({"model": "m"}).optimization
+    assert fit_batch_to_checkpoint(same, False, marker(DDP, 1, 2, 16), 1, False) is None  # nothing to change
 
 
 def test_deepspeed_and_per_rank_checkpoints_resume_only_where_written():
-    zero3 = engine_for(TrainConfig(model="m", deepspeed="zero3"))
+    zero3 = engine_for(EngineSettings.of(TrainConfig(model="m", deepspeed="zero3")))
     assert resume_refusal(marker(zero3, 2, 2, 1), marker(zero3, 2, 2, 1)) is None
     for run in (marker(zero3, 1, 4, 1), marker(DDP, 2, 2, 1), marker(FSDP, 2, 2, 1)):
         assert "DeepSpeed's checkpoints resume here on the same engine" in resume_refusal(marker(zero3, 2, 2, 1), run)
     assert "DeepSpeed's" in resume_refusal(marker(DDP, 2, 2, 1), marker(zero3, 2, 2, 1))
-    local = FsdpEngine(TrainConfig(model="m", fsdp=True))
+    local = FsdpEngine(EngineSettings.of(TrainConfig(model="m", fsdp=True)))
     local.node_local = True
     assert local.checkpoint_format == "per-rank" and FSDP.checkpoint_format == "dcp"
     assert resume_refusal(marker(local, 2, 2, 1), marker(local, 2, 2, 1)) is None

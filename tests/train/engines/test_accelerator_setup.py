@@ -38,19 +38,20 @@ def _clear(monkeypatch) -> None:
         monkeypatch.delenv(k)
 
 
-def _cfg(**kw) -> TrainConfig:
-    return dataclasses.replace(TrainConfig(), cpu=True, **kw)
+def _cfg(**kw) -> EngineSettings:
+    return EngineSettings.of(dataclasses.replace(TrainConfig(), cpu=True, **kw))
 
 
 def test_the_engines_read_only_their_share_of_the_run_config():
     """An engine keeps the EngineSettings of a TrainConfig, each field as the run set it (and no other field)."""
-    cfg = _cfg(deepspeed="zero2", grad_accum=3, seed=7, logp_chunk_size=64, merge_lora=True, dist_timeout=5.0)
+    cfg = dataclasses.replace(TrainConfig(), cpu=True, deepspeed="zero2", grad_accum=3, seed=7, logp_chunk_size=64,
+                              merge_lora=True, dist_timeout=5.0)  # fmt: skip
     settings = EngineSettings.of(cfg)
     for f in dataclasses.fields(EngineSettings):
         assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
     assert EngineSettings.of(settings) is settings
-    engine = engine_for(cfg)
-    assert engine.cfg == settings and not isinstance(engine.cfg, TrainConfig)
+    engine = engine_for(settings)
+    assert engine.cfg is settings and not isinstance(engine.cfg, TrainConfig)
 
 
 def test_the_runs_settings_reach_the_accelerator(tmp_path, monkeypatch):
@@ -147,4 +148,4 @@ def test_no_gpu_means_cpu_asked_for_or_no_cuda(tmp_path, monkeypatch):
     for cpu, cuda in ((True, True), (False, False)):
         monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda cuda=cuda: cuda)
         with pytest.raises(ConfigError, match=refusal):
-            build_accelerator(dataclasses.replace(TrainConfig(), cpu=cpu), None, str(tmp_path))
+            build_accelerator(EngineSettings.of(dataclasses.replace(TrainConfig(), cpu=cpu)), None, str(tmp_path))
