@@ -259,7 +259,9 @@ _TEX_SYMBOLS = {
 _TEX_DROPPED = ("left", "right", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr")
 _TEX_FUNCTIONS = ("log", "exp", "max", "min", "ln")  # a space after them when a name follows: \log\sigma -> "log σ"
 # commands whose following space is printed: functions, spacing and relations (\leftarrow w -> "← w")
-_TEX_SPACED = (*_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "approx", "to", "geq", "ge", "leq", "le", "gt", "lt")
+_TEX_SPACED = (
+    *_TEX_FUNCTIONS, "quad", "qquad", "leftarrow", "equiv", "approx", "to", "geq", "ge", "leq", "le", "gt", "lt",
+)
 
 
 def _command_end(tex: str, i: int) -> int:

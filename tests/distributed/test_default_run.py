@@ -1,7 +1,8 @@
 """The README's default run (no --model/--dataset: the embedded default task) launched with torchrun on 2 gloo ranks
 under FSDP2: it trains, saves, scores the trained policy (from the saved final model, whole whatever the engine) and
 exits 0, as a user runs it.  One optimizer step, the fewest the CLI accepts; most of the run is the scoring (200
-win-rate and 200 retention prompts generated before and after training).  ZeRO-3: tests/train/engines/test_deepspeed.py."""
+win-rate and 200 retention prompts generated before and after training).
+ZeRO-3: tests/train/engines/test_deepspeed.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A fixed-seed, default-ish run and the sha256 of its final weights (the refactor-invariance check's generator).
 
 ``python -m tests.train.weights_digest`` (from the repo root) prints the digest;
-``tests/train/loop/test_same_weights.py`` compares it with the one stored from the trainer before it was split into phases.
+``tests/train/loop/test_same_weights.py`` compares it with the ones stored from the trainer before it was restructured.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def load_accelerate_files(module: Any, optimizer: Any, folder: Path, trainable_n
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model = load_file(str(Path(folder) / "model.safetensors"))
+    model: dict[str, Any] = load_file(str(Path(folder) / "model.safetensors"))  # set_state_dict takes Any values
     optimizer_file = Path(folder) / "optimizer.bin"
     saved = torch.load(optimizer_file, weights_only=True)
     groups = [{**group, "params": [trainable_names[i] for i in group["params"]]} for group in saved["param_groups"]]

@@ -3,7 +3,8 @@ of the unwrapped model writes (one of a tied embedding / LM head pair), and thei
 
 Each engine trains a tiny Llama with tied embeddings one step with ``torchrun --nproc_per_node 2 -m prefzoo train``
 (gloo, as a user runs it), with the same batch layout everywhere (fast paths off), so the weights agree to float
-rounding: DDP and FSDP2 within 1e-5 (tests/distributed/test_fsdp.py), ZeRO within 1e-4 (tests/train/engines/test_deepspeed.py).
+rounding: DDP and FSDP2 within 1e-5 (tests/distributed/test_fsdp.py), ZeRO within 1e-4
+(tests/train/engines/test_deepspeed.py).
 """
 
 from __future__ import annotations
