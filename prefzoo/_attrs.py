@@ -1,12 +1,14 @@
-"""Attribute changes that last one block: :func:`temporarily` sets an attribute and then puts back what was there."""
+"""Attribute helpers: :func:`temporarily` sets an attribute for one block and then puts back what was there;
+:func:`field_defaults` reads a dataclass's defaults."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["temporarily"]
+__all__ = ["field_defaults", "temporarily"]
 
 
 @contextlib.contextmanager
@@ -27,3 +29,14 @@ def temporarily(obj: Any, name: str, value: Any) -> Iterator[None]:
             delattr(obj, name)
         else:
             setattr(obj, name, old)
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    """Every field of dataclass ``cls`` that has a default, with it (a ``default_factory`` called once)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out

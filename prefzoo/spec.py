@@ -375,7 +375,16 @@ def text_of(prose: str) -> str:
     its formulas as ``$...$``, which the docs pages typeset; a terminal and an error message read them through
     :func:`tex_to_text`.  Prose without ``$`` (a plugin's plain text) is returned as it is.
     """
-    return _INLINE_MATH.sub(lambda m: tex_to_text(m.group(1)), prose)
+    return _INLINE_MATH.sub(_inline_text, prose)
+
+
+def _inline_text(match: re.Match[str]) -> str:
+    """One ``$...$`` of prose as text; a formula :func:`tex_to_text` cannot read (unbalanced braces in a plugin's
+    text) stays as written, dollars included, so a description never stops the CLI."""
+    try:
+        return tex_to_text(match.group(1))
+    except ValueError:
+        return match.group(0)
 
 
 LossFn = Callable[[Any, Any, LossContext], LossOutput]  # (PreferenceBatch | GroupBatch | UnpairedBatch, params, ctx)

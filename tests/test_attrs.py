@@ -45,3 +45,18 @@ def test_a_property_is_set_back_through_its_setter():
     with temporarily(cfg, "impl", "split"):
         assert cfg.impl == "split"
     assert cfg.impl == "eager" and "impl" not in vars(cfg)
+
+
+def test_field_defaults_reads_defaults_and_calls_each_factory_once():
+    import dataclasses
+
+    from prefzoo._attrs import field_defaults
+
+    @dataclasses.dataclass
+    class C:
+        need: int
+        a: int = 3
+        b: list[int] = dataclasses.field(default_factory=lambda: [1])
+
+    assert field_defaults(C) == {"a": 3, "b": [1]}
+    assert field_defaults(C)["b"] is not field_defaults(C)["b"]

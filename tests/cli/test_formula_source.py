@@ -171,3 +171,8 @@ def test_the_property_page_writes_its_formulas_as_math():
     page = (Path(__file__).resolve().parents[2] / "docs" / "properties.md").read_text()
     plain = [line for line in _prose_outside_math(page) if _PLAIN_MATH.search(line)]
     assert not plain, plain
+
+
+def test_a_formula_the_cli_cannot_read_stays_as_written():
+    """A plugin's prose with unbalanced braces inside $...$ prints as written, never a traceback."""
+    assert text_of(r"weight $\frac{1}{2$ of $\beta$") == r"weight $\frac{1}{2$ of β"

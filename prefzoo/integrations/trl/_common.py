@@ -3,7 +3,6 @@ arguments, TRL's token metrics and the loss's own."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prefzoo._attrs import field_defaults
 from prefzoo.losses.combine import CombinedLoss, is_combination, parse_terms
 from prefzoo.modifiers.compose import ModifiedLoss
 from prefzoo.registry import get_loss, loss_spec
@@ -56,13 +56,7 @@ def check_policy_finite(logps: Tensor, step: int, dtype: torch.dtype) -> None:
 
 def config_defaults(config_cls: type) -> dict[str, Any]:
     """Every field of a TRL config class with its default value."""
-    out = {}
-    for f in dataclasses.fields(config_cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    return field_defaults(config_cls)
 
 
 def is_default(name: str, value: Any, defaults: Mapping[str, Any]) -> bool:

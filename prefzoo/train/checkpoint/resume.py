@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefzoo._attrs import field_defaults
 from prefzoo.errors import ConfigError
 from prefzoo.train.checkpoint.final import loss_params
 from prefzoo.train.checkpoint.nodes import Storage, agree_on_resume
@@ -70,13 +71,7 @@ def _default_params(loss: Any) -> dict[str, Any]:
     params = getattr(loss, "params", None)
     if params is None or not dataclasses.is_dataclass(params):
         return {}
-    out = {}
-    for f in dataclasses.fields(params):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    return field_defaults(type(params))
 
 
 def check_resumable(path: Path, saved: dict[str, Any], run: dict[str, Any], batch_coupled: bool) -> None:

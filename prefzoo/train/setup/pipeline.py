@@ -91,7 +91,8 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -
     _check_fast_path(cfg.logps_fallback, procs, tok, built)
     wrapped = _shard_and_wrap(opt, procs, data, tok, built, model.tokenizer.pad_token_id)
     timings: dict[str, float] = {}
-    density = _density_ratio(ls, opt, procs, data, tok, built, model.tokenizer.pad_token_id, timings)
+    gather = make_gather(procs.accelerator)  # the density-ratio fit's and every step's
+    density = _density_ratio(ls, opt, procs, data, tok, built, model.tokenizer.pad_token_id, gather, timings)
     reference, ref_kind = _precompute_reference(ls, opt, split, procs, tok, built, model.identity,
                                                 timings)  # fmt: skip
     _report(opt, loss, procs, data.plan, ref_kind, wrapped.steps[1])
@@ -99,7 +100,7 @@ def setup(cfg: TrainConfig, train_dataset: Any, eval_dataset: Any, loss: Loss) -
     info = d.run_info(ls, opt, cfg.model, model.identity, acc.num_processes, procs.engine, loss)
     parts = Parts(
         cfg, loss, procs.engine, acc, model.tokenizer, wrapped.policy, wrapped.trainable, wrapped.optimizer,
-        wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference, make_gather(acc), info, tok.stats,
+        wrapped.schedule, wrapped.train_dl, wrapped.eval_dl, reference, gather, info, tok.stats,
         model.defaults, *wrapped.steps, built.collate, procs.storage, density_ratio=density, timings=timings,
     )  # fmt: skip
     parts.source = (
@@ -296,7 +297,7 @@ def _shard_and_wrap(
 
 def _density_ratio(
     ls: LossSection, opt: OptimizationSection, procs: Processes, data: RunData, tok: Tokenized, built: PolicyParts,
-    pad_token_id: int, timings: dict[str, float],
+    pad_token_id: int, gather: Any, timings: dict[str, float],
 ) -> Any:
     """BCO's density-ratio weights: the resumed run's classifier, or one fitted once on the reference's embeddings
     (None without --density-ratio)."""
@@ -308,8 +309,7 @@ def _density_ratio(
     if not ls.density_ratio:
         return None
     t0 = time.perf_counter()
-    density = fit_density_ratio(ls, opt, built.reference, tok.train, pad_token_id, procs.accelerator,
-                                make_gather(procs.accelerator))  # fmt: skip
+    density = fit_density_ratio(ls, opt, built.reference, tok.train, pad_token_id, procs.accelerator, gather)
     timings["density_ratio"] = time.perf_counter() - t0
     return density
 

@@ -149,3 +149,12 @@ def test_no_gpu_means_cpu_asked_for_or_no_cuda(tmp_path, monkeypatch):
         monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda cuda=cuda: cuda)
         with pytest.raises(ConfigError, match=refusal):
             build_accelerator(EngineSettings.of(dataclasses.replace(TrainConfig(), cpu=cpu)), None, str(tmp_path))
+
+
+def test_engine_settings_default_to_the_run_configs_defaults():
+    """EngineSettings repeats the defaults of the TrainConfig keys it holds: they must not drift apart."""
+    run = TrainConfig()
+    mine = EngineSettings()
+    assert {f.name: getattr(mine, f.name) for f in dataclasses.fields(EngineSettings)} == {
+        f.name: getattr(run, f.name) for f in dataclasses.fields(EngineSettings)
+    }
